@@ -1,0 +1,1 @@
+//! Coordination: leader lease, locks with fencing tokens, server registry.

@@ -1,0 +1,1 @@
+//! The server: management API, auth, controllers, gateway, web UI.

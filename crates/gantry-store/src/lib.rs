@@ -1,0 +1,1 @@
+//! Persistence: every SQL statement, the embedded migrations, SQLite and PostgreSQL.

@@ -1,0 +1,1 @@
+//! The worker agent: registration, heartbeat, GPU detection, backend supervisor.

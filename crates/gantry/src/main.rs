@@ -1,0 +1,3 @@
+//! The gantry command line.
+
+fn main() {}
