@@ -1,1 +1,209 @@
-//! Persistence: every SQL statement, the embedded migrations, SQLite and PostgreSQL.
+//! Persistence for gantry: every SQL statement in the project lives in this crate.
+//!
+//! What is persisted and why:
+//! - `users`, `api_keys`: who may call the API and the gateway (hashes only, never
+//!   secrets);
+//! - `settings`: cluster-wide values created once (the registration token's hash);
+//! - `workers`: registered GPU nodes, their labels, last reported hardware and heartbeat;
+//! - `models`: the desired state an admin declared;
+//! - `model_instances`: one row per replica, the observed state the scheduler and the
+//!   workers move forward.
+//!
+//! Two engines sit behind one [`Store`]: an SQLite file (WAL) for single-server
+//! deployments and PostgreSQL for several servers sharing state. Both run the same SQL
+//! through sqlx's `Any` driver; the schema differs only in how ids are generated (see
+//! `migrations.rs`). Timestamps are `BIGINT` milliseconds, flags `BIGINT` 0/1 and
+//! structured fields JSON `TEXT`, so the two engines store identical values.
+//!
+//! Every committed write publishes a [`Change`] on an in-process broadcast channel; the
+//! API's `?watch=true` streams and the controllers listen to it.
+
+mod api_keys;
+mod changes;
+mod error;
+mod instances;
+mod migrations;
+mod models;
+mod query;
+mod rows;
+mod settings;
+pub mod testing;
+mod users;
+mod workers;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyPool, ConnectOptions};
+use tokio::sync::broadcast;
+
+pub use api_keys::{ApiKeyRecord, NewApiKey};
+pub use changes::{Change, ChangeKind};
+pub use error::StoreError;
+pub use instances::InstanceFilter;
+pub use models::ModelFilter;
+pub use query::Page;
+pub use settings::REGISTRATION_TOKEN_DIGEST;
+pub use users::{NewUser, UserFilter, UserRecord};
+pub use workers::WorkerFilter;
+
+/// Which database engine backs the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+/// How to reach the database.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `sqlite:///path/to/gantry.db` or `postgres://user:pass@host:port/db`.
+    pub url: String,
+    /// Connection pool size.
+    pub max_connections: u32,
+}
+
+/// The handle every part of the server uses to read and write state. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    engine: Engine,
+    changes: broadcast::Sender<Arc<Change>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("engine", &self.engine)
+            .finish()
+    }
+}
+
+/// How many unread changes a slow watcher may fall behind before it is cut off.
+const CHANGE_CHANNEL_CAPACITY: usize = 4096;
+
+impl Store {
+    /// Connects and runs the embedded migrations. For SQLite the file is created if
+    /// missing and switched to WAL.
+    pub async fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let engine = if config.url.starts_with("sqlite:") {
+            Engine::Sqlite
+        } else if config.url.starts_with("postgres://") || config.url.starts_with("postgresql://") {
+            Engine::Postgres
+        } else {
+            return Err(StoreError::Config(format!(
+                "database_url must start with sqlite: or postgres:// (got {:?})",
+                redact_url(&config.url)
+            )));
+        };
+        let url = match engine {
+            Engine::Sqlite if !config.url.contains('?') => format!("{}?mode=rwc", config.url),
+            _ => config.url.clone(),
+        };
+        let options = AnyConnectOptions::from_str(&url)
+            .map_err(|e| StoreError::Config(format!("invalid database_url: {e}")))?
+            .log_statements(tracing::log::LevelFilter::Trace)
+            .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
+        let pool = AnyPoolOptions::new()
+            .max_connections(config.max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if engine == Engine::Sqlite {
+                        // WAL persists in the file; the rest is per connection. A busy
+                        // timeout turns writer contention into short waits, not errors.
+                        sqlx::query("PRAGMA journal_mode = WAL")
+                            .execute(&mut *conn)
+                            .await?;
+                        sqlx::query("PRAGMA synchronous = NORMAL")
+                            .execute(&mut *conn)
+                            .await?;
+                        sqlx::query("PRAGMA foreign_keys = ON")
+                            .execute(&mut *conn)
+                            .await?;
+                        sqlx::query("PRAGMA busy_timeout = 5000")
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(|e| {
+                StoreError::Config(format!(
+                    "cannot connect to {}: {e}",
+                    redact_url(&config.url)
+                ))
+            })?;
+        let (changes, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
+        let store = Self {
+            pool,
+            engine,
+            changes,
+        };
+        migrations::run(&store).await?;
+        Ok(store)
+    }
+
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// Answers once the database responds to a trivial query.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Every committed write from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
+        self.changes.subscribe()
+    }
+
+    fn publish(&self, change: Change) {
+        // No receiver is fine: nobody is watching.
+        let _ = self.changes.send(Arc::new(change));
+    }
+
+    /// Closes the pool, waiting for connections to be returned.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// The URL without its password, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redact_url_hides_only_the_password() {
+        assert_eq!(
+            redact_url("postgres://gantry:s3cret@db:5432/gantry"),
+            "postgres://gantry:***@db:5432/gantry"
+        );
+        assert_eq!(redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+    }
+}

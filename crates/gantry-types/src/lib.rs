@@ -1,1 +1,30 @@
-//! API resources, states and request/response shapes shared by server, worker, CLI and tests. No IO.
+//! API resources, states and request/response shapes shared by the server, the worker,
+//! the CLI and the tests.
+//!
+//! Architecture invariant: this crate does no IO. It holds plain data with serde and
+//! OpenAPI schema derives, plus the validation rules that belong to the data itself
+//! (name syntax, ranges), so every caller agrees on what a valid request is.
+
+pub mod api_key;
+pub mod auth;
+pub mod error;
+pub mod instance;
+pub mod list;
+pub mod model;
+pub mod time;
+pub mod user;
+pub mod validate;
+pub mod worker;
+
+pub use api_key::{ApiKey, ApiKeyCreate, ApiKeyCreated};
+pub use auth::{ChangePasswordRequest, LoginRequest, LoginResponse};
+pub use error::{ErrorBody, ErrorDetail};
+pub use instance::{InstancePatch, InstanceState, ModelInstance};
+pub use list::{ListResponse, Pagination, WatchEvent, WatchEventType};
+pub use model::{
+    BackendKind, GpuSelector, Model, ModelCreate, ModelSource, ModelUpdate, PlacementStrategy,
+};
+pub use time::Timestamp;
+pub use user::{Role, User, UserCreate, UserUpdate};
+pub use validate::{FieldError, Validate};
+pub use worker::{GpuDevice, SystemInfo, Worker, WorkerLabelsUpdate, WorkerState, WorkerStatus};

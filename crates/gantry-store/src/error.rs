@@ -1,0 +1,54 @@
+//! What can go wrong in the store, split the way callers must branch.
+
+/// A store failure. `NotFound` and `Conflict` are the caller's business (404, 409);
+/// the rest are faults of the database or its contents.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{resource} {key} not found")]
+    NotFound { resource: &'static str, key: String },
+    #[error("{resource} {key} already exists")]
+    Conflict { resource: &'static str, key: String },
+    /// The request refers to something that does not fit the stored state (an unknown
+    /// worker, a GPU index the worker does not have).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Config(String),
+    #[error("database schema is newer than this gantry: found migration {found}, this build knows up to {known}; upgrade gantry")]
+    SchemaTooNew { found: i64, known: i64 },
+    #[error("row in {table} is not what this gantry wrote: {detail}")]
+    Corrupt { table: &'static str, detail: String },
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    pub(crate) fn not_found(resource: &'static str, key: impl ToString) -> Self {
+        Self::NotFound {
+            resource,
+            key: key.to_string(),
+        }
+    }
+
+    pub(crate) fn corrupt(table: &'static str, detail: impl ToString) -> Self {
+        Self::Corrupt {
+            table,
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Maps a unique-constraint violation to `Conflict`, passing other errors through.
+    pub(crate) fn conflict_on_unique(
+        error: sqlx::Error,
+        resource: &'static str,
+        key: impl ToString,
+    ) -> Self {
+        match &error {
+            sqlx::Error::Database(db) if db.is_unique_violation() => Self::Conflict {
+                resource,
+                key: key.to_string(),
+            },
+            _ => Self::Database(error),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The `model_instances` table.
+
+use gantry_types::{InstanceState, ModelInstance, Timestamp};
+use sqlx::any::AnyRow;
+use sqlx::{Any, Transaction};
+
+use crate::changes::{Change, ChangeKind};
+use crate::query::{Arg, Filter, Page};
+use crate::rows::{int, json, opt_int, opt_text, parse_enum, text, to_json, u32_of};
+use crate::{Store, StoreError};
+
+/// List filters for model instances.
+#[derive(Debug, Clone, Default)]
+pub struct InstanceFilter {
+    pub model_id: Option<i64>,
+    pub worker_id: Option<i64>,
+    pub state: Option<InstanceState>,
+}
+
+const SELECT: &str = "SELECT i.id, i.name, i.model_id, m.name AS model_name, i.replica, \
+     i.worker_id, w.name AS worker_name, i.gpu_indexes, i.port, i.address, i.state, \
+     i.state_message, i.resource_claim, i.restart_count, i.created_at, i.updated_at \
+     FROM model_instances i JOIN models m ON m.id = i.model_id \
+     LEFT JOIN workers w ON w.id = i.worker_id";
+
+fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
+    const T: &str = "model_instances";
+    let port = opt_int(row, T, "port")?
+        .map(|p| u16::try_from(p).map_err(|_| StoreError::corrupt(T, format!("port {p}"))))
+        .transpose()?;
+    let claim = opt_text(row, T, "resource_claim")?
+        .map(|raw| serde_json::from_str(&raw))
+        .transpose()
+        .map_err(|e| StoreError::corrupt(T, format!("column resource_claim: {e}")))?;
+    Ok(ModelInstance {
+        id: int(row, T, "id")?,
+        name: text(row, T, "name")?,
+        model_id: int(row, T, "model_id")?,
+        model_name: text(row, T, "model_name")?,
+        replica: u32_of(int(row, T, "replica")?, T, "replica")?,
+        worker_id: opt_int(row, T, "worker_id")?,
+        worker_name: opt_text(row, T, "worker_name")?,
+        gpu_indexes: json(row, T, "gpu_indexes")?,
+        port,
+        address: opt_text(row, T, "address")?,
+        state: parse_enum(&text(row, T, "state")?, InstanceState::parse, T, "state")?,
+        state_message: text(row, T, "state_message")?,
+        computed_resource_claim: claim,
+        restart_count: u32_of(int(row, T, "restart_count")?, T, "restart_count")?,
+        created_at: Timestamp::from_millis(int(row, T, "created_at")?),
+        updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
+    })
+}
+
+/// Instances of a model, read inside a transaction.
+pub(crate) async fn of_model_in(
+    tx: &mut Transaction<'static, Any>,
+    model_id: i64,
+) -> Result<Vec<ModelInstance>, StoreError> {
+    let rows = sqlx::query(&format!("{SELECT} WHERE i.model_id = $1 ORDER BY i.id"))
+        .bind(model_id)
+        .fetch_all(&mut **tx)
+        .await?;
+    rows.iter().map(decode).collect()
+}
+
+impl Store {
+    pub async fn get_instance(&self, id: i64) -> Result<ModelInstance, StoreError> {
+        let row = sqlx::query(&format!("{SELECT} WHERE i.id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::not_found("model instance", id))?;
+        decode(&row)
+    }
+
+    pub async fn list_instances(
+        &self,
+        filter: &InstanceFilter,
+        page: Page,
+    ) -> Result<(Vec<ModelInstance>, u64), StoreError> {
+        let mut f = Filter::default();
+        if let Some(model_id) = filter.model_id {
+            f.eq("model_id", Arg::Int(model_id));
+        }
+        if let Some(worker_id) = filter.worker_id {
+            f.eq("worker_id", Arg::Int(worker_id));
+        }
+        if let Some(state) = filter.state {
+            f.eq("state", Arg::Text(state.as_str().to_string()));
+        }
+        let total = self.count("model_instances", &f).await?;
+        let mut qualified = Filter::default();
+        if let Some(model_id) = filter.model_id {
+            qualified.eq("i.model_id", Arg::Int(model_id));
+        }
+        if let Some(worker_id) = filter.worker_id {
+            qualified.eq("i.worker_id", Arg::Int(worker_id));
+        }
+        if let Some(state) = filter.state {
+            qualified.eq("i.state", Arg::Text(state.as_str().to_string()));
+        }
+        let rows = sqlx::query_with(
+            &format!(
+                "{SELECT}{} ORDER BY i.id{}",
+                qualified.where_sql(),
+                qualified.limit_sql()
+            ),
+            qualified.arguments_with_page(page),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let instances = rows.iter().map(decode).collect::<Result<_, _>>()?;
+        Ok((instances, total))
+    }
+
+    pub(crate) async fn instances_of_model(
+        &self,
+        model_id: i64,
+    ) -> Result<Vec<ModelInstance>, StoreError> {
+        let rows = sqlx::query(&format!("{SELECT} WHERE i.model_id = $1 ORDER BY i.id"))
+            .bind(model_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(decode).collect()
+    }
+
+    /// Deletes one instance. The model's replica count is not changed, so the model
+    /// controller creates a replacement: this is how an admin restarts a replica.
+    pub async fn delete_instance(&self, id: i64) -> Result<ModelInstance, StoreError> {
+        let instance = self.get_instance(id).await?;
+        let result = sqlx::query("DELETE FROM model_instances WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        if result.rows_affected() == 0 {
+            return Err(StoreError::not_found("model instance", id));
+        }
+        self.publish(Change::Instance(ChangeKind::Deleted, instance.clone()));
+        Ok(instance)
+    }
+
+    /// Places an instance by hand on a worker and GPUs (state `scheduled`), or takes
+    /// its placement away (`worker_id = None`, state `pending`). GPU indexes must be
+    /// ones the worker reported.
+    pub async fn place_instance_manually(
+        &self,
+        id: i64,
+        worker_id: Option<i64>,
+        gpu_indexes: &[u32],
+    ) -> Result<ModelInstance, StoreError> {
+        let current = self.get_instance(id).await?;
+        let (state, message) = match worker_id {
+            Some(worker_id) => {
+                let worker = match self.get_worker(worker_id).await {
+                    Ok(worker) => worker,
+                    Err(StoreError::NotFound { .. }) => {
+                        return Err(StoreError::Invalid(format!(
+                            "worker_id: no worker has id {worker_id}"
+                        )))
+                    }
+                    Err(e) => return Err(e),
+                };
+                for index in gpu_indexes {
+                    if !worker.status.gpus.iter().any(|g| g.index == *index) {
+                        return Err(StoreError::Invalid(format!(
+                            "gpu_indexes: worker {} has no GPU {index} (it has {})",
+                            worker.name,
+                            worker.status.gpus.len()
+                        )));
+                    }
+                }
+                (
+                    InstanceState::Scheduled,
+                    format!("placed by hand on {}", worker.name),
+                )
+            }
+            None => (InstanceState::Pending, String::new()),
+        };
+        let gpu_indexes = if worker_id.is_some() {
+            gpu_indexes
+        } else {
+            &[]
+        };
+        let result = sqlx::query(
+            "UPDATE model_instances SET worker_id = $2, gpu_indexes = $3, port = NULL, \
+             address = NULL, state = $4, state_message = $5, updated_at = $6 WHERE id = $1",
+        )
+        .bind(current.id)
+        .bind(worker_id)
+        .bind(to_json(&gpu_indexes))
+        .bind(state.as_str())
+        .bind(message)
+        .bind(Timestamp::now().as_millis())
+        .execute(&self.pool)
+        .await?;
+        if result.rows_affected() == 0 {
+            return Err(StoreError::not_found("model instance", id));
+        }
+        let instance = self.get_instance(id).await?;
+        self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
+        Ok(instance)
+    }
+}

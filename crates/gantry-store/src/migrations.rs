@@ -1,0 +1,170 @@
+//! The schema, as an ordered list of migrations embedded in the binary and applied at
+//! start-up inside one transaction each.
+//!
+//! Both engines run the same statements; `{id}` stands for the one thing they spell
+//! differently, an auto-generated 64-bit primary key. On PostgreSQL an advisory lock
+//! serialises servers that start at the same moment.
+
+use sqlx::Row;
+
+use crate::{Engine, Store, StoreError};
+
+struct Migration {
+    version: i64,
+    name: &'static str,
+    statements: &'static [&'static str],
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "initial schema",
+    statements: &[
+        "CREATE TABLE users (
+            id {id},
+            username TEXT NOT NULL UNIQUE,
+            password_hash TEXT NOT NULL,
+            role TEXT NOT NULL,
+            full_name TEXT NOT NULL,
+            require_password_change BIGINT NOT NULL,
+            session_version BIGINT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        "CREATE TABLE api_keys (
+            id {id},
+            user_id BIGINT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            description TEXT NOT NULL,
+            access_key TEXT NOT NULL UNIQUE,
+            lookup_digest TEXT NOT NULL UNIQUE,
+            secret_hash TEXT NOT NULL,
+            expires_at BIGINT,
+            last_used_at BIGINT,
+            created_at BIGINT NOT NULL,
+            UNIQUE (user_id, name)
+        )",
+        "CREATE TABLE settings (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL,
+            created_at BIGINT NOT NULL
+        )",
+        "CREATE TABLE workers (
+            id {id},
+            name TEXT NOT NULL UNIQUE,
+            state TEXT NOT NULL,
+            state_message TEXT NOT NULL,
+            labels TEXT NOT NULL,
+            address TEXT NOT NULL,
+            status TEXT NOT NULL,
+            credential_digest TEXT UNIQUE,
+            last_heartbeat_at BIGINT,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        "CREATE TABLE models (
+            id {id},
+            name TEXT NOT NULL UNIQUE,
+            backend TEXT NOT NULL,
+            replicas BIGINT NOT NULL,
+            spec TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        "CREATE TABLE model_instances (
+            id {id},
+            name TEXT NOT NULL UNIQUE,
+            model_id BIGINT NOT NULL REFERENCES models(id) ON DELETE CASCADE,
+            replica BIGINT NOT NULL,
+            worker_id BIGINT,
+            gpu_indexes TEXT NOT NULL,
+            port BIGINT,
+            address TEXT,
+            state TEXT NOT NULL,
+            state_message TEXT NOT NULL,
+            resource_claim TEXT,
+            restart_count BIGINT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL,
+            UNIQUE (model_id, replica)
+        )",
+        "CREATE INDEX model_instances_worker ON model_instances (worker_id)",
+        "CREATE INDEX model_instances_state ON model_instances (state)",
+    ],
+}];
+
+/// The newest schema version this build knows.
+pub(crate) fn latest_version() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+pub(crate) async fn run(store: &Store) -> Result<(), StoreError> {
+    let id_column = match store.engine {
+        Engine::Sqlite => "INTEGER PRIMARY KEY AUTOINCREMENT",
+        Engine::Postgres => "BIGSERIAL PRIMARY KEY",
+    };
+    let mut tx = store.pool.begin().await?;
+    if store.engine == Engine::Postgres {
+        // Any constant works; it only has to be the same on every gantry server.
+        sqlx::query("SELECT pg_advisory_xact_lock(7251001)")
+            .execute(&mut *tx)
+            .await?;
+    }
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS gantry_migrations (
+            version BIGINT PRIMARY KEY,
+            name TEXT NOT NULL,
+            applied_at BIGINT NOT NULL
+        )",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let applied: i64 = sqlx::query("SELECT COALESCE(MAX(version), 0) AS v FROM gantry_migrations")
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("v")?;
+    if applied > latest_version() {
+        return Err(StoreError::SchemaTooNew {
+            found: applied,
+            known: latest_version(),
+        });
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > applied) {
+        for statement in migration.statements {
+            sqlx::query(&statement.replace("{id}", id_column))
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "INSERT INTO gantry_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+        )
+        .bind(migration.version)
+        .bind(migration.name)
+        .bind(gantry_types::Timestamp::now().as_millis())
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(
+            version = migration.version,
+            name = migration.name,
+            "applied database migration"
+        );
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The schema version recorded in the database; `/readyz` compares it with
+/// [`latest_version`].
+pub(crate) async fn applied_version(store: &Store) -> Result<i64, StoreError> {
+    let v: i64 = sqlx::query("SELECT COALESCE(MAX(version), 0) AS v FROM gantry_migrations")
+        .fetch_one(&store.pool)
+        .await?
+        .try_get("v")?;
+    Ok(v)
+}
+
+impl Store {
+    /// True when every migration this build knows has been applied.
+    pub async fn migrations_done(&self) -> Result<bool, StoreError> {
+        Ok(applied_version(self).await? >= latest_version())
+    }
+}

@@ -1,0 +1,29 @@
+//! Support for tests that run against PostgreSQL: each test gets a database of its
+//! own on the throwaway server that `scripts/with-postgres.sh` starts, so tests run in
+//! parallel without seeing each other's rows.
+
+use sqlx::postgres::PgConnection;
+use sqlx::Connection;
+
+use crate::StoreError;
+
+/// Creates an empty database with a unique name on the server at `base_url` (a URL
+/// to any existing database there) and returns the URL of the new one.
+pub async fn fresh_postgres_database(base_url: &str) -> Result<String, StoreError> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!(
+        "gantry_test_{}_{}_{n}",
+        std::process::id(),
+        gantry_types::Timestamp::now().as_millis()
+    );
+    let mut conn = PgConnection::connect(base_url).await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    let (prefix, _) = base_url
+        .rsplit_once('/')
+        .ok_or_else(|| StoreError::Config(format!("no database name in {base_url}")))?;
+    Ok(format!("{prefix}/{name}"))
+}

@@ -1,0 +1,253 @@
+//! The `users` table.
+
+use gantry_types::{Role, Timestamp, User};
+use sqlx::any::AnyRow;
+
+use crate::changes::{Change, ChangeKind};
+use crate::query::{Arg, Filter, Page};
+use crate::rows::{int, parse_enum, text};
+use crate::{Store, StoreError};
+
+/// A user with the secrets the API never shows.
+#[derive(Debug, Clone)]
+pub struct UserRecord {
+    pub user: User,
+    pub password_hash: String,
+    /// Bumped on password change and logout; session tokens carry the version they
+    /// were issued under and stop working when it moves.
+    pub session_version: i64,
+}
+
+/// A user to insert; the password is already hashed.
+#[derive(Debug, Clone)]
+pub struct NewUser {
+    pub username: String,
+    pub password_hash: String,
+    pub role: Role,
+    pub full_name: String,
+    pub require_password_change: bool,
+}
+
+/// List filters for users.
+#[derive(Debug, Clone, Default)]
+pub struct UserFilter {
+    pub role: Option<Role>,
+    /// Substring of the username.
+    pub search: Option<String>,
+}
+
+const COLUMNS: &str = "id, username, password_hash, role, full_name, require_password_change, \
+                       session_version, created_at, updated_at";
+
+fn decode(row: &AnyRow) -> Result<UserRecord, StoreError> {
+    const T: &str = "users";
+    Ok(UserRecord {
+        user: User {
+            id: int(row, T, "id")?,
+            username: text(row, T, "username")?,
+            role: parse_enum(&text(row, T, "role")?, Role::parse, T, "role")?,
+            full_name: text(row, T, "full_name")?,
+            require_password_change: int(row, T, "require_password_change")? != 0,
+            created_at: Timestamp::from_millis(int(row, T, "created_at")?),
+            updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
+        },
+        password_hash: text(row, T, "password_hash")?,
+        session_version: int(row, T, "session_version")?,
+    })
+}
+
+impl Store {
+    /// Inserts a user; `Conflict` if the username is taken.
+    pub async fn create_user(&self, new: &NewUser) -> Result<User, StoreError> {
+        let now = Timestamp::now().as_millis();
+        let row = sqlx::query(&format!(
+            "INSERT INTO users (username, password_hash, role, full_name, require_password_change, \
+             session_version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 1, $6, $6) \
+             RETURNING {COLUMNS}"
+        ))
+        .bind(&new.username)
+        .bind(&new.password_hash)
+        .bind(new.role.as_str())
+        .bind(&new.full_name)
+        .bind(i64::from(new.require_password_change))
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| StoreError::conflict_on_unique(e, "user", &new.username))?;
+        let user = decode(&row)?.user;
+        self.publish(Change::User(ChangeKind::Created, user.clone()));
+        Ok(user)
+    }
+
+    /// Inserts the user unless one with that name exists; true when inserted. Used at
+    /// bootstrap, where several servers may start at once.
+    pub async fn create_user_if_absent(&self, new: &NewUser) -> Result<bool, StoreError> {
+        let now = Timestamp::now().as_millis();
+        let result = sqlx::query(
+            "INSERT INTO users (username, password_hash, role, full_name, require_password_change, \
+             session_version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 1, $6, $6) \
+             ON CONFLICT (username) DO NOTHING",
+        )
+        .bind(&new.username)
+        .bind(&new.password_hash)
+        .bind(new.role.as_str())
+        .bind(&new.full_name)
+        .bind(i64::from(new.require_password_change))
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn user_record(&self, id: i64) -> Result<UserRecord, StoreError> {
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM users WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::not_found("user", id))?;
+        decode(&row)
+    }
+
+    pub async fn user_record_by_name(&self, username: &str) -> Result<UserRecord, StoreError> {
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM users WHERE username = $1"))
+            .bind(username)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::not_found("user", username))?;
+        decode(&row)
+    }
+
+    pub async fn get_user(&self, id: i64) -> Result<User, StoreError> {
+        Ok(self.user_record(id).await?.user)
+    }
+
+    pub async fn list_users(
+        &self,
+        filter: &UserFilter,
+        page: Page,
+    ) -> Result<(Vec<User>, u64), StoreError> {
+        let mut f = Filter::default();
+        if let Some(role) = filter.role {
+            f.eq("role", Arg::Text(role.as_str().to_string()));
+        }
+        if let Some(search) = &filter.search {
+            f.contains("username", &search.to_lowercase());
+        }
+        let total = self.count("users", &f).await?;
+        let rows = sqlx::query_with(
+            &format!(
+                "SELECT {COLUMNS} FROM users{} ORDER BY id{}",
+                f.where_sql(),
+                f.limit_sql()
+            ),
+            f.arguments_with_page(page),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let users = rows
+            .iter()
+            .map(|r| decode(r).map(|u| u.user))
+            .collect::<Result<_, _>>()?;
+        Ok((users, total))
+    }
+
+    /// Updates role, name and flags; `None` leaves a field unchanged.
+    pub async fn update_user(
+        &self,
+        id: i64,
+        role: Option<Role>,
+        full_name: Option<&str>,
+        require_password_change: Option<bool>,
+    ) -> Result<User, StoreError> {
+        let row = sqlx::query(&format!(
+            "UPDATE users SET role = COALESCE($2, role), full_name = COALESCE($3, full_name), \
+             require_password_change = COALESCE($4, require_password_change), updated_at = $5 \
+             WHERE id = $1 RETURNING {COLUMNS}"
+        ))
+        .bind(id)
+        .bind(role.map(|r| r.as_str()))
+        .bind(full_name)
+        .bind(require_password_change.map(i64::from))
+        .bind(Timestamp::now().as_millis())
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::not_found("user", id))?;
+        let user = decode(&row)?.user;
+        self.publish(Change::User(ChangeKind::Updated, user.clone()));
+        Ok(user)
+    }
+
+    /// Replaces the password hash and ends every session of the user.
+    pub async fn set_password(
+        &self,
+        id: i64,
+        password_hash: &str,
+        require_password_change: bool,
+    ) -> Result<User, StoreError> {
+        let row = sqlx::query(&format!(
+            "UPDATE users SET password_hash = $2, require_password_change = $3, \
+             session_version = session_version + 1, updated_at = $4 WHERE id = $1 \
+             RETURNING {COLUMNS}"
+        ))
+        .bind(id)
+        .bind(password_hash)
+        .bind(i64::from(require_password_change))
+        .bind(Timestamp::now().as_millis())
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::not_found("user", id))?;
+        let user = decode(&row)?.user;
+        self.publish(Change::User(ChangeKind::Updated, user.clone()));
+        Ok(user)
+    }
+
+    /// Ends every session of the user (logout).
+    pub async fn bump_session_version(&self, id: i64) -> Result<(), StoreError> {
+        let result =
+            sqlx::query("UPDATE users SET session_version = session_version + 1 WHERE id = $1")
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+        if result.rows_affected() == 0 {
+            return Err(StoreError::not_found("user", id));
+        }
+        Ok(())
+    }
+
+    /// Deletes a user and, by cascade, their API keys.
+    pub async fn delete_user(&self, id: i64) -> Result<User, StoreError> {
+        let user = self.get_user(id).await?;
+        let keys = self.api_keys_of(id).await?;
+        let result = sqlx::query("DELETE FROM users WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        if result.rows_affected() == 0 {
+            return Err(StoreError::not_found("user", id));
+        }
+        for key in keys {
+            self.publish(Change::ApiKey(ChangeKind::Deleted, key));
+        }
+        self.publish(Change::User(ChangeKind::Deleted, user.clone()));
+        Ok(user)
+    }
+
+    /// Number of admins; the API refuses to delete or demote the last one.
+    pub async fn count_admins(&self) -> Result<u64, StoreError> {
+        let mut f = Filter::default();
+        f.eq("role", Arg::Text("admin".into()));
+        self.count("users", &f).await
+    }
+
+    pub(crate) async fn count(&self, table: &str, filter: &Filter) -> Result<u64, StoreError> {
+        use sqlx::Row;
+        let row = sqlx::query_with(
+            &format!("SELECT COUNT(*) AS n FROM {table}{}", filter.where_sql()),
+            filter.arguments(),
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let n: i64 = row.try_get("n")?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}

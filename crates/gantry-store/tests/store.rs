@@ -1,0 +1,412 @@
+//! The store's behaviour, run against both SQLite and PostgreSQL.
+
+use std::collections::BTreeMap;
+
+use gantry_store::{
+    Change, ChangeKind, InstanceFilter, ModelFilter, NewApiKey, NewUser, Page, StoreError,
+    UserFilter, WorkerFilter,
+};
+use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
+use gantry_types::{
+    BackendKind, GpuDevice, InstanceState, ModelCreate, ModelUpdate, Role, WorkerStatus,
+};
+
+fn new_user(name: &str, role: Role) -> NewUser {
+    NewUser {
+        username: name.to_string(),
+        password_hash: format!("hash-of-{name}"),
+        role,
+        full_name: String::new(),
+        require_password_change: false,
+    }
+}
+
+fn model_create(name: &str, replicas: u32) -> ModelCreate {
+    serde_json::from_value(serde_json::json!({
+        "name": name,
+        "source": {"type": "local_path", "path": "/models/tiny.gguf"},
+        "backend": "llama.cpp",
+        "replicas": replicas,
+    }))
+    .expect("valid model create")
+}
+
+fn gpu_status(count: u32) -> WorkerStatus {
+    WorkerStatus {
+        gpus: (0..count)
+            .map(|index| GpuDevice {
+                index,
+                name: "Simulated GPU".into(),
+                uuid: format!("SIM-{index}"),
+                memory_total: 80 << 30,
+                memory_used: 0,
+                utilization: None,
+                temperature: None,
+                simulated: true,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+const ALL: Page = Page {
+    page: 1,
+    per_page: 100,
+};
+
+async fn users_are_created_listed_updated_and_deleted(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let alice = store
+        .create_user(&new_user("alice", Role::Admin))
+        .await
+        .unwrap();
+    let bob = store
+        .create_user(&new_user("bob", Role::User))
+        .await
+        .unwrap();
+    assert!(alice.id < bob.id);
+
+    let (all, total) = store.list_users(&UserFilter::default(), ALL).await.unwrap();
+    assert_eq!(total, 2);
+    assert_eq!(all[0].username, "alice");
+
+    let filter = UserFilter {
+        role: Some(Role::User),
+        search: None,
+    };
+    let (users, total) = store.list_users(&filter, ALL).await.unwrap();
+    assert_eq!((users.len(), total), (1, 1));
+    assert_eq!(users[0].username, "bob");
+
+    let search = UserFilter {
+        role: None,
+        search: Some("LIC".into()),
+    };
+    assert_eq!(store.list_users(&search, ALL).await.unwrap().1, 1);
+
+    let bob2 = store
+        .update_user(bob.id, Some(Role::Admin), Some("Bob B"), None)
+        .await
+        .unwrap();
+    assert_eq!(bob2.role, Role::Admin);
+    assert_eq!(bob2.full_name, "Bob B");
+    assert_eq!(store.count_admins().await.unwrap(), 2);
+
+    let before = store.user_record(bob.id).await.unwrap().session_version;
+    store.set_password(bob.id, "new-hash", true).await.unwrap();
+    let record = store.user_record_by_name("bob").await.unwrap();
+    assert_eq!(record.password_hash, "new-hash");
+    assert!(record.user.require_password_change);
+    assert_eq!(record.session_version, before + 1);
+
+    store.delete_user(bob.id).await.unwrap();
+    assert!(matches!(
+        store.get_user(bob.id).await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+async fn duplicate_usernames_conflict_and_keep_the_original(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    store
+        .create_user(&new_user("alice", Role::Admin))
+        .await
+        .unwrap();
+    let mut again = new_user("alice", Role::User);
+    again.password_hash = "other".into();
+    let err = store.create_user(&again).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+    let record = store.user_record_by_name("alice").await.unwrap();
+    assert_eq!(record.password_hash, "hash-of-alice");
+    assert!(!store.create_user_if_absent(&again).await.unwrap());
+}
+
+async fn api_keys_are_found_by_digest_and_cascade_with_their_user(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let alice = store
+        .create_user(&new_user("alice", Role::User))
+        .await
+        .unwrap();
+    let key = store
+        .create_api_key(&NewApiKey {
+            user_id: alice.id,
+            name: "laptop".into(),
+            description: String::new(),
+            access_key: "abcd".into(),
+            lookup_digest: "digest-1".into(),
+            secret_hash: "argon".into(),
+            expires_at: None,
+        })
+        .await
+        .unwrap();
+    let found = store.api_key_by_digest("digest-1").await.unwrap();
+    assert_eq!(found.key.id, key.id);
+    assert_eq!(found.secret_hash, "argon");
+
+    let duplicate = store
+        .create_api_key(&NewApiKey {
+            user_id: alice.id,
+            name: "laptop".into(),
+            description: String::new(),
+            access_key: "efgh".into(),
+            lookup_digest: "digest-2".into(),
+            secret_hash: "argon".into(),
+            expires_at: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(duplicate, StoreError::Conflict { .. }));
+
+    let at = gantry_types::Timestamp::from_millis(1_800_000_000_000);
+    store.touch_api_key(key.id, at).await.unwrap();
+    assert_eq!(
+        store.get_api_key(key.id).await.unwrap().last_used_at,
+        Some(at)
+    );
+
+    assert_eq!(store.list_api_keys(Some(alice.id), ALL).await.unwrap().1, 1);
+    store.delete_user(alice.id).await.unwrap();
+    assert!(store.api_key_by_digest("digest-1").await.is_err());
+}
+
+async fn creating_a_model_creates_pending_replicas(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let model = store.create_model(&model_create("tiny", 3)).await.unwrap();
+    let filter = InstanceFilter {
+        model_id: Some(model.id),
+        ..Default::default()
+    };
+    let (instances, total) = store.list_instances(&filter, ALL).await.unwrap();
+    assert_eq!(total, 3);
+    let names: Vec<_> = instances.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["tiny-0", "tiny-1", "tiny-2"]);
+    assert!(instances.iter().all(|i| i.state == InstanceState::Pending));
+    assert!(instances.iter().all(|i| i.model_name == "tiny"));
+
+    let err = store
+        .create_model(&model_create("tiny", 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }));
+    // The failed create left the first model and its instances untouched.
+    assert_eq!(store.list_instances(&filter, ALL).await.unwrap().1, 3);
+}
+
+async fn scaling_a_model_adds_and_removes_the_least_useful_replicas(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let worker = store
+        .create_worker(
+            "w1",
+            &BTreeMap::new(),
+            "127.0.0.1:1",
+            &gpu_status(2),
+            "cred",
+        )
+        .await
+        .unwrap();
+    let mut model = store.create_model(&model_create("tiny", 3)).await.unwrap();
+    let filter = InstanceFilter {
+        model_id: Some(model.id),
+        ..Default::default()
+    };
+    let (instances, _) = store.list_instances(&filter, ALL).await.unwrap();
+    // tiny-0 scheduled on a worker, tiny-1 and tiny-2 pending: scaling to 1 removes
+    // the pending ones, newest first, and keeps the placed one.
+    store
+        .place_instance_manually(instances[0].id, Some(worker.id), &[1])
+        .await
+        .unwrap();
+
+    model.apply(ModelUpdate {
+        replicas: Some(1),
+        ..Default::default()
+    });
+    store.update_model(&model).await.unwrap();
+    let (left, _) = store.list_instances(&filter, ALL).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].name, "tiny-0");
+    assert_eq!(left[0].worker_name.as_deref(), Some("w1"));
+    assert_eq!(left[0].gpu_indexes, vec![1]);
+
+    model.replicas = 3;
+    store.update_model(&model).await.unwrap();
+    let (grown, _) = store.list_instances(&filter, ALL).await.unwrap();
+    let names: Vec<_> = grown.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["tiny-0", "tiny-1", "tiny-2"]);
+}
+
+async fn deleting_a_model_deletes_its_instances(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let keep = store.create_model(&model_create("keep", 1)).await.unwrap();
+    let gone = store.create_model(&model_create("gone", 2)).await.unwrap();
+    store.delete_model(gone.id).await.unwrap();
+    let (all, total) = store
+        .list_instances(&InstanceFilter::default(), ALL)
+        .await
+        .unwrap();
+    assert_eq!(total, 1);
+    assert_eq!(all[0].model_id, keep.id);
+    assert!(store.get_model(gone.id).await.is_err());
+}
+
+async fn manual_placement_checks_the_worker_and_its_gpus(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let worker = store
+        .create_worker(
+            "w1",
+            &BTreeMap::new(),
+            "127.0.0.1:1",
+            &gpu_status(2),
+            "cred",
+        )
+        .await
+        .unwrap();
+    store.create_model(&model_create("tiny", 1)).await.unwrap();
+    let (instances, _) = store
+        .list_instances(&InstanceFilter::default(), ALL)
+        .await
+        .unwrap();
+    let id = instances[0].id;
+
+    let err = store
+        .place_instance_manually(id, Some(worker.id), &[5])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("has no GPU 5"), "{err}");
+    let err = store
+        .place_instance_manually(id, Some(9999), &[0])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no worker has id 9999"), "{err}");
+    assert_eq!(
+        store.get_instance(id).await.unwrap().state,
+        InstanceState::Pending
+    );
+
+    let placed = store
+        .place_instance_manually(id, Some(worker.id), &[0, 1])
+        .await
+        .unwrap();
+    assert_eq!(placed.state, InstanceState::Scheduled);
+    assert_eq!(placed.gpu_indexes, vec![0, 1]);
+
+    // Deleting the worker sends the instance back to pending.
+    store.delete_worker(worker.id).await.unwrap();
+    let back = store.get_instance(id).await.unwrap();
+    assert_eq!(back.state, InstanceState::Pending);
+    assert_eq!(back.worker_id, None);
+    assert!(back.state_message.contains("w1 was deleted"));
+}
+
+async fn lists_paginate_and_filter(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    for i in 0..5 {
+        store
+            .create_model(&model_create(&format!("m{i}"), 0))
+            .await
+            .unwrap();
+    }
+    let page2 = Page {
+        page: 2,
+        per_page: 2,
+    };
+    let (models, total) = store
+        .list_models(&ModelFilter::default(), page2)
+        .await
+        .unwrap();
+    assert_eq!(total, 5);
+    let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["m2", "m3"]);
+
+    let by_name = ModelFilter {
+        name: Some("m4".into()),
+        ..Default::default()
+    };
+    assert_eq!(store.list_models(&by_name, ALL).await.unwrap().1, 1);
+    let by_backend = ModelFilter {
+        backend: Some(BackendKind::Vllm),
+        ..Default::default()
+    };
+    assert_eq!(store.list_models(&by_backend, ALL).await.unwrap().1, 0);
+    let search_literal_percent = ModelFilter {
+        search: Some("%".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        store
+            .list_models(&search_literal_percent, ALL)
+            .await
+            .unwrap()
+            .1,
+        0
+    );
+
+    store
+        .create_worker("w1", &BTreeMap::new(), "a:1", &gpu_status(0), "c1")
+        .await
+        .unwrap();
+    let ready = WorkerFilter {
+        state: Some(gantry_types::WorkerState::Ready),
+        name: None,
+    };
+    assert_eq!(store.list_workers(&ready, ALL).await.unwrap().1, 1);
+}
+
+async fn committed_writes_are_published_as_changes(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let mut changes = store.subscribe();
+    let model = store.create_model(&model_create("tiny", 1)).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        match &*changes.recv().await.unwrap() {
+            Change::Model(kind, m) => seen.push(format!("model {kind:?} {}", m.name)),
+            Change::Instance(kind, i) => seen.push(format!("instance {kind:?} {}", i.name)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["model Created tiny", "instance Created tiny-0"]);
+    store.delete_model(model.id).await.unwrap();
+    let first = changes.recv().await.unwrap();
+    assert!(matches!(&*first, Change::Instance(ChangeKind::Deleted, i) if i.name == "tiny-0"));
+}
+
+async fn reopening_a_database_keeps_data_and_skips_applied_migrations(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    store
+        .create_user(&new_user("alice", Role::Admin))
+        .await
+        .unwrap();
+    store.close().await;
+    let again = db.open().await;
+    assert!(again.migrations_done().await.unwrap());
+    assert_eq!(
+        again.user_record_by_name("alice").await.unwrap().user.role,
+        Role::Admin
+    );
+    assert!(again.insert_setting_if_absent("k", "v1").await.unwrap());
+    assert!(!again.insert_setting_if_absent("k", "v2").await.unwrap());
+    assert_eq!(again.get_setting("k").await.unwrap().as_deref(), Some("v1"));
+}
+
+test_both_engines!(
+    users_are_created_listed_updated_and_deleted,
+    duplicate_usernames_conflict_and_keep_the_original,
+    api_keys_are_found_by_digest_and_cascade_with_their_user,
+    creating_a_model_creates_pending_replicas,
+    scaling_a_model_adds_and_removes_the_least_useful_replicas,
+    deleting_a_model_deletes_its_instances,
+    manual_placement_checks_the_worker_and_its_gpus,
+    lists_paginate_and_filter,
+    committed_writes_are_published_as_changes,
+    reopening_a_database_keeps_data_and_skips_applied_migrations,
+);

@@ -1,0 +1,128 @@
+//! Model instances: one replica of a model, placed on a worker and GPUs — the observed
+//! state that the scheduler and the worker move forward.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::time::Timestamp;
+use crate::validate::{FieldError, Validate};
+
+/// Instance lifecycle: `pending → analyzing → scheduled → starting → running`, plus
+/// `error` and `unreachable` (set by the server when the worker is lost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    Pending,
+    Analyzing,
+    Scheduled,
+    Starting,
+    Running,
+    Error,
+    Unreachable,
+}
+
+impl InstanceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Pending => "pending",
+            InstanceState::Analyzing => "analyzing",
+            InstanceState::Scheduled => "scheduled",
+            InstanceState::Starting => "starting",
+            InstanceState::Running => "running",
+            InstanceState::Error => "error",
+            InstanceState::Unreachable => "unreachable",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "pending" => Some(InstanceState::Pending),
+            "analyzing" => Some(InstanceState::Analyzing),
+            "scheduled" => Some(InstanceState::Scheduled),
+            "starting" => Some(InstanceState::Starting),
+            "running" => Some(InstanceState::Running),
+            "error" => Some(InstanceState::Error),
+            "unreachable" => Some(InstanceState::Unreachable),
+            _ => None,
+        }
+    }
+}
+
+/// A model instance as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ModelInstance {
+    pub id: i64,
+    /// `<model name>-<replica>`; unique.
+    pub name: String,
+    pub model_id: i64,
+    pub model_name: String,
+    /// The replica number within its model, the lowest free one at creation.
+    pub replica: u32,
+    pub worker_id: Option<i64>,
+    pub worker_name: Option<String>,
+    /// GPU indexes on the worker; empty for CPU-only placement.
+    pub gpu_indexes: Vec<u32>,
+    /// Port of the (first) backend process on the worker.
+    pub port: Option<u16>,
+    /// `host:port` the gateway sends requests to, once `running`.
+    pub address: Option<String>,
+    pub state: InstanceState,
+    /// Why the instance is in its state: the scheduler's reason while pending, the
+    /// backend's last stderr lines on error.
+    pub state_message: String,
+    /// The resources the scheduler reserved for this instance (memory per GPU, RAM).
+    #[schema(value_type = Option<Object>)]
+    pub computed_resource_claim: Option<serde_json::Value>,
+    pub restart_count: u32,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// `PATCH /api/v1/model-instances/{id}` (admin): manual placement until the scheduler
+/// places instances itself. `worker_id: null` unplaces the instance.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InstancePatch {
+    #[serde(default, with = "crate::instance::double_option_i64")]
+    #[schema(value_type = Option<i64>)]
+    pub worker_id: Option<Option<i64>>,
+    pub gpu_indexes: Option<Vec<u32>>,
+}
+
+impl Validate for InstancePatch {
+    fn validate(&self) -> Result<(), FieldError> {
+        if let Some(indexes) = &self.gpu_indexes {
+            if indexes.len() > 64 {
+                return Err(FieldError::new("gpu_indexes", "at most 64 GPU indexes"));
+            }
+            let mut sorted = indexes.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            if sorted.len() != indexes.len() {
+                return Err(FieldError::new("gpu_indexes", "must not repeat an index"));
+            }
+        }
+        if self.worker_id.is_none() && self.gpu_indexes.is_none() {
+            return Err(FieldError::new(
+                "worker_id",
+                "give worker_id and/or gpu_indexes",
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) mod double_option_i64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<Option<i64>>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(Some(v)) => s.serialize_i64(*v),
+            _ => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<i64>>, D::Error> {
+        Option::<i64>::deserialize(d).map(Some)
+    }
+}

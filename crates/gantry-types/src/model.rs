@@ -1,0 +1,475 @@
+//! Models: the desired state an admin declares (what to serve, with which backend, how
+//! many replicas, where).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::time::Timestamp;
+use crate::validate::{check_labels, check_name, check_text, FieldError, Validate};
+
+/// Most replicas one model may ask for; a guard against typos that would flood the store.
+pub const MAX_REPLICAS: u32 = 1000;
+/// Most backend arguments; each at most 4096 bytes.
+pub const MAX_BACKEND_ARGS: usize = 256;
+
+/// The inference server that runs a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+pub enum BackendKind {
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+    #[serde(rename = "vllm")]
+    Vllm,
+    #[serde(rename = "sglang")]
+    Sglang,
+    #[serde(rename = "custom")]
+    Custom,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::LlamaCpp => "llama.cpp",
+            BackendKind::Vllm => "vllm",
+            BackendKind::Sglang => "sglang",
+            BackendKind::Custom => "custom",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "llama.cpp" => Some(BackendKind::LlamaCpp),
+            "vllm" => Some(BackendKind::Vllm),
+            "sglang" => Some(BackendKind::Sglang),
+            "custom" => Some(BackendKind::Custom),
+            _ => None,
+        }
+    }
+}
+
+/// Where the model's weights come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelSource {
+    /// A file or directory already present on the workers.
+    LocalPath { path: String },
+    /// A Hugging Face repository, optionally one file of it (a GGUF, say).
+    Huggingface {
+        repo_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file: Option<String>,
+    },
+    /// A file downloadable over HTTP(S).
+    Url { url: String },
+}
+
+impl ModelSource {
+    fn validate(&self) -> Result<(), FieldError> {
+        match self {
+            ModelSource::LocalPath { path } => {
+                if !path.starts_with('/') {
+                    return Err(FieldError::new("source.path", "must be an absolute path"));
+                }
+                check_text("source.path", path, 4096)
+            }
+            ModelSource::Huggingface { repo_id, file } => {
+                let parts: Vec<&str> = repo_id.split('/').collect();
+                let well_formed = parts.len() == 2
+                    && parts.iter().all(|p| {
+                        !p.is_empty()
+                            && p.chars()
+                                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                    });
+                if !well_formed {
+                    return Err(FieldError::new(
+                        "source.repo_id",
+                        "must look like owner/name (letters, digits, '-', '_', '.')",
+                    ));
+                }
+                if let Some(file) = file {
+                    if file.is_empty() || file.starts_with('/') || file.contains("..") {
+                        return Err(FieldError::new(
+                            "source.file",
+                            "must be a relative path inside the repository",
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            ModelSource::Url { url } => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(FieldError::new(
+                        "source.url",
+                        "must start with http:// or https://",
+                    ));
+                }
+                check_text("source.url", url, 4096)
+            }
+        }
+    }
+}
+
+/// How the scheduler ranks workers that fit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacementStrategy {
+    /// Prefer the emptiest worker: spreads load and failure domains.
+    #[default]
+    Spread,
+    /// Prefer the fullest worker that still fits: keeps whole GPUs free for big models.
+    Binpack,
+}
+
+/// A manual placement: run on this worker, on these GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSelector {
+    pub worker_name: String,
+    pub gpu_indexes: Vec<u32>,
+}
+
+/// A model as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct Model {
+    pub id: i64,
+    pub name: String,
+    pub description: String,
+    pub source: ModelSource,
+    pub backend: BackendKind,
+    pub backend_version: Option<String>,
+    pub backend_args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub replicas: u32,
+    pub worker_selector: BTreeMap<String, String>,
+    pub gpu_selector: Option<GpuSelector>,
+    pub placement_strategy: PlacementStrategy,
+    /// vLLM-style data parallelism: N child servers, one per GPU, per instance.
+    pub data_parallel_size: Option<u32>,
+    /// Allow placing some or all layers in system memory (llama.cpp only).
+    pub cpu_offload: bool,
+    pub labels: BTreeMap<String, String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// `POST /api/v1/models`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCreate {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub source: ModelSource,
+    pub backend: BackendKind,
+    #[serde(default)]
+    pub backend_version: Option<String>,
+    #[serde(default)]
+    pub backend_args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
+    #[serde(default)]
+    pub worker_selector: BTreeMap<String, String>,
+    #[serde(default)]
+    pub gpu_selector: Option<GpuSelector>,
+    #[serde(default)]
+    pub placement_strategy: PlacementStrategy,
+    #[serde(default)]
+    pub data_parallel_size: Option<u32>,
+    #[serde(default = "default_cpu_offload")]
+    pub cpu_offload: bool,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+fn default_replicas() -> u32 {
+    1
+}
+
+fn default_cpu_offload() -> bool {
+    true
+}
+
+impl Validate for ModelCreate {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_name("name", &self.name)?;
+        check_text("description", &self.description, 2000)?;
+        self.source.validate()?;
+        check_replicas(self.replicas)?;
+        check_backend_args(&self.backend_args)?;
+        check_env(&self.env)?;
+        check_labels("worker_selector", &self.worker_selector)?;
+        check_labels("labels", &self.labels)?;
+        if let Some(selector) = &self.gpu_selector {
+            check_gpu_selector(selector)?;
+        }
+        check_data_parallel(self.data_parallel_size)?;
+        if let Some(version) = &self.backend_version {
+            check_text("backend_version", version, 100)?;
+        }
+        Ok(())
+    }
+}
+
+/// `PATCH /api/v1/models/{id}`: absent fields stay as they are; `null` clears an
+/// optional field.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelUpdate {
+    pub description: Option<String>,
+    pub source: Option<ModelSource>,
+    pub backend_version: Option<Option<String>>,
+    pub backend_args: Option<Vec<String>>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub replicas: Option<u32>,
+    pub worker_selector: Option<BTreeMap<String, String>>,
+    #[serde(default, with = "double_option")]
+    #[schema(value_type = Option<GpuSelector>)]
+    pub gpu_selector: Option<Option<GpuSelector>>,
+    pub placement_strategy: Option<PlacementStrategy>,
+    #[serde(default, with = "double_option")]
+    #[schema(value_type = Option<u32>)]
+    pub data_parallel_size: Option<Option<u32>>,
+    pub cpu_offload: Option<bool>,
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+impl Validate for ModelUpdate {
+    fn validate(&self) -> Result<(), FieldError> {
+        if let Some(description) = &self.description {
+            check_text("description", description, 2000)?;
+        }
+        if let Some(source) = &self.source {
+            source.validate()?;
+        }
+        if let Some(replicas) = self.replicas {
+            check_replicas(replicas)?;
+        }
+        if let Some(args) = &self.backend_args {
+            check_backend_args(args)?;
+        }
+        if let Some(env) = &self.env {
+            check_env(env)?;
+        }
+        if let Some(selector) = &self.worker_selector {
+            check_labels("worker_selector", selector)?;
+        }
+        if let Some(labels) = &self.labels {
+            check_labels("labels", labels)?;
+        }
+        if let Some(Some(selector)) = &self.gpu_selector {
+            check_gpu_selector(selector)?;
+        }
+        if let Some(dp) = self.data_parallel_size {
+            check_data_parallel(dp)?;
+        }
+        Ok(())
+    }
+}
+
+impl Model {
+    /// Applies a validated update in place.
+    pub fn apply(&mut self, update: ModelUpdate) {
+        let ModelUpdate {
+            description,
+            source,
+            backend_version,
+            backend_args,
+            env,
+            replicas,
+            worker_selector,
+            gpu_selector,
+            placement_strategy,
+            data_parallel_size,
+            cpu_offload,
+            labels,
+        } = update;
+        if let Some(v) = description {
+            self.description = v;
+        }
+        if let Some(v) = source {
+            self.source = v;
+        }
+        if let Some(v) = backend_version {
+            self.backend_version = v;
+        }
+        if let Some(v) = backend_args {
+            self.backend_args = v;
+        }
+        if let Some(v) = env {
+            self.env = v;
+        }
+        if let Some(v) = replicas {
+            self.replicas = v;
+        }
+        if let Some(v) = worker_selector {
+            self.worker_selector = v;
+        }
+        if let Some(v) = gpu_selector {
+            self.gpu_selector = v;
+        }
+        if let Some(v) = placement_strategy {
+            self.placement_strategy = v;
+        }
+        if let Some(v) = data_parallel_size {
+            self.data_parallel_size = v;
+        }
+        if let Some(v) = cpu_offload {
+            self.cpu_offload = v;
+        }
+        if let Some(v) = labels {
+            self.labels = v;
+        }
+    }
+}
+
+fn check_replicas(replicas: u32) -> Result<(), FieldError> {
+    if replicas > MAX_REPLICAS {
+        return Err(FieldError::new(
+            "replicas",
+            format!("must be between 0 and {MAX_REPLICAS}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_backend_args(args: &[String]) -> Result<(), FieldError> {
+    if args.len() > MAX_BACKEND_ARGS {
+        return Err(FieldError::new(
+            "backend_args",
+            format!("at most {MAX_BACKEND_ARGS} arguments"),
+        ));
+    }
+    for (i, arg) in args.iter().enumerate() {
+        if arg.len() > 4096 || arg.contains('\0') {
+            return Err(FieldError::new(
+                format!("backend_args[{i}]"),
+                "must be at most 4096 bytes without NUL characters",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), FieldError> {
+    for (key, value) in env {
+        let key_ok = !key.is_empty()
+            && key.len() <= 128
+            && !key.as_bytes()[0].is_ascii_digit()
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !key_ok {
+            return Err(FieldError::new(
+                format!("env.{key}"),
+                "environment variable names are letters, digits and '_', not starting with a digit",
+            ));
+        }
+        if value.len() > 4096 || value.contains('\0') {
+            return Err(FieldError::new(
+                format!("env.{key}"),
+                "values are at most 4096 bytes without NUL characters",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_gpu_selector(selector: &GpuSelector) -> Result<(), FieldError> {
+    check_name("gpu_selector.worker_name", &selector.worker_name)?;
+    if selector.gpu_indexes.is_empty() || selector.gpu_indexes.len() > 64 {
+        return Err(FieldError::new(
+            "gpu_selector.gpu_indexes",
+            "must list 1 to 64 GPU indexes",
+        ));
+    }
+    let mut sorted = selector.gpu_indexes.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != selector.gpu_indexes.len() {
+        return Err(FieldError::new(
+            "gpu_selector.gpu_indexes",
+            "must not repeat an index",
+        ));
+    }
+    Ok(())
+}
+
+fn check_data_parallel(size: Option<u32>) -> Result<(), FieldError> {
+    if let Some(size) = size {
+        if !(1..=64).contains(&size) {
+            return Err(FieldError::new(
+                "data_parallel_size",
+                "must be between 1 and 64",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Serde helper telling "field absent" (`None`) from "field is null" (`Some(None)`).
+mod double_option {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<T: Serialize, S: Serializer>(
+        value: &Option<Option<T>>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            None | Some(None) => serializer.serialize_none(),
+            Some(Some(v)) => v.serialize(serializer),
+        }
+    }
+
+    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(deserializer).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create(json: &str) -> Result<ModelCreate, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn minimal_model_gets_defaults() {
+        let m = create(
+            r#"{"name":"tiny","source":{"type":"local_path","path":"/m/tiny.gguf"},"backend":"llama.cpp"}"#,
+        )
+        .unwrap();
+        assert_eq!(m.replicas, 1);
+        assert_eq!(m.placement_strategy, PlacementStrategy::Spread);
+        assert!(m.validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_by_name() {
+        let err = create(
+            r#"{"name":"t","source":{"type":"url","url":"https://x"},"backend":"vllm","replica":2}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("unknown field `replica`"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_replicas_name_the_field() {
+        let m = create(
+            r#"{"name":"t","source":{"type":"url","url":"https://x"},"backend":"vllm","replicas":5000}"#,
+        )
+        .unwrap();
+        assert_eq!(m.validate().unwrap_err().field, "replicas");
+    }
+
+    #[test]
+    fn update_distinguishes_absent_from_null() {
+        let u: ModelUpdate = serde_json::from_str(r#"{"gpu_selector":null}"#).unwrap();
+        assert_eq!(u.gpu_selector, Some(None));
+        let u: ModelUpdate = serde_json::from_str(r#"{}"#).unwrap();
+        assert_eq!(u.gpu_selector, None);
+    }
+}

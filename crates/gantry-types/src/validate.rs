@@ -1,0 +1,160 @@
+//! Validation of request bodies after they parsed: syntax of names, ranges of numbers.
+//! A failure names the field so the API can answer 422 with a useful message.
+
+use std::fmt;
+
+/// One invalid field of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field's JSON path, such as `replicas` or `source.path`.
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Implemented by request bodies that have rules beyond what their types express.
+pub trait Validate {
+    fn validate(&self) -> Result<(), FieldError>;
+}
+
+/// Resource names: 1-63 characters of lowercase ASCII letters, digits, `-`, `_` and
+/// `.`, starting with a letter or digit. They appear in URLs, log lines and the
+/// OpenAI `model` field, so they are kept plain.
+pub fn check_name(field: &str, name: &str) -> Result<(), FieldError> {
+    if name.is_empty() || name.len() > 63 {
+        return Err(FieldError::new(field, "must be 1 to 63 characters long"));
+    }
+    let first = name.as_bytes()[0];
+    if !(first.is_ascii_lowercase() || first.is_ascii_digit()) {
+        return Err(FieldError::new(
+            field,
+            "must start with a lowercase letter or a digit",
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "contains {bad:?}; only lowercase letters, digits, '-', '_' and '.' are allowed"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Usernames follow the resource-name rule.
+pub fn check_username(field: &str, name: &str) -> Result<(), FieldError> {
+    check_name(field, name)
+}
+
+/// Passwords: at least 8 characters, at most 256 (argon2 input stays bounded).
+pub fn check_password(field: &str, password: &str) -> Result<(), FieldError> {
+    let chars = password.chars().count();
+    if chars < 8 {
+        return Err(FieldError::new(field, "must be at least 8 characters long"));
+    }
+    if chars > 256 {
+        return Err(FieldError::new(
+            field,
+            "must be at most 256 characters long",
+        ));
+    }
+    Ok(())
+}
+
+/// Labels: keys are 1-63 characters of `[A-Za-z0-9._/-]`, values at most 253 characters
+/// without control characters.
+pub fn check_labels<'a>(
+    field: &str,
+    labels: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), FieldError> {
+    for (key, value) in labels {
+        let key_ok = !key.is_empty()
+            && key.len() <= 63
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-'));
+        if !key_ok {
+            return Err(FieldError::new(
+                format!("{field}.{key}"),
+                "label keys are 1 to 63 characters of letters, digits, '.', '_', '/' and '-'",
+            ));
+        }
+        if value.len() > 253 || value.chars().any(char::is_control) {
+            return Err(FieldError::new(
+                format!("{field}.{key}"),
+                "label values are at most 253 characters without control characters",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Free text (descriptions, full names): bounded length, no control characters except
+/// newlines and tabs.
+pub fn check_text(field: &str, text: &str, max_chars: usize) -> Result<(), FieldError> {
+    if text.chars().count() > max_chars {
+        return Err(FieldError::new(
+            field,
+            format!("must be at most {max_chars} characters long"),
+        ));
+    }
+    if text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return Err(FieldError::new(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_accept_plain_identifiers() {
+        for ok in ["a", "llama-3.1-8b", "qwen2_7b", "0model"] {
+            assert!(check_name("name", ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn names_reject_uppercase_spaces_and_length() {
+        assert!(check_name("name", "").is_err());
+        assert!(check_name("name", "Llama").is_err());
+        assert!(check_name("name", "a b").is_err());
+        assert!(check_name("name", "-a").is_err());
+        assert!(check_name("name", &"a".repeat(64)).is_err());
+        let err = check_name("name", "a/b").unwrap_err();
+        assert_eq!(err.field, "name");
+        assert!(err.message.contains("'/'"), "{}", err.message);
+    }
+
+    #[test]
+    fn passwords_have_bounds() {
+        assert!(check_password("password", "short").is_err());
+        assert!(check_password("password", "long enough").is_ok());
+        assert!(check_password("password", &"x".repeat(257)).is_err());
+    }
+}

@@ -1,0 +1,114 @@
+//! Workers: the GPU nodes that run model instances.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::time::Timestamp;
+use crate::validate::{check_labels, FieldError, Validate};
+
+/// Worker lifecycle as the server sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// Heartbeats arrive; instances may be placed here.
+    Ready,
+    /// Missed three heartbeats; nothing new is placed here.
+    NotReady,
+    /// Silent for longer than `server_timeout`; its instances are rescheduled.
+    Unreachable,
+    /// Set by an admin: running instances stay, nothing new is placed.
+    Maintenance,
+}
+
+impl WorkerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Ready => "ready",
+            WorkerState::NotReady => "not_ready",
+            WorkerState::Unreachable => "unreachable",
+            WorkerState::Maintenance => "maintenance",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "ready" => Some(WorkerState::Ready),
+            "not_ready" => Some(WorkerState::NotReady),
+            "unreachable" => Some(WorkerState::Unreachable),
+            "maintenance" => Some(WorkerState::Maintenance),
+            _ => None,
+        }
+    }
+}
+
+/// One GPU as the worker reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct GpuDevice {
+    /// The device index as the driver numbers it (`CUDA_VISIBLE_DEVICES` uses it).
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub memory_total: u64,
+    pub memory_used: u64,
+    /// Percent, 0-100.
+    pub utilization: Option<u32>,
+    /// Degrees Celsius.
+    pub temperature: Option<u32>,
+    /// True for devices declared with `--simulate-gpus`: they exist only for scheduling
+    /// tests and demos, and every response that shows them says so.
+    pub simulated: bool,
+}
+
+/// Host facts reported by a worker.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct SystemInfo {
+    pub cpu_count: u32,
+    /// One-minute load average.
+    pub load_average: f64,
+    pub memory_total: u64,
+    pub memory_available: u64,
+    /// Free bytes on the file system holding the worker's data directory.
+    pub disk_free: u64,
+    pub os: String,
+    pub hostname: String,
+}
+
+/// What a worker reports about itself: hardware and backends it can run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct WorkerStatus {
+    pub gpus: Vec<GpuDevice>,
+    pub system: SystemInfo,
+    /// Backends whose executables this worker found (`llama.cpp`, `vllm`, ...).
+    pub backends: Vec<String>,
+}
+
+/// A worker as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct Worker {
+    pub id: i64,
+    pub name: String,
+    pub state: WorkerState,
+    pub state_message: String,
+    pub labels: BTreeMap<String, String>,
+    /// Address (host:port) of the worker's own small HTTP API.
+    pub address: String,
+    pub status: WorkerStatus,
+    pub last_heartbeat_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// `PUT /api/v1/workers/{id}/labels`: replaces the label set.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerLabelsUpdate {
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Validate for WorkerLabelsUpdate {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_labels("labels", &self.labels)
+    }
+}
