@@ -1,1 +1,126 @@
-//! The server: management API, auth, controllers, gateway, web UI.
+//! The gantry server: management API, authentication, and (as they arrive) the
+//! controllers, the scheduler loop and the OpenAI-compatible gateway.
+//!
+//! Architecture invariant: this crate never spawns backend processes (that is the
+//! worker's job) and contains no SQL (that is `gantry-store`'s).
+
+pub mod api;
+pub mod auth;
+pub mod bootstrap;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use gantry_store::{Store, StoreConfig};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::ServerConfig;
+pub use state::AppState;
+
+use crate::auth::jwt::JwtKeys;
+use crate::auth::principal::ApiKeyCache;
+use crate::state::Shared;
+
+/// A server that is up and serving.
+#[derive(Debug)]
+pub struct RunningServer {
+    /// The address it listens on (the real port when 0 was asked for).
+    pub addr: SocketAddr,
+    pub state: AppState,
+    /// Where the worker registration token was written, when this server made it.
+    pub registration_token_file: Option<PathBuf>,
+}
+
+impl RunningServer {
+    /// Stops accepting requests, ends watch streams and background tasks, and waits
+    /// for them.
+    pub async fn shutdown(self) {
+        self.state.shutdown.cancel();
+        self.state.tasks.close();
+        self.state.tasks.wait().await;
+        self.state.store.close().await;
+    }
+}
+
+/// Opens the store, bootstraps first-start state and starts serving. Returns once the
+/// listener is bound.
+pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
+    bootstrap::ensure_data_dir(&config.data_dir)?;
+    let jwt_secret = bootstrap::jwt_secret(&config)?;
+    let url = config.effective_database_url();
+    let store = Store::open(&StoreConfig {
+        url: url.clone(),
+        max_connections: 16,
+    })
+    .await
+    .with_context(|| format!("open the database at {}", gantry_store::redact_url(&url)))?;
+    bootstrap::ensure_admin(&store, &config).await?;
+    let registration_token_file =
+        bootstrap::ensure_registration_token(&store, &config.data_dir).await?;
+
+    let bind = format!("{}:{}", config.host, config.port);
+    let listener = TcpListener::bind(&bind)
+        .await
+        .with_context(|| format!("listen on {bind}; is another process using the port?"))?;
+    let addr = listener.local_addr().context("read the bound address")?;
+
+    let state = AppState::new(Shared {
+        jwt: JwtKeys::new(&jwt_secret, config.session_ttl),
+        store,
+        config,
+        api_keys: ApiKeyCache::default(),
+        shutdown: CancellationToken::new(),
+        tasks: TaskTracker::new(),
+    });
+    spawn_cache_invalidation(&state);
+
+    let app = api::router(state.clone());
+    let shutdown = state.shutdown.clone();
+    state.tasks.spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "HTTP server stopped with an error");
+        }
+    });
+    tracing::info!(
+        server_id = %state.config.server_id,
+        %addr,
+        database = %gantry_store::redact_url(&url),
+        "server listening"
+    );
+    Ok(RunningServer {
+        addr,
+        state,
+        registration_token_file,
+    })
+}
+
+/// Keeps the API-key cache in step with committed changes.
+fn spawn_cache_invalidation(state: &AppState) {
+    let mut changes = state.store.subscribe();
+    let shutdown = state.shutdown.clone();
+    let inner = state.clone();
+    state.tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                change = changes.recv() => match change {
+                    Ok(change) => inner.api_keys.apply(&change),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // Missed changes: forget everything rather than trust stale
+                        // entries.
+                        inner.api_keys.apply_all_stale();
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    });
+}

@@ -225,6 +225,21 @@ impl Store {
         Ok(model)
     }
 
+    /// Brings a model's instance count back to its replica count (after an instance
+    /// was deleted, say). A model that no longer exists is left alone.
+    pub async fn reconcile_model_replicas(&self, model_id: i64) -> Result<(), StoreError> {
+        let model = match self.get_model(model_id).await {
+            Ok(model) => model,
+            Err(StoreError::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut tx = self.pool.begin().await?;
+        let diff = reconcile_replicas(&mut tx, &model).await?;
+        tx.commit().await?;
+        self.publish_replica_diff(diff).await;
+        Ok(())
+    }
+
     async fn publish_replica_diff(&self, diff: ReplicaDiff) {
         for instance in diff.deleted {
             self.publish(Change::Instance(ChangeKind::Deleted, instance));

@@ -1,5 +1,7 @@
 //! The store's behaviour, run against both SQLite and PostgreSQL.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 
 use gantry_store::{

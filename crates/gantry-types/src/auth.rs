@@ -15,6 +15,18 @@ pub struct LoginRequest {
     pub password: String,
 }
 
+impl Validate for LoginRequest {
+    fn validate(&self) -> Result<(), FieldError> {
+        if self.username.is_empty() {
+            return Err(FieldError::new("username", "must not be empty"));
+        }
+        if self.password.is_empty() || self.password.len() > 1024 {
+            return Err(FieldError::new("password", "must be 1 to 1024 bytes"));
+        }
+        Ok(())
+    }
+}
+
 /// The session token (also set as the `gantry_session` cookie) and who it belongs to.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LoginResponse {

@@ -1,0 +1,151 @@
+//! `/api/v1/api-keys`: users manage their own keys; admins see and revoke everyone's.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Json;
+use gantry_store::{Change, NewApiKey};
+use gantry_types::{
+    ApiKey, ApiKeyCreate, ApiKeyCreated, FieldError, ListResponse, Role, Timestamp, Validate,
+};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::{check_page, created, page_of, watch};
+use crate::auth::secrets::{digest, GeneratedApiKey};
+use crate::auth::{password, Auth};
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::state::AppState;
+
+/// Filters and paging for the key list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ApiKeyListQuery {
+    /// Admins only: keys of this user (default: every user's for admins, your own
+    /// for everyone else).
+    pub user_id: Option<i64>,
+    pub page: Option<u32>,
+    pub per_page: Option<u32>,
+    pub watch: Option<bool>,
+}
+
+impl Validate for ApiKeyListQuery {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_page(self.page, self.per_page)
+    }
+}
+
+/// Lists API keys (never their secrets).
+#[utoipa::path(get, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])), params(ApiKeyListQuery),
+    responses((status = 200, body = ListResponse<ApiKey>)))]
+pub async fn list(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiQuery(query): ApiQuery<ApiKeyListQuery>,
+) -> ApiResult<Response> {
+    let user = principal.require_user()?;
+    let owner = match (user.role, query.user_id) {
+        (Role::Admin, requested) => requested,
+        (Role::User, None) => Some(user.id),
+        (Role::User, Some(requested)) if requested == user.id => Some(user.id),
+        (Role::User, Some(_)) => {
+            return Err(ApiError::forbidden(
+                "only admins can list other users' keys",
+            ))
+        }
+    };
+    if query.watch == Some(true) {
+        let changes = state.store.subscribe();
+        let initial = super::watch_all(|page| state.store.list_api_keys(owner, page)).await?;
+        return Ok(watch::respond(
+            &state,
+            changes,
+            initial,
+            move |change| match change {
+                Change::ApiKey(kind, key) if owner.is_none_or(|o| o == key.user_id) => {
+                    Some((*kind, key.clone()))
+                }
+                _ => None,
+            },
+        ));
+    }
+    let page = page_of(query.page, query.per_page);
+    let (items, total) = state.store.list_api_keys(owner, page).await?;
+    Ok(super::list_response(items, page, total))
+}
+
+/// Creates a key for the caller. The answer is the only time the full key is shown.
+#[utoipa::path(post, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])), request_body = ApiKeyCreate,
+    responses((status = 201, body = ApiKeyCreated), (status = 409, body = gantry_types::ErrorBody),
+        (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn create(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiJson(request): ApiJson<ApiKeyCreate>,
+) -> ApiResult<Response> {
+    let user = principal.require_user()?;
+    let generated = GeneratedApiKey::generate();
+    let full = generated.full();
+    let key = state
+        .store
+        .create_api_key(&NewApiKey {
+            user_id: user.id,
+            name: request.name,
+            description: request.description,
+            access_key: generated.access.clone(),
+            lookup_digest: digest(&full),
+            secret_hash: password::hash(generated.secret.clone()).await?,
+            expires_at: request.expires_in_days.map(|days| {
+                Timestamp::now().plus(std::time::Duration::from_secs(u64::from(days) * 86_400))
+            }),
+        })
+        .await?;
+    tracing::info!(username = %user.username, api_key_id = key.id, access_key = %key.access_key, "created API key");
+    Ok(created(ApiKeyCreated {
+        api_key: key,
+        key: full,
+    }))
+}
+
+fn visible(key: &ApiKey, user: &gantry_types::User) -> bool {
+    user.role == Role::Admin || key.user_id == user.id
+}
+
+/// Shows one key.
+#[utoipa::path(get, path = "/api/v1/api-keys/{id}", tag = "api-keys", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "API key id")),
+    responses((status = 200, body = ApiKey), (status = 404, body = gantry_types::ErrorBody)))]
+pub async fn get(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<Json<ApiKey>> {
+    let user = principal.require_user()?;
+    let key = state.store.get_api_key(id).await?;
+    if !visible(&key, user) {
+        // Someone else's key: answer as if it did not exist.
+        return Err(ApiError::not_found(format!("api key {id} not found")));
+    }
+    Ok(Json(key))
+}
+
+/// Revokes a key at once.
+#[utoipa::path(delete, path = "/api/v1/api-keys/{id}", tag = "api-keys", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "API key id")),
+    responses((status = 204), (status = 404, body = gantry_types::ErrorBody)))]
+pub async fn delete(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<StatusCode> {
+    let user = principal.require_user()?;
+    let key = state.store.get_api_key(id).await?;
+    if !visible(&key, user) {
+        return Err(ApiError::not_found(format!("api key {id} not found")));
+    }
+    state.store.delete_api_key(id).await?;
+    tracing::info!(username = %user.username, api_key_id = id, "deleted API key");
+    Ok(StatusCode::NO_CONTENT)
+}

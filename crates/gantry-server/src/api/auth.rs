@@ -1,0 +1,121 @@
+//! `/auth/*`: login, logout, password change and "who am I".
+
+use axum::extract::State;
+use axum::http::header::SET_COOKIE;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use gantry_store::StoreError;
+use gantry_types::{ChangePasswordRequest, LoginRequest, LoginResponse, User};
+
+use crate::auth::principal::SESSION_COOKIE;
+use crate::auth::{password, AuthAllowingPasswordChange, Principal};
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiJson;
+use crate::state::AppState;
+
+fn session_cookie(token: &str, max_age_secs: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!(
+        "{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax; Max-Age={max_age_secs}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static("gantry_session=; Path=/; Max-Age=0"))
+}
+
+fn with_session(state: &AppState, login: LoginResponse) -> Response {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        SET_COOKIE,
+        session_cookie(&login.token, state.jwt.session_ttl.as_secs()),
+    );
+    (headers, Json(login)).into_response()
+}
+
+fn issue(state: &AppState, user: User, session_version: i64) -> ApiResult<LoginResponse> {
+    let (token, expires_at) = state
+        .jwt
+        .issue(user.id, &user.username, user.role, session_version)
+        .map_err(|e| ApiError::internal(format!("sign session token: {e}")))?;
+    Ok(LoginResponse {
+        token,
+        expires_at,
+        user,
+    })
+}
+
+/// Exchanges a username and password for a session token (also set as a cookie).
+#[utoipa::path(post, path = "/auth/login", tag = "auth", request_body = LoginRequest,
+    responses((status = 200, body = LoginResponse), (status = 401, body = gantry_types::ErrorBody)))]
+pub async fn login(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<LoginRequest>,
+) -> ApiResult<Response> {
+    let invalid = || ApiError::unauthorized("invalid username or password");
+    let record = match state.store.user_record_by_name(&request.username).await {
+        Ok(record) => record,
+        Err(StoreError::NotFound { .. }) => {
+            password::dummy_verify(request.password).await;
+            tracing::info!(username = %request.username, "login failed: no such user");
+            return Err(invalid());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !password::verify(request.password, record.password_hash.clone()).await {
+        tracing::info!(username = %request.username, "login failed: wrong password");
+        return Err(invalid());
+    }
+    tracing::info!(username = %record.user.username, user_id = record.user.id, "logged in");
+    let login = issue(&state, record.user, record.session_version)?;
+    Ok(with_session(&state, login))
+}
+
+/// Ends every session of the caller and clears the cookie.
+#[utoipa::path(post, path = "/auth/logout", tag = "auth", security(("bearer" = [])),
+    responses((status = 204), (status = 401, body = gantry_types::ErrorBody)))]
+pub async fn logout(
+    State(state): State<AppState>,
+    AuthAllowingPasswordChange(principal): AuthAllowingPasswordChange,
+) -> ApiResult<Response> {
+    let user = principal.require_user()?;
+    state.store.bump_session_version(user.id).await?;
+    let mut headers = HeaderMap::new();
+    headers.insert(SET_COOKIE, session_cookie("", 0));
+    Ok((StatusCode::NO_CONTENT, headers).into_response())
+}
+
+/// Changes the caller's password. Every other session ends; the answer carries a new
+/// session token.
+#[utoipa::path(post, path = "/auth/change-password", tag = "auth", security(("bearer" = [])),
+    request_body = ChangePasswordRequest,
+    responses((status = 200, body = LoginResponse), (status = 401, body = gantry_types::ErrorBody),
+        (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn change_password(
+    State(state): State<AppState>,
+    AuthAllowingPasswordChange(principal): AuthAllowingPasswordChange,
+    ApiJson(request): ApiJson<ChangePasswordRequest>,
+) -> ApiResult<Response> {
+    let user = principal.require_user()?;
+    let record = state.store.user_record(user.id).await?;
+    if !password::verify(request.current_password, record.password_hash).await {
+        return Err(ApiError::unauthorized("current_password is wrong"));
+    }
+    let hash = password::hash(request.new_password).await?;
+    let user = state.store.set_password(user.id, &hash, false).await?;
+    let record = state.store.user_record(user.id).await?;
+    tracing::info!(username = %user.username, user_id = user.id, "password changed");
+    let login = issue(&state, record.user, record.session_version)?;
+    Ok(with_session(&state, login))
+}
+
+/// The calling user.
+#[utoipa::path(get, path = "/auth/me", tag = "auth", security(("bearer" = [])),
+    responses((status = 200, body = User), (status = 401, body = gantry_types::ErrorBody)))]
+pub async fn me(
+    AuthAllowingPasswordChange(principal): AuthAllowingPasswordChange,
+) -> ApiResult<Json<User>> {
+    match principal {
+        Principal::User { user, .. } => Ok(Json(user)),
+        Principal::Worker { .. } => Err(ApiError::forbidden(
+            "worker credentials can only call worker endpoints",
+        )),
+    }
+}

@@ -1,0 +1,186 @@
+//! The HTTP surface of the server: routes, shared list handling, request logging and
+//! the fallbacks that keep every error in the one JSON shape.
+
+pub mod api_keys;
+pub mod auth;
+pub mod health;
+pub mod instances;
+pub mod models;
+pub mod openapi;
+pub mod users;
+pub mod watch;
+pub mod workers;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use gantry_store::Page;
+use gantry_types::FieldError;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Largest page a list returns.
+pub const MAX_PER_PAGE: u32 = 1000;
+/// Page size when the client does not say.
+pub const DEFAULT_PER_PAGE: u32 = 100;
+
+/// Every route of the server.
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/users", get(users::list).post(users::create))
+        .route(
+            "/users/{id}",
+            get(users::get).patch(users::update).delete(users::delete),
+        )
+        .route("/api-keys", get(api_keys::list).post(api_keys::create))
+        .route(
+            "/api-keys/{id}",
+            get(api_keys::get).delete(api_keys::delete),
+        )
+        .route("/workers", get(workers::list))
+        .route("/workers/{id}", get(workers::get).delete(workers::delete))
+        .route("/workers/{id}/labels", put(workers::set_labels))
+        .route("/models", get(models::list).post(models::create))
+        .route(
+            "/models/{id}",
+            get(models::get)
+                .patch(models::update)
+                .delete(models::delete),
+        )
+        .route("/model-instances", get(instances::list))
+        .route(
+            "/model-instances/{id}",
+            get(instances::get)
+                .patch(instances::update)
+                .delete(instances::delete),
+        );
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/auth/login", post(auth::login))
+        .route("/auth/logout", post(auth::logout))
+        .route("/auth/change-password", post(auth::change_password))
+        .route("/auth/me", get(auth::me))
+        .route("/api/openapi.json", get(openapi::spec))
+        .route("/docs", get(openapi::docs))
+        .nest("/api/v1", v1)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_request_body))
+        .layer(middleware::from_fn(log_requests))
+        .with_state(state)
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::not_found(format!(
+        "no route for {} {}; the API is described at /api/openapi.json",
+        request.method(),
+        request.uri().path()
+    ))
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}
+
+/// One log line per request, with an id that is also returned as `x-request-id`.
+async fn log_requests(request: Request, next: Next) -> Response {
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let started = Instant::now();
+    let mut response = next.run(request).await;
+    let status = response.status().as_u16();
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if matches!(path.as_str(), "/healthz" | "/readyz") {
+        tracing::debug!(request_id = id, %method, %path, status, elapsed_ms, "request");
+    } else if status >= 500 {
+        tracing::error!(request_id = id, %method, %path, status, elapsed_ms, "request");
+    } else {
+        tracing::info!(request_id = id, %method, %path, status, elapsed_ms, "request");
+    }
+    if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
+}
+
+/// Checks `page`/`per_page` from a query string.
+pub fn check_page(page: Option<u32>, per_page: Option<u32>) -> Result<(), FieldError> {
+    if page == Some(0) {
+        return Err(FieldError::new("page", "pages are numbered from 1"));
+    }
+    if let Some(per_page) = per_page {
+        if !(1..=MAX_PER_PAGE).contains(&per_page) {
+            return Err(FieldError::new(
+                "per_page",
+                format!("must be between 1 and {MAX_PER_PAGE}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The page a query asks for, with defaults.
+pub fn page_of(page: Option<u32>, per_page: Option<u32>) -> Page {
+    Page {
+        page: page.unwrap_or(1),
+        per_page: per_page.unwrap_or(DEFAULT_PER_PAGE),
+    }
+}
+
+/// A 201 Created with a JSON body.
+pub fn created<T: serde::Serialize>(body: T) -> Response {
+    (StatusCode::CREATED, axum::Json(body)).into_response()
+}
+
+/// A page of a list as JSON.
+pub fn list_response<T: serde::Serialize>(items: Vec<T>, page: Page, total: u64) -> Response {
+    axum::Json(gantry_types::ListResponse {
+        items,
+        pagination: gantry_types::Pagination {
+            page: page.page,
+            per_page: page.per_page,
+            total,
+        },
+    })
+    .into_response()
+}
+
+/// Every item of a list, page by page: the initial snapshot of a watch stream.
+pub async fn watch_all<T, F, Fut>(mut list: F) -> Result<Vec<T>, ApiError>
+where
+    F: FnMut(Page) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, u64), gantry_store::StoreError>>,
+{
+    let mut all = Vec::new();
+    for number in 1.. {
+        let (items, total) = list(Page {
+            page: number,
+            per_page: MAX_PER_PAGE,
+        })
+        .await?;
+        let done = items.len() < MAX_PER_PAGE as usize;
+        all.extend(items);
+        if done || all.len() as u64 >= total {
+            break;
+        }
+    }
+    Ok(all)
+}

@@ -1,0 +1,142 @@
+//! `/api/v1/models`: everyone signed in reads; admins create, update and delete.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Json;
+use gantry_store::{Change, ModelFilter};
+use gantry_types::{
+    BackendKind, FieldError, ListResponse, Model, ModelCreate, ModelUpdate, Validate,
+};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::{check_page, created, page_of, watch};
+use crate::auth::Auth;
+use crate::error::ApiResult;
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::state::AppState;
+
+/// Filters and paging for the model list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ModelListQuery {
+    pub name: Option<String>,
+    #[param(value_type = Option<String>)]
+    pub backend: Option<BackendKind>,
+    /// Substring of the name.
+    pub search: Option<String>,
+    pub page: Option<u32>,
+    pub per_page: Option<u32>,
+    pub watch: Option<bool>,
+}
+
+impl Validate for ModelListQuery {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_page(self.page, self.per_page)
+    }
+}
+
+/// Lists models.
+#[utoipa::path(get, path = "/api/v1/models", tag = "models", security(("bearer" = [])), params(ModelListQuery),
+    responses((status = 200, body = ListResponse<Model>)))]
+pub async fn list(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiQuery(query): ApiQuery<ModelListQuery>,
+) -> ApiResult<Response> {
+    principal.require_user()?;
+    let filter = ModelFilter {
+        name: query.name.clone(),
+        backend: query.backend,
+        search: query.search.clone(),
+    };
+    if query.watch == Some(true) {
+        let changes = state.store.subscribe();
+        let initial = super::watch_all(|page| state.store.list_models(&filter, page)).await?;
+        return Ok(watch::respond(
+            &state,
+            changes,
+            initial,
+            move |change| match change {
+                Change::Model(kind, model)
+                    if filter.name.as_ref().is_none_or(|n| *n == model.name)
+                        && filter.backend.is_none_or(|b| b == model.backend)
+                        && filter
+                            .search
+                            .as_ref()
+                            .is_none_or(|s| model.name.contains(&s.to_lowercase())) =>
+                {
+                    Some((*kind, model.clone()))
+                }
+                _ => None,
+            },
+        ));
+    }
+    let page = page_of(query.page, query.per_page);
+    let (items, total) = state.store.list_models(&filter, page).await?;
+    Ok(super::list_response(items, page, total))
+}
+
+/// Declares a model; `replicas` instances are created in state `pending`.
+#[utoipa::path(post, path = "/api/v1/models", tag = "models", security(("bearer" = [])), request_body = ModelCreate,
+    responses((status = 201, body = Model), (status = 409, body = gantry_types::ErrorBody),
+        (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn create(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiJson(request): ApiJson<ModelCreate>,
+) -> ApiResult<Response> {
+    let admin = principal.require_admin()?;
+    let model = state.store.create_model(&request).await?;
+    tracing::info!(by = %admin.username, model_id = model.id, model = %model.name, replicas = model.replicas, backend = model.backend.as_str(), "created model");
+    Ok(created(model))
+}
+
+/// Shows a model.
+#[utoipa::path(get, path = "/api/v1/models/{id}", tag = "models", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "model id")),
+    responses((status = 200, body = Model), (status = 404, body = gantry_types::ErrorBody)))]
+pub async fn get(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<Json<Model>> {
+    principal.require_user()?;
+    Ok(Json(state.store.get_model(id).await?))
+}
+
+/// Changes a model; changing `replicas` adds or removes instances.
+#[utoipa::path(patch, path = "/api/v1/models/{id}", tag = "models", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "model id")), request_body = ModelUpdate,
+    responses((status = 200, body = Model), (status = 404, body = gantry_types::ErrorBody),
+        (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn update(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+    ApiJson(request): ApiJson<ModelUpdate>,
+) -> ApiResult<Json<Model>> {
+    let admin = principal.require_admin()?;
+    let mut model = state.store.get_model(id).await?;
+    model.apply(request);
+    let model = state.store.update_model(&model).await?;
+    tracing::info!(by = %admin.username, model_id = id, model = %model.name, replicas = model.replicas, "updated model");
+    Ok(Json(model))
+}
+
+/// Deletes a model and all its instances.
+#[utoipa::path(delete, path = "/api/v1/models/{id}", tag = "models", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "model id")),
+    responses((status = 204), (status = 404, body = gantry_types::ErrorBody)))]
+pub async fn delete(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<StatusCode> {
+    let admin = principal.require_admin()?;
+    let model = state.store.delete_model(id).await?;
+    tracing::info!(by = %admin.username, model_id = id, model = %model.name, "deleted model");
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,183 @@
+//! `/api/v1/users` (admin only).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Json;
+use gantry_store::{Change, NewUser, UserFilter};
+use gantry_types::{FieldError, ListResponse, Role, User, UserCreate, UserUpdate, Validate};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::{check_page, created, page_of, watch};
+use crate::auth::{password, Auth};
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::state::AppState;
+
+/// Filters and paging for the user list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UserListQuery {
+    pub role: Option<Role>,
+    /// Substring of the username.
+    pub search: Option<String>,
+    pub page: Option<u32>,
+    pub per_page: Option<u32>,
+    /// Stream changes as NDJSON instead of returning one page.
+    pub watch: Option<bool>,
+}
+
+impl Validate for UserListQuery {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_page(self.page, self.per_page)
+    }
+}
+
+/// Lists users.
+#[utoipa::path(get, path = "/api/v1/users", tag = "users", security(("bearer" = [])), params(UserListQuery),
+    responses((status = 200, body = ListResponse<User>), (status = 403, body = gantry_types::ErrorBody)))]
+pub async fn list(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiQuery(query): ApiQuery<UserListQuery>,
+) -> ApiResult<Response> {
+    principal.require_admin()?;
+    let filter = UserFilter {
+        role: query.role,
+        search: query.search.clone(),
+    };
+    if query.watch == Some(true) {
+        let changes = state.store.subscribe();
+        let initial = super::watch_all(|page| state.store.list_users(&filter, page)).await?;
+        let matches = move |user: &User| {
+            filter.role.is_none_or(|r| r == user.role)
+                && filter
+                    .search
+                    .as_ref()
+                    .is_none_or(|s| user.username.contains(&s.to_lowercase()))
+        };
+        return Ok(watch::respond(
+            &state,
+            changes,
+            initial,
+            move |change| match change {
+                Change::User(kind, user) if matches(user) => Some((*kind, user.clone())),
+                _ => None,
+            },
+        ));
+    }
+    let page = page_of(query.page, query.per_page);
+    let (items, total) = state.store.list_users(&filter, page).await?;
+    Ok(super::list_response(items, page, total))
+}
+
+/// Creates a user.
+#[utoipa::path(post, path = "/api/v1/users", tag = "users", security(("bearer" = [])), request_body = UserCreate,
+    responses((status = 201, body = User), (status = 409, body = gantry_types::ErrorBody),
+        (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn create(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiJson(request): ApiJson<UserCreate>,
+) -> ApiResult<Response> {
+    let admin = principal.require_admin()?;
+    if state
+        .store
+        .user_record_by_name(&request.username)
+        .await
+        .is_ok()
+    {
+        return Err(ApiError::conflict(format!(
+            "user {} already exists",
+            request.username
+        )));
+    }
+    let user = state
+        .store
+        .create_user(&NewUser {
+            username: request.username,
+            password_hash: password::hash(request.password).await?,
+            role: request.role,
+            full_name: request.full_name,
+            require_password_change: request.require_password_change,
+        })
+        .await?;
+    tracing::info!(by = %admin.username, user_id = user.id, username = %user.username, role = user.role.as_str(), "created user");
+    Ok(created(user))
+}
+
+/// Shows a user.
+#[utoipa::path(get, path = "/api/v1/users/{id}", tag = "users", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "user id")),
+    responses((status = 200, body = User), (status = 404, body = gantry_types::ErrorBody)))]
+pub async fn get(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<Json<User>> {
+    principal.require_admin()?;
+    Ok(Json(state.store.get_user(id).await?))
+}
+
+/// Changes a user's role, name, password or password-change flag.
+#[utoipa::path(patch, path = "/api/v1/users/{id}", tag = "users", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "user id")), request_body = UserUpdate,
+    responses((status = 200, body = User), (status = 404, body = gantry_types::ErrorBody),
+        (status = 409, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn update(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+    ApiJson(request): ApiJson<UserUpdate>,
+) -> ApiResult<Json<User>> {
+    let admin = principal.require_admin()?;
+    let current = state.store.get_user(id).await?;
+    if current.role == Role::Admin
+        && request.role == Some(Role::User)
+        && state.store.count_admins().await? <= 1
+    {
+        return Err(ApiError::conflict(
+            "cannot demote the last admin; make another user admin first",
+        ));
+    }
+    if let Some(new_password) = request.password {
+        let hash = password::hash(new_password).await?;
+        let require = request.require_password_change.unwrap_or(true);
+        state.store.set_password(id, &hash, require).await?;
+    }
+    let user = state
+        .store
+        .update_user(
+            id,
+            request.role,
+            request.full_name.as_deref(),
+            request.require_password_change,
+        )
+        .await?;
+    tracing::info!(by = %admin.username, user_id = id, "updated user");
+    Ok(Json(user))
+}
+
+/// Deletes a user and their API keys.
+#[utoipa::path(delete, path = "/api/v1/users/{id}", tag = "users", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "user id")),
+    responses((status = 204), (status = 404, body = gantry_types::ErrorBody), (status = 409, body = gantry_types::ErrorBody)))]
+pub async fn delete(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<StatusCode> {
+    let admin = principal.require_admin()?;
+    if admin.id == id {
+        return Err(ApiError::conflict("you cannot delete yourself"));
+    }
+    let user = state.store.get_user(id).await?;
+    if user.role == Role::Admin && state.store.count_admins().await? <= 1 {
+        return Err(ApiError::conflict("cannot delete the last admin"));
+    }
+    state.store.delete_user(id).await?;
+    tracing::info!(by = %admin.username, user_id = id, username = %user.username, "deleted user");
+    Ok(StatusCode::NO_CONTENT)
+}

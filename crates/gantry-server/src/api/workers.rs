@@ -1,0 +1,115 @@
+//! `/api/v1/workers` (admin only): list, show, delete, label.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Json;
+use gantry_store::{Change, WorkerFilter};
+use gantry_types::{FieldError, ListResponse, Validate, Worker, WorkerLabelsUpdate, WorkerState};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::{check_page, page_of, watch};
+use crate::auth::Auth;
+use crate::error::ApiResult;
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::state::AppState;
+
+/// Filters and paging for the worker list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WorkerListQuery {
+    pub state: Option<WorkerState>,
+    pub name: Option<String>,
+    pub page: Option<u32>,
+    pub per_page: Option<u32>,
+    pub watch: Option<bool>,
+}
+
+impl Validate for WorkerListQuery {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_page(self.page, self.per_page)
+    }
+}
+
+/// Lists workers.
+#[utoipa::path(get, path = "/api/v1/workers", tag = "workers", security(("bearer" = [])), params(WorkerListQuery),
+    responses((status = 200, body = ListResponse<Worker>), (status = 403, body = gantry_types::ErrorBody)))]
+pub async fn list(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiQuery(query): ApiQuery<WorkerListQuery>,
+) -> ApiResult<Response> {
+    principal.require_admin()?;
+    let filter = WorkerFilter {
+        state: query.state,
+        name: query.name.clone(),
+    };
+    if query.watch == Some(true) {
+        let changes = state.store.subscribe();
+        let initial = super::watch_all(|page| state.store.list_workers(&filter, page)).await?;
+        return Ok(watch::respond(
+            &state,
+            changes,
+            initial,
+            move |change| match change {
+                Change::Worker(kind, worker)
+                    if filter.state.is_none_or(|s| s == worker.state)
+                        && filter.name.as_ref().is_none_or(|n| *n == worker.name) =>
+                {
+                    Some((*kind, worker.clone()))
+                }
+                _ => None,
+            },
+        ));
+    }
+    let page = page_of(query.page, query.per_page);
+    let (items, total) = state.store.list_workers(&filter, page).await?;
+    Ok(super::list_response(items, page, total))
+}
+
+/// Shows a worker with its last reported hardware.
+#[utoipa::path(get, path = "/api/v1/workers/{id}", tag = "workers", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "worker id")),
+    responses((status = 200, body = Worker), (status = 404, body = gantry_types::ErrorBody)))]
+pub async fn get(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<Json<Worker>> {
+    principal.require_admin()?;
+    Ok(Json(state.store.get_worker(id).await?))
+}
+
+/// Removes a worker; its instances go back to `pending` to be placed elsewhere.
+#[utoipa::path(delete, path = "/api/v1/workers/{id}", tag = "workers", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "worker id")),
+    responses((status = 204), (status = 404, body = gantry_types::ErrorBody)))]
+pub async fn delete(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<StatusCode> {
+    let admin = principal.require_admin()?;
+    let worker = state.store.delete_worker(id).await?;
+    tracing::info!(by = %admin.username, worker_id = id, worker = %worker.name, "deleted worker");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Replaces a worker's labels (used by model worker selectors).
+#[utoipa::path(put, path = "/api/v1/workers/{id}/labels", tag = "workers", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "worker id")), request_body = WorkerLabelsUpdate,
+    responses((status = 200, body = Worker), (status = 404, body = gantry_types::ErrorBody),
+        (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn set_labels(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+    ApiJson(request): ApiJson<WorkerLabelsUpdate>,
+) -> ApiResult<Json<Worker>> {
+    let admin = principal.require_admin()?;
+    let worker = state.store.set_worker_labels(id, &request.labels).await?;
+    tracing::info!(by = %admin.username, worker_id = id, "set worker labels");
+    Ok(Json(worker))
+}

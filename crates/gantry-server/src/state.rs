@@ -1,0 +1,51 @@
+//! State shared by every request handler and background task of one server.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use gantry_store::Store;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::jwt::JwtKeys;
+use crate::auth::principal::ApiKeyCache;
+use crate::config::ServerConfig;
+
+/// Cheap to clone; everything lives behind one `Arc`.
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+/// What [`AppState`] holds.
+pub struct Shared {
+    pub store: Store,
+    pub config: ServerConfig,
+    pub jwt: JwtKeys,
+    pub api_keys: ApiKeyCache,
+    /// Cancelled when the server shuts down; long-lived responses (watch streams) and
+    /// background loops end on it.
+    pub shutdown: CancellationToken,
+    /// Every task the server spawns, awaited at shutdown.
+    pub tasks: TaskTracker,
+}
+
+impl AppState {
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("server_id", &self.config.server_id)
+            .finish_non_exhaustive()
+    }
+}
