@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: brings up what the tests need, runs every
+# test of the workspace, and tears the temporary services down again.
+#
+#   scripts/test.sh                 # everything
+#   scripts/test.sh -p gantry-store # extra arguments go to cargo nextest run
+#
+# What it brings up (each step is idempotent and cached outside the repository):
+#   - a throwaway PostgreSQL server (scripts/with-postgres.sh; installs the Debian
+#     package postgresql if its binaries are missing);
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if cargo nextest --version >/dev/null 2>&1; then
+  runner=(cargo nextest run --workspace --no-fail-fast)
+else
+  echo "test.sh: cargo-nextest not found; using cargo test" >&2
+  runner=(cargo test --workspace --no-fail-fast)
+fi
+
+exec scripts/with-postgres.sh "${runner[@]}" "$@"
