@@ -8,6 +8,7 @@ pub mod api;
 pub mod auth;
 pub mod bootstrap;
 pub mod config;
+pub mod controllers;
 pub mod error;
 pub mod extract;
 pub mod state;
@@ -80,6 +81,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         tasks: TaskTracker::new(),
     });
     spawn_cache_invalidation(&state);
+    controllers::worker_health::spawn(&state);
 
     let app = api::router(state.clone());
     let shutdown = state.shutdown.clone();

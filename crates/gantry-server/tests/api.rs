@@ -7,11 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_error, tiny_model, Options, TestServer, ADMIN_PASSWORD};
-use futures_util::StreamExt;
+use common::{
+    assert_error, ndjson_lines, next_event, next_non_heartbeat, tiny_model, Options, TestServer,
+    ADMIN_PASSWORD,
+};
 use gantry_testkit::{test_both_engines, TestEngine};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::json;
 
 async fn tour_login_keys_users_models_instances(engine: TestEngine) {
     let server = TestServer::start(engine).await;
@@ -714,43 +716,6 @@ async fn watch_streams_send_existing_then_live_events(engine: TestEngine) {
         "pending instances must not pass a state=running filter: {event}"
     );
     server.shutdown().await;
-}
-
-type Lines = std::pin::Pin<Box<dyn futures_util::Stream<Item = String> + Send>>;
-
-fn ndjson_lines(response: reqwest::Response) -> Lines {
-    let mut buffer = String::new();
-    Box::pin(
-        response
-            .bytes_stream()
-            .map(move |chunk| {
-                buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-                let mut lines = Vec::new();
-                while let Some(end) = buffer.find('\n') {
-                    lines.push(buffer[..end].to_string());
-                    buffer.drain(..=end);
-                }
-                futures_util::stream::iter(lines)
-            })
-            .flatten(),
-    )
-}
-
-async fn next_event(lines: &mut Lines) -> Value {
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next())
-        .await
-        .expect("a watch event within 10 s")
-        .expect("the stream is open");
-    serde_json::from_str(&line).unwrap()
-}
-
-async fn next_non_heartbeat(lines: &mut Lines) -> Value {
-    loop {
-        let event = next_event(lines).await;
-        if event["type"] != "HEARTBEAT" {
-            return event;
-        }
-    }
 }
 
 async fn probes_and_openapi_are_served(engine: TestEngine) {

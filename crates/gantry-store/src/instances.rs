@@ -202,3 +202,60 @@ impl Store {
         Ok(instance)
     }
 }
+
+impl Store {
+    /// Applies a worker's report about an instance placed on it. `NotFound` when the
+    /// instance does not exist or is no longer placed on that worker (a late report
+    /// from a worker the instance was moved away from changes nothing).
+    pub async fn report_instance_state(
+        &self,
+        id: i64,
+        worker_id: i64,
+        report: &gantry_types::InstanceStateReport,
+    ) -> Result<ModelInstance, StoreError> {
+        let result = sqlx::query(
+            "UPDATE model_instances SET state = $3, state_message = $4, port = $5, address = $6, \
+             restart_count = $7, updated_at = $8 WHERE id = $1 AND worker_id = $2",
+        )
+        .bind(id)
+        .bind(worker_id)
+        .bind(report.state.as_str())
+        .bind(&report.state_message)
+        .bind(report.port.map(i64::from))
+        .bind(report.address.as_deref())
+        .bind(i64::from(report.restart_count))
+        .bind(Timestamp::now().as_millis())
+        .execute(&self.pool)
+        .await?;
+        if result.rows_affected() == 0 {
+            return Err(StoreError::not_found(
+                "model instance",
+                format!("{id} on worker {worker_id}"),
+            ));
+        }
+        let instance = self.get_instance(id).await?;
+        self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
+        Ok(instance)
+    }
+
+    /// Every instance placed on a worker, with its model.
+    pub async fn worker_assignments(
+        &self,
+        worker_id: i64,
+    ) -> Result<Vec<gantry_types::WorkerAssignment>, StoreError> {
+        let rows = sqlx::query(&format!("{SELECT} WHERE i.worker_id = $1 ORDER BY i.id"))
+            .bind(worker_id)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut assignments = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let instance = decode(row)?;
+            let model = self.get_model(instance.model_id).await?;
+            assignments.push(gantry_types::WorkerAssignment {
+                instance,
+                model: Some(model),
+            });
+        }
+        Ok(assignments)
+    }
+}

@@ -57,6 +57,7 @@ const MIGRATIONS: &[Migration] = &[Migration {
             address TEXT NOT NULL,
             status TEXT NOT NULL,
             credential_digest TEXT UNIQUE,
+            api_token TEXT NOT NULL,
             last_heartbeat_at BIGINT,
             created_at BIGINT NOT NULL,
             updated_at BIGINT NOT NULL

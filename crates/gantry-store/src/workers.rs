@@ -38,6 +38,8 @@ fn decode(row: &AnyRow) -> Result<Worker, StoreError> {
 
 impl Store {
     /// Inserts a worker in state `ready`; `Conflict` if the name is taken.
+    /// `credential_digest` identifies the worker's calls; `api_token` is what servers
+    /// present when they call the worker's own HTTP API (its logs).
     pub async fn create_worker(
         &self,
         name: &str,
@@ -46,17 +48,32 @@ impl Store {
         status: &WorkerStatus,
         credential_digest: &str,
     ) -> Result<Worker, StoreError> {
+        self.register_worker(name, labels, address, status, credential_digest, "")
+            .await
+    }
+
+    /// Like [`Store::create_worker`], with the token for calling the worker's API.
+    pub async fn register_worker(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        address: &str,
+        status: &WorkerStatus,
+        credential_digest: &str,
+        api_token: &str,
+    ) -> Result<Worker, StoreError> {
         let now = Timestamp::now().as_millis();
         let row = sqlx::query(&format!(
             "INSERT INTO workers (name, state, state_message, labels, address, status, \
-             credential_digest, last_heartbeat_at, created_at, updated_at) \
-             VALUES ($1, 'ready', '', $2, $3, $4, $5, $6, $6, $6) RETURNING {COLUMNS}"
+             credential_digest, api_token, last_heartbeat_at, created_at, updated_at) \
+             VALUES ($1, 'ready', '', $2, $3, $4, $5, $6, $7, $7, $7) RETURNING {COLUMNS}"
         ))
         .bind(name)
         .bind(to_json(labels))
         .bind(address)
         .bind(to_json(status))
         .bind(credential_digest)
+        .bind(api_token)
         .bind(now)
         .fetch_one(&self.pool)
         .await
@@ -141,6 +158,178 @@ impl Store {
         let worker = decode(&row)?;
         self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
         Ok(worker)
+    }
+
+    /// Updates what a registering worker reports about itself (a re-registration),
+    /// and counts it as a heartbeat.
+    pub async fn update_worker_registration(
+        &self,
+        id: i64,
+        labels: &BTreeMap<String, String>,
+        address: &str,
+        status: &WorkerStatus,
+    ) -> Result<Worker, StoreError> {
+        let now = Timestamp::now().as_millis();
+        let row = sqlx::query(&format!(
+            "UPDATE workers SET labels = $2, address = $3, status = $4, last_heartbeat_at = $5, \
+             state = CASE WHEN state = 'maintenance' THEN state ELSE 'ready' END, \
+             state_message = CASE WHEN state = 'maintenance' THEN state_message ELSE '' END, \
+             updated_at = $5 WHERE id = $1 RETURNING {COLUMNS}"
+        ))
+        .bind(id)
+        .bind(to_json(labels))
+        .bind(address)
+        .bind(to_json(status))
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::not_found("worker", id))?;
+        let worker = decode(&row)?;
+        self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
+        Ok(worker)
+    }
+
+    /// The token servers present to the worker's own API.
+    pub async fn worker_api_token(&self, id: i64) -> Result<String, StoreError> {
+        let row = sqlx::query("SELECT api_token FROM workers WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::not_found("worker", id))?;
+        text(&row, "workers", "api_token")
+    }
+
+    /// Records a heartbeat. A worker that was `not_ready` or `unreachable` is `ready`
+    /// again; `maintenance` stays. Publishes a change only when the state moved, so
+    /// watchers are not woken every heartbeat.
+    pub async fn worker_heartbeat(&self, id: i64) -> Result<Worker, StoreError> {
+        let now = Timestamp::now().as_millis();
+        let before = self.get_worker(id).await?;
+        let row = sqlx::query(&format!(
+            "UPDATE workers SET last_heartbeat_at = $2, \
+             state = CASE WHEN state = 'maintenance' THEN state ELSE 'ready' END, \
+             state_message = CASE WHEN state = 'maintenance' THEN state_message ELSE '' END \
+             WHERE id = $1 RETURNING {COLUMNS}"
+        ))
+        .bind(id)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::not_found("worker", id))?;
+        let worker = decode(&row)?;
+        if worker.state != before.state {
+            self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
+        }
+        Ok(worker)
+    }
+
+    /// Stores a worker's hardware report.
+    pub async fn set_worker_status(
+        &self,
+        id: i64,
+        status: &WorkerStatus,
+    ) -> Result<Worker, StoreError> {
+        let row = sqlx::query(&format!(
+            "UPDATE workers SET status = $2, updated_at = $3 WHERE id = $1 RETURNING {COLUMNS}"
+        ))
+        .bind(id)
+        .bind(to_json(status))
+        .bind(Timestamp::now().as_millis())
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::not_found("worker", id))?;
+        let worker = decode(&row)?;
+        self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
+        Ok(worker)
+    }
+
+    /// Sets a worker's state by hand or on its way out (a worker shutting down).
+    pub async fn set_worker_state(
+        &self,
+        id: i64,
+        state: WorkerState,
+        message: &str,
+    ) -> Result<Worker, StoreError> {
+        let row = sqlx::query(&format!(
+            "UPDATE workers SET state = $2, state_message = $3, updated_at = $4 WHERE id = $1 \
+             RETURNING {COLUMNS}"
+        ))
+        .bind(id)
+        .bind(state.as_str())
+        .bind(message)
+        .bind(Timestamp::now().as_millis())
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::not_found("worker", id))?;
+        let worker = decode(&row)?;
+        self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
+        Ok(worker)
+    }
+
+    /// Moves workers whose last heartbeat is older than `not_ready_before` to
+    /// `not_ready`, and older than `unreachable_before` to `unreachable`; instances on
+    /// an unreachable worker that were scheduled, starting or running become
+    /// `unreachable` too. Workers in maintenance are left alone. Returns the workers
+    /// whose state changed.
+    pub async fn mark_silent_workers(
+        &self,
+        not_ready_before: Timestamp,
+        unreachable_before: Timestamp,
+    ) -> Result<Vec<Worker>, StoreError> {
+        let now = Timestamp::now().as_millis();
+        let mut tx = self.pool.begin().await?;
+        let unreachable = sqlx::query(&format!(
+            "UPDATE workers SET state = 'unreachable', state_message = $2, updated_at = $3 \
+             WHERE state IN ('ready', 'not_ready') AND last_heartbeat_at < $1 RETURNING {COLUMNS}"
+        ))
+        .bind(unreachable_before.as_millis())
+        .bind("no heartbeat for longer than server_timeout")
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        let not_ready = sqlx::query(&format!(
+            "UPDATE workers SET state = 'not_ready', state_message = $2, updated_at = $3 \
+             WHERE state = 'ready' AND last_heartbeat_at < $1 RETURNING {COLUMNS}"
+        ))
+        .bind(not_ready_before.as_millis())
+        .bind("missed 3 heartbeats")
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut changed: Vec<Worker> = unreachable
+            .iter()
+            .chain(not_ready.iter())
+            .map(decode)
+            .collect::<Result<_, _>>()?;
+        let mut lost_instances = Vec::new();
+        for worker in changed
+            .iter()
+            .filter(|w| w.state == WorkerState::Unreachable)
+        {
+            let rows = sqlx::query(
+                "UPDATE model_instances SET state = 'unreachable', state_message = $2, updated_at = $3 \
+                 WHERE worker_id = $1 AND state IN ('scheduled', 'starting', 'running') RETURNING id",
+            )
+            .bind(worker.id)
+            .bind(format!("worker {} is unreachable", worker.name))
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?;
+            for row in rows {
+                lost_instances.push(int(&row, "model_instances", "id")?);
+            }
+        }
+        tx.commit().await?;
+        changed.sort_by_key(|w| w.id);
+        for worker in &changed {
+            self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
+        }
+        for id in lost_instances {
+            if let Ok(instance) = self.get_instance(id).await {
+                self.publish(Change::Instance(ChangeKind::Updated, instance));
+            }
+        }
+        Ok(changed)
     }
 
     /// Deletes a worker. Instances placed on it lose their placement and go back to

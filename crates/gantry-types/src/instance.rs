@@ -126,3 +126,44 @@ pub(crate) mod double_option_i64 {
         Option::<i64>::deserialize(d).map(Some)
     }
 }
+
+/// What a worker reports about an instance placed on it
+/// (`POST /api/v1/worker/instances/{id}/state`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceStateReport {
+    /// `starting`, `running` or `error`; the server sets the others.
+    pub state: InstanceState,
+    #[serde(default)]
+    pub state_message: String,
+    /// Port of the (first) backend process.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// `host:port` the gateway should use, once running.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// Restarts since the instance was placed on this worker.
+    #[serde(default)]
+    pub restart_count: u32,
+}
+
+impl Validate for InstanceStateReport {
+    fn validate(&self) -> Result<(), FieldError> {
+        if !matches!(
+            self.state,
+            InstanceState::Starting | InstanceState::Running | InstanceState::Error
+        ) {
+            return Err(FieldError::new(
+                "state",
+                "workers report starting, running or error",
+            ));
+        }
+        if self.state == InstanceState::Running && self.address.is_none() {
+            return Err(FieldError::new(
+                "address",
+                "a running instance needs an address",
+            ));
+        }
+        crate::validate::check_text("state_message", &self.state_message, 16_384)
+    }
+}

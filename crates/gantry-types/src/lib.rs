@@ -19,7 +19,7 @@ pub mod worker;
 pub use api_key::{ApiKey, ApiKeyCreate, ApiKeyCreated};
 pub use auth::{ChangePasswordRequest, LoginRequest, LoginResponse};
 pub use error::{ErrorBody, ErrorDetail};
-pub use instance::{InstancePatch, InstanceState, ModelInstance};
+pub use instance::{InstancePatch, InstanceState, InstanceStateReport, ModelInstance};
 pub use list::{ListResponse, Pagination, WatchEvent, WatchEventType};
 pub use model::{
     BackendKind, GpuSelector, Model, ModelCreate, ModelSource, ModelUpdate, PlacementStrategy,
@@ -27,4 +27,7 @@ pub use model::{
 pub use time::Timestamp;
 pub use user::{Role, User, UserCreate, UserUpdate};
 pub use validate::{FieldError, Validate};
-pub use worker::{GpuDevice, SystemInfo, Worker, WorkerLabelsUpdate, WorkerState, WorkerStatus};
+pub use worker::{
+    GpuDevice, SystemInfo, Worker, WorkerAssignment, WorkerLabelsUpdate, WorkerRegister,
+    WorkerRegistered, WorkerState, WorkerStatus,
+};

@@ -112,3 +112,66 @@ impl Validate for WorkerLabelsUpdate {
         check_labels("labels", &self.labels)
     }
 }
+
+/// `POST /api/v1/workers/register`, authenticated with the cluster registration token
+/// (first time) or the worker's own credential (re-registration, idempotent).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerRegister {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// `host:port` of the worker's own HTTP API (logs).
+    pub address: String,
+    pub status: WorkerStatus,
+}
+
+impl Validate for WorkerRegister {
+    fn validate(&self) -> Result<(), FieldError> {
+        crate::validate::check_name("name", &self.name)?;
+        self.status.validate()?;
+        check_labels("labels", &self.labels)?;
+        if self.address.is_empty() || self.address.len() > 255 || !self.address.contains(':') {
+            return Err(FieldError::new("address", "must be host:port"));
+        }
+        Ok(())
+    }
+}
+
+/// The answer to a registration.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkerRegistered {
+    pub worker: Worker,
+    /// The worker's credential (`gantryw_…`), only on first registration: store it
+    /// and send it as the bearer token from then on.
+    pub credential: Option<String>,
+    /// What servers present when they call the worker's API; only on first
+    /// registration.
+    pub api_token: Option<String>,
+}
+
+/// One instance placed on a worker, with the model it runs: everything the worker
+/// needs to start it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct WorkerAssignment {
+    pub instance: crate::instance::ModelInstance,
+    /// Always present, except on a `DELETED` event whose model was deleted too.
+    pub model: Option<crate::model::Model>,
+}
+
+impl Validate for WorkerStatus {
+    fn validate(&self) -> Result<(), FieldError> {
+        if self.gpus.len() > 1024 {
+            return Err(FieldError::new("gpus", "at most 1024 devices"));
+        }
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            crate::validate::check_text(&format!("gpus[{i}].name"), &gpu.name, 256)?;
+            crate::validate::check_text(&format!("gpus[{i}].uuid"), &gpu.uuid, 256)?;
+        }
+        if self.backends.len() > 64 {
+            return Err(FieldError::new("backends", "at most 64 backends"));
+        }
+        crate::validate::check_text("system.hostname", &self.system.hostname, 256)?;
+        crate::validate::check_text("system.os", &self.system.os, 256)
+    }
+}

@@ -3,7 +3,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gantry_store::{Change, InstanceFilter};
 use gantry_types::{
@@ -14,7 +14,7 @@ use utoipa::IntoParams;
 
 use super::{check_page, page_of, watch};
 use crate::auth::Auth;
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::state::AppState;
 
@@ -130,4 +130,93 @@ pub async fn delete(
         .await?;
     tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, "deleted instance");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Query of the log endpoint.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LogQuery {
+    /// Last N lines (default 100, at most 100000).
+    pub tail: Option<u32>,
+    /// Keep the response open and send new lines as they are written.
+    pub follow: Option<bool>,
+}
+
+impl Validate for LogQuery {
+    fn validate(&self) -> Result<(), FieldError> {
+        if self.tail.is_some_and(|t| t > 100_000) {
+            return Err(FieldError::new("tail", "must be at most 100000"));
+        }
+        Ok(())
+    }
+}
+
+/// The backend's output (stdout and stderr) of an instance, fetched from its worker.
+#[utoipa::path(get, path = "/api/v1/model-instances/{id}/logs", tag = "model-instances", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "instance id"), LogQuery),
+    responses((status = 200, content_type = "text/plain", body = String), (status = 404, body = gantry_types::ErrorBody),
+        (status = 409, body = gantry_types::ErrorBody), (status = 502, body = gantry_types::ErrorBody)))]
+pub async fn logs(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+    ApiQuery(query): ApiQuery<LogQuery>,
+) -> ApiResult<Response> {
+    principal.require_user()?;
+    let instance = state.store.get_instance(id).await?;
+    let worker_id = instance.worker_id.ok_or_else(|| {
+        ApiError::conflict(format!(
+            "instance {} is not placed on a worker yet",
+            instance.name
+        ))
+    })?;
+    let worker = state.store.get_worker(worker_id).await?;
+    let token = state.store.worker_api_token(worker_id).await?;
+    let url = format!(
+        "http://{}/v1/instances/{id}/logs?tail={}&follow={}",
+        worker.address,
+        query.tail.unwrap_or(100),
+        query.follow.unwrap_or(false)
+    );
+    let upstream = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "worker_unreachable",
+                format!(
+                    "cannot reach worker {} at {}: {e}",
+                    worker.name, worker.address
+                ),
+            )
+        })?;
+    if !upstream.status().is_success() {
+        let status = upstream.status();
+        let text = upstream.text().await.unwrap_or_default();
+        return Err(ApiError::new(
+            if status == reqwest::StatusCode::NOT_FOUND {
+                StatusCode::NOT_FOUND
+            } else {
+                StatusCode::BAD_GATEWAY
+            },
+            if status == reqwest::StatusCode::NOT_FOUND {
+                "not_found"
+            } else {
+                "worker_error"
+            },
+            format!("worker {} answered {status}: {}", worker.name, text.trim()),
+        ));
+    }
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        axum::body::Body::from_stream(upstream.bytes_stream()),
+    )
+        .into_response())
 }

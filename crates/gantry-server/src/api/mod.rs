@@ -1,6 +1,7 @@
 //! The HTTP surface of the server: routes, shared list handling, request logging and
 //! the fallbacks that keep every error in the one JSON shape.
 
+pub mod agent;
 pub mod api_keys;
 pub mod auth;
 pub mod health;
@@ -55,6 +56,13 @@ pub fn router(state: AppState) -> Router {
                 .delete(models::delete),
         )
         .route("/model-instances", get(instances::list))
+        .route("/model-instances/{id}/logs", get(instances::logs))
+        .route("/workers/register", post(agent::register))
+        .route("/worker/heartbeat", post(agent::heartbeat))
+        .route("/worker/status", put(agent::status))
+        .route("/worker/assignments", get(agent::assignments))
+        .route("/worker/instances/{id}/state", post(agent::report_state))
+        .route("/worker/goodbye", post(agent::goodbye))
         .route(
             "/model-instances/{id}",
             get(instances::get)

@@ -6,7 +6,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{api_keys, auth, health, instances, models, users, workers};
+use super::{agent, api_keys, auth, health, instances, models, users, workers};
 
 /// The management API's description.
 #[derive(OpenApi)]
@@ -27,7 +27,9 @@ use super::{api_keys, auth, health, instances, models, users, workers};
         api_keys::list, api_keys::create, api_keys::get, api_keys::delete,
         workers::list, workers::get, workers::delete, workers::set_labels,
         models::list, models::create, models::get, models::update, models::delete,
-        instances::list, instances::get, instances::update, instances::delete,
+        instances::list, instances::get, instances::update, instances::delete, instances::logs,
+        agent::register, agent::heartbeat, agent::status, agent::assignments,
+        agent::report_state, agent::goodbye,
     ),
     components(schemas(gantry_types::ErrorBody, gantry_types::WatchEventType)),
     modifiers(&BearerAuth),
@@ -39,6 +41,7 @@ use super::{api_keys, auth, health, instances, models, users, workers};
         (name = "workers", description = "GPU nodes (admin)"),
         (name = "models", description = "Models: the desired state"),
         (name = "model-instances", description = "Replicas: the observed state"),
+        (name = "worker-agent", description = "Called by worker agents with their credential"),
     )
 )]
 pub struct ApiDoc;

@@ -48,6 +48,25 @@ where
     T: Serialize + Send + 'static,
     F: Fn(&Change) -> Option<(ChangeKind, T)> + Send + 'static,
 {
+    respond_with(state, changes, initial, move |change: Arc<Change>| {
+        let selected: Vec<(ChangeKind, T)> = select(&change).into_iter().collect();
+        std::future::ready(selected)
+    })
+}
+
+/// Starts a watch stream whose selection may keep state between changes and read the
+/// store: each change yields zero or more events.
+pub fn respond_with<T, F, Fut>(
+    state: &AppState,
+    changes: broadcast::Receiver<Arc<Change>>,
+    initial: Vec<T>,
+    mut select: F,
+) -> Response
+where
+    T: Serialize + Send + 'static,
+    F: FnMut(Arc<Change>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Vec<(ChangeKind, T)>> + Send,
+{
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let shutdown = state.shutdown.clone();
     let period = state.config.watch_heartbeat;
@@ -71,13 +90,18 @@ where
                     object: None,
                 }),
                 change = changes.recv() => match change {
-                    Ok(change) => match select(&change) {
-                        Some((kind, object)) => {
-                            heartbeat.reset();
-                            line(&WatchEvent { event_type: event_type(kind), object: Some(object) })
+                    Ok(change) => {
+                        let events = select(change).await;
+                        if events.is_empty() {
+                            continue;
                         }
-                        None => continue,
-                    },
+                        heartbeat.reset();
+                        let mut lines = Vec::new();
+                        for (kind, object) in events {
+                            lines.extend_from_slice(&line(&WatchEvent { event_type: event_type(kind), object: Some(object) }));
+                        }
+                        Bytes::from(lines)
+                    }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(missed, "watch stream fell behind; closing it");
                         let error = serde_json::json!({

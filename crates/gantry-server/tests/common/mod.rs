@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use gantry_server::{RunningServer, ServerConfig};
 use gantry_testkit::{TestDatabase, TestEngine};
 use reqwest::{Method, StatusCode};
@@ -23,6 +24,8 @@ pub struct Options {
     pub bootstrap_password: Option<String>,
     pub max_request_body: usize,
     pub watch_heartbeat: Duration,
+    pub heartbeat_interval: Duration,
+    pub server_timeout: Duration,
 }
 
 impl Default for Options {
@@ -31,6 +34,8 @@ impl Default for Options {
             bootstrap_password: Some(ADMIN_PASSWORD.to_string()),
             max_request_body: 1024 * 1024,
             watch_heartbeat: Duration::from_secs(15),
+            heartbeat_interval: Duration::from_secs(15),
+            server_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -50,6 +55,8 @@ impl TestServer {
         config.bootstrap_password = options.bootstrap_password;
         config.max_request_body = options.max_request_body;
         config.watch_heartbeat = options.watch_heartbeat;
+        config.heartbeat_interval = options.heartbeat_interval;
+        config.server_timeout = options.server_timeout;
         match engine {
             TestEngine::Sqlite => {}
             TestEngine::Postgres => {
@@ -128,6 +135,14 @@ impl TestServer {
         )
     }
 
+    /// The registration token the server wrote on first start.
+    pub fn registration_token(&self) -> String {
+        std::fs::read_to_string(self.data_path("registration_token"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
     pub async fn login(&self, username: &str, password: &str) -> String {
         let (status, body) = self
             .call(
@@ -171,4 +186,41 @@ pub fn tiny_model(name: &str, replicas: u32) -> Value {
         "backend": "llama.cpp",
         "replicas": replicas,
     })
+}
+
+pub type Lines = std::pin::Pin<Box<dyn futures_util::Stream<Item = String> + Send>>;
+
+pub fn ndjson_lines(response: reqwest::Response) -> Lines {
+    let mut buffer = String::new();
+    Box::pin(
+        response
+            .bytes_stream()
+            .map(move |chunk| {
+                buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+                let mut lines = Vec::new();
+                while let Some(end) = buffer.find('\n') {
+                    lines.push(buffer[..end].to_string());
+                    buffer.drain(..=end);
+                }
+                futures_util::stream::iter(lines)
+            })
+            .flatten(),
+    )
+}
+
+pub async fn next_event(lines: &mut Lines) -> Value {
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next())
+        .await
+        .expect("a watch event within 10 s")
+        .expect("the stream is open");
+    serde_json::from_str(&line).unwrap()
+}
+
+pub async fn next_non_heartbeat(lines: &mut Lines) -> Value {
+    loop {
+        let event = next_event(lines).await;
+        if event["type"] != "HEARTBEAT" {
+            return event;
+        }
+    }
 }
