@@ -1,1 +1,48 @@
-//! Placement: a pure function of a cluster snapshot, and resource estimation. No IO, no clock.
+//! Placement and resource estimation for gantry: pure functions of their arguments.
+//!
+//! *Architecture Invariant:* this crate does no IO and never reads the clock. Model facts,
+//! file headers, backend arguments and the cluster snapshot come in as values; claims,
+//! placements and reasons go out as values. That keeps the scheduler a plain function that
+//! unit and property tests can drive from fixtures.
+//!
+//! * [`estimate`]: from model facts (GGUF, safetensors + `config.json`) and backend arguments
+//!   to a [`ResourceClaim`];
+//! * [`snapshot`], [`request`]: the scheduler's input;
+//! * [`place`](mod@place), with the [`ledger`] of allocatable memory and the private
+//!   `filter`, `shape` and `score` modules: choosing a worker and GPUs, or saying in
+//!   [`explain`] why none fits.
+
+pub mod args;
+pub mod claim;
+pub mod estimate;
+pub mod explain;
+mod filter;
+pub mod ledger;
+pub mod place;
+pub mod request;
+mod score;
+mod shape;
+pub mod snapshot;
+pub mod units;
+
+#[cfg(test)]
+mod testkit;
+
+pub use args::ArgsError;
+pub use claim::{
+    EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
+};
+pub use estimate::engine::{estimate_engine, EngineOptions, ServingEngine};
+pub use estimate::gguf::{estimate_llama_cpp, GgufModelFacts, LlamaCppEstimate, LlamaCppOptions};
+pub use estimate::hf_config::{HfConfigError, HfModelConfig};
+pub use estimate::kv_type::KvCacheType;
+pub use estimate::safetensors::{SafetensorsError, SafetensorsHeader};
+pub use estimate::EstimateError;
+pub use explain::Unschedulable;
+pub use ledger::SnapshotState;
+pub use place::{place, place_many, LlamaLayout, Placement, PlacementKind};
+pub use request::{ManualGpuSelection, PlacementRequest, Strategy};
+pub use snapshot::{ClusterSnapshot, GpuShare, GpuView, PlacedClaim, SystemReserve, WorkerView};
+
+#[cfg(test)]
+mod tests;

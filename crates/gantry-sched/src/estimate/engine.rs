@@ -1,0 +1,340 @@
+//! vLLM and SGLang estimation from a Hugging Face model directory's facts.
+//!
+//! Both engines reserve a fixed fraction of each GPU they run on (vLLM
+//! `--gpu-memory-utilization`, default 0.9; SGLang `--mem-fraction-static`, default 0.88 on
+//! one GPU and less on larger groups) and fill what the weights leave with KV cache. The
+//! claim is therefore "that fraction of each chosen GPU's total memory", and placement also
+//! checks that the fraction is large enough for the weights and the KV cache of one
+//! full-length sequence, which both engines insist on at start-up:
+//!
+//! ```text
+//! per GPU of a tp-way group ≥ weights / tp
+//!                             + max_len × kv_bytes_per_token_per_kv_head × ceil(kv_heads / tp)
+//!                             + ENGINE_GPU_OVERHEAD_BYTES
+//! kv_bytes_per_token_per_kv_head = 2 (K, V) × num_hidden_layers × head_dim × KV element size
+//! ```
+//!
+//! `max_len` is `--max-model-len` (vLLM) / `--context-length` (SGLang), else the model's
+//! `max_position_embeddings`, else [`DEFAULT_CONTEXT_CAP`]. The KV element size is 2 bytes for
+//! `--kv-cache-dtype auto` (both engines run f32 checkpoints in 16-bit), 1 for the fp8
+//! variants, half a byte for fp4.
+
+use serde::{Deserialize, Serialize};
+
+use super::hf_config::HfModelConfig;
+use super::{
+    EstimateError, DEFAULT_CONTEXT_CAP, ENGINE_GPU_OVERHEAD_BYTES, ENGINE_PROCESS_RAM_BYTES,
+};
+use crate::args::{flag_value, parse_flag, ArgsError};
+use crate::claim::{EngineMemory, MemoryFraction, ModelMemory, ResourceClaim};
+
+/// vLLM's default `--gpu-memory-utilization`.
+pub const VLLM_DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
+
+/// The serving engines estimated here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ServingEngine {
+    /// vLLM.
+    Vllm,
+    /// SGLang.
+    Sglang,
+}
+
+/// The engine options that change memory use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineOptions {
+    /// Which engine.
+    pub engine: ServingEngine,
+    /// `--gpu-memory-utilization` (vLLM) / `--mem-fraction-static` (SGLang), when given.
+    pub memory_fraction: Option<f64>,
+    /// `--max-model-len` (vLLM) / `--context-length` (SGLang), when given.
+    pub max_model_len: Option<u64>,
+    /// Bits per KV cache element from `--kv-cache-dtype`; 16 for `auto`.
+    pub kv_cache_element_bits: u32,
+    /// `--tensor-parallel-size`/`-tp` (vLLM) / `--tp-size`/`--tp` (SGLang), when given.
+    pub tensor_parallel_size: Option<u32>,
+    /// `--data-parallel-size`/`-dp` (vLLM) / `--dp-size`/`--dp` (SGLang), when given; the
+    /// caller puts it in the placement request.
+    pub data_parallel_size: Option<u32>,
+}
+
+impl EngineOptions {
+    /// Options with the engine's defaults.
+    pub fn defaults(engine: ServingEngine) -> Self {
+        EngineOptions {
+            engine,
+            memory_fraction: None,
+            max_model_len: None,
+            kv_cache_element_bits: 16,
+            tensor_parallel_size: None,
+            data_parallel_size: None,
+        }
+    }
+
+    /// Reads the options from the engine's arguments (`--flag value` or `--flag=value`).
+    pub fn from_args(engine: ServingEngine, args: &[String]) -> Result<Self, ArgsError> {
+        let (fraction_flags, length_flags, tp_flags, dp_flags): (
+            &[&str],
+            &[&str],
+            &[&str],
+            &[&str],
+        ) = match engine {
+            ServingEngine::Vllm => (
+                &["--gpu-memory-utilization"],
+                &["--max-model-len"],
+                &["--tensor-parallel-size", "-tp"],
+                &["--data-parallel-size", "-dp"],
+            ),
+            ServingEngine::Sglang => (
+                &["--mem-fraction-static"],
+                &["--context-length"],
+                &["--tp-size", "--tp"],
+                &["--dp-size", "--dp"],
+            ),
+        };
+        let memory_fraction = match flag_value(args, fraction_flags) {
+            None => None,
+            Some((flag, value)) => Some(parse_fraction(flag, value)?),
+        };
+        let max_model_len = match flag_value(args, length_flags) {
+            None => None,
+            Some((flag, value)) => Some(parse_token_count(flag, value)?),
+        };
+        let kv_cache_element_bits = match flag_value(args, &["--kv-cache-dtype"]) {
+            None => 16,
+            Some((flag, value)) => kv_dtype_bits(value).ok_or_else(|| ArgsError {
+                flag: flag.to_owned(),
+                value: value.to_owned(),
+                reason: "unknown KV cache dtype".to_owned(),
+            })?,
+        };
+        let nonzero = |value: Option<u32>, flag: &str| match value {
+            Some(0) => Err(ArgsError {
+                flag: flag.to_owned(),
+                value: "0".to_owned(),
+                reason: "must be at least 1".to_owned(),
+            }),
+            other => Ok(other),
+        };
+        Ok(EngineOptions {
+            engine,
+            memory_fraction,
+            max_model_len,
+            kv_cache_element_bits,
+            tensor_parallel_size: nonzero(parse_flag(args, tp_flags)?, tp_flags[0])?,
+            data_parallel_size: nonzero(parse_flag(args, dp_flags)?, dp_flags[0])?,
+        })
+    }
+}
+
+fn parse_fraction(flag: &str, value: &str) -> Result<f64, ArgsError> {
+    let error = |reason: String| ArgsError {
+        flag: flag.to_owned(),
+        value: value.to_owned(),
+        reason,
+    };
+    let fraction: f64 = value.trim().parse().map_err(|e| error(format!("{e}")))?;
+    if fraction > 0.0 && fraction <= 1.0 {
+        Ok(fraction)
+    } else {
+        Err(error("must be in (0, 1]".to_owned()))
+    }
+}
+
+/// A token count, optionally with vLLM's suffixes: `k`/`m` for powers of 1000, `K`/`M` for
+/// powers of 1024.
+fn parse_token_count(flag: &str, value: &str) -> Result<u64, ArgsError> {
+    let trimmed = value.trim();
+    let (digits, scale) = match trimmed.chars().last() {
+        Some('k') => (&trimmed[..trimmed.len() - 1], 1_000),
+        Some('K') => (&trimmed[..trimmed.len() - 1], 1_024),
+        Some('m') => (&trimmed[..trimmed.len() - 1], 1_000_000),
+        Some('M') => (&trimmed[..trimmed.len() - 1], 1_048_576),
+        _ => (trimmed, 1),
+    };
+    let error = |reason: String| ArgsError {
+        flag: flag.to_owned(),
+        value: value.to_owned(),
+        reason,
+    };
+    let count: u64 = digits.parse().map_err(|e| error(format!("{e}")))?;
+    match count.checked_mul(scale) {
+        Some(0) => Err(error("must be at least 1".to_owned())),
+        Some(tokens) => Ok(tokens),
+        None => Err(error("too large".to_owned())),
+    }
+}
+
+fn kv_dtype_bits(value: &str) -> Option<u32> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "auto" | "bfloat16" | "bf16" | "float16" | "fp16" | "half" => Some(16),
+        "float32" | "float" | "fp32" => Some(32),
+        v if v.starts_with("fp8") => Some(8),
+        v if v.starts_with("fp4") => Some(4),
+        _ => None,
+    }
+}
+
+/// Estimates what vLLM or SGLang needs for a model with `weight_bytes` of weights (the sum
+/// over its safetensors headers) and `config`. See the module documentation for the rule.
+pub fn estimate_engine(
+    weight_bytes: u64,
+    config: &HfModelConfig,
+    options: &EngineOptions,
+) -> Result<ResourceClaim, EstimateError> {
+    let memory_fraction = match (options.memory_fraction, options.engine) {
+        (Some(fraction), _) => MemoryFraction::Fixed(fraction),
+        (None, ServingEngine::Vllm) => MemoryFraction::Fixed(VLLM_DEFAULT_GPU_MEMORY_UTILIZATION),
+        (None, ServingEngine::Sglang) => MemoryFraction::SglangDefault,
+    };
+    let kv_bits_per_token_per_head = 2
+        * u64::from(config.num_hidden_layers)
+        * config.head_dim
+        * u64::from(options.kv_cache_element_bits);
+    let minimum_kv_tokens = options
+        .max_model_len
+        .or(config.max_position_embeddings)
+        .unwrap_or(u64::from(DEFAULT_CONTEXT_CAP));
+    let memory = EngineMemory {
+        weight_bytes,
+        kv_bytes_per_token_per_kv_head: kv_bits_per_token_per_head.div_ceil(8),
+        kv_head_count: config.num_key_value_heads,
+        attention_head_count: config.num_attention_heads,
+        minimum_kv_tokens,
+        memory_fraction,
+        fixed_tensor_parallel_size: options.tensor_parallel_size,
+    };
+    if let Some(tp) = options.tensor_parallel_size {
+        if !memory.accepts_tensor_parallel(tp) {
+            return Err(EstimateError::Args(ArgsError {
+                flag: "tensor parallel size".to_owned(),
+                value: tp.to_string(),
+                reason: format!(
+                    "must divide {} attention heads and divide or be a multiple of {} KV heads",
+                    config.num_attention_heads, config.num_key_value_heads
+                ),
+            }));
+        }
+    }
+    Ok(ResourceClaim {
+        per_gpu_overhead_bytes: ENGINE_GPU_OVERHEAD_BYTES,
+        base_ram_bytes: ENGINE_PROCESS_RAM_BYTES,
+        memory: ModelMemory::Engine(memory),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::GIB;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn llama3_8b_config() -> HfModelConfig {
+        HfModelConfig {
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            num_key_value_heads: 8,
+            hidden_size: 4096,
+            head_dim: 128,
+            torch_dtype: Some("bfloat16".to_owned()),
+            max_position_embeddings: Some(131_072),
+        }
+    }
+
+    fn engine_memory(claim: &ResourceClaim) -> &EngineMemory {
+        match &claim.memory {
+            ModelMemory::Engine(memory) => memory,
+            other => panic!("expected an engine claim, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn vllm_defaults_to_ninety_percent_and_the_trained_length() {
+        let weights = 16_060_522_496; // Llama-3.1-8B in bf16
+        let options = EngineOptions::from_args(ServingEngine::Vllm, &[]).expect("no args");
+        let claim = estimate_engine(weights, &llama3_8b_config(), &options).expect("valid");
+        let memory = engine_memory(&claim);
+        assert_eq!(memory.memory_fraction, MemoryFraction::Fixed(0.9));
+        // KV per token and KV head: 2 × 32 layers × 128 × 2 B = 16_384 B.
+        assert_eq!(memory.kv_bytes_per_token_per_kv_head, 16_384);
+        assert_eq!(memory.minimum_kv_tokens, 131_072);
+        // One GPU: weights + 131072 tokens × 8 heads × 16 KiB (= 16 GiB) + 2 GiB overhead.
+        assert_eq!(
+            memory.minimum_per_gpu(1, claim.per_gpu_overhead_bytes),
+            weights + 16 * GIB + 2 * GIB
+        );
+        assert_eq!(claim.base_ram_bytes, 4 * GIB);
+    }
+
+    #[test]
+    fn vllm_arguments_set_fraction_length_dtype_and_parallelism() {
+        let options = EngineOptions::from_args(
+            ServingEngine::Vllm,
+            &args(&[
+                "--gpu-memory-utilization=0.8",
+                "--max-model-len",
+                "8k",
+                "--kv-cache-dtype",
+                "fp8",
+                "-tp",
+                "2",
+                "--data-parallel-size=2",
+            ]),
+        )
+        .expect("valid args");
+        assert_eq!(options.memory_fraction, Some(0.8));
+        assert_eq!(options.max_model_len, Some(8000));
+        assert_eq!(options.kv_cache_element_bits, 8);
+        assert_eq!(options.tensor_parallel_size, Some(2));
+        assert_eq!(options.data_parallel_size, Some(2));
+        let claim = estimate_engine(16 * GIB, &llama3_8b_config(), &options).expect("valid");
+        let memory = engine_memory(&claim);
+        // fp8: 2 × 32 × 128 × 1 B = 8192 B per token and KV head.
+        assert_eq!(memory.kv_bytes_per_token_per_kv_head, 8192);
+        // tp 2: 8 GiB weights + 8000 × 4 heads × 8192 B (= 262_144_000 B) + 2 GiB.
+        assert_eq!(memory.minimum_per_gpu(2, 2 * GIB), 10 * GIB + 262_144_000);
+        assert_eq!(memory.fixed_tensor_parallel_size, Some(2));
+    }
+
+    #[test]
+    fn sglang_reads_its_own_flags_and_defaults_by_group_size() {
+        let options = EngineOptions::from_args(
+            ServingEngine::Sglang,
+            &args(&["--context-length", "4096", "--tp", "4"]),
+        )
+        .expect("valid args");
+        let claim = estimate_engine(16 * GIB, &llama3_8b_config(), &options).expect("valid");
+        let memory = engine_memory(&claim);
+        assert_eq!(memory.memory_fraction, MemoryFraction::SglangDefault);
+        assert_eq!(memory.minimum_kv_tokens, 4096);
+        let options = EngineOptions::from_args(
+            ServingEngine::Sglang,
+            &args(&["--mem-fraction-static", "0.7"]),
+        )
+        .expect("valid args");
+        assert_eq!(options.memory_fraction, Some(0.7));
+        // vLLM's flag means nothing to SGLang.
+        let options = EngineOptions::from_args(
+            ServingEngine::Sglang,
+            &args(&["--gpu-memory-utilization", "0.5"]),
+        )
+        .expect("valid args");
+        assert_eq!(options.memory_fraction, None);
+    }
+
+    #[test]
+    fn invalid_engine_arguments_are_rejected() {
+        let vllm = |list: &[&str]| EngineOptions::from_args(ServingEngine::Vllm, &args(list));
+        assert!(vllm(&["--gpu-memory-utilization", "1.5"]).is_err());
+        assert!(vllm(&["--gpu-memory-utilization", "0"]).is_err());
+        assert!(vllm(&["--max-model-len", "lots"]).is_err());
+        assert!(vllm(&["--kv-cache-dtype", "int3"]).is_err());
+        assert!(vllm(&["-tp", "0"]).is_err());
+        let options = vllm(&["-tp", "3"]).expect("parses");
+        let e = estimate_engine(GIB, &llama3_8b_config(), &options).expect_err("3 ∤ 32");
+        assert!(e.to_string().contains("32 attention heads"), "{e}");
+    }
+}
