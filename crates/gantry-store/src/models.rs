@@ -37,6 +37,8 @@ struct ModelSpec {
     placement_strategy: PlacementStrategy,
     data_parallel_size: Option<u32>,
     cpu_offload: bool,
+    #[serde(default)]
+    custom_command: Option<String>,
     labels: BTreeMap<String, String>,
 }
 
@@ -53,6 +55,7 @@ impl ModelSpec {
             placement_strategy: model.placement_strategy,
             data_parallel_size: model.data_parallel_size,
             cpu_offload: model.cpu_offload,
+            custom_command: model.custom_command.clone(),
             labels: model.labels.clone(),
         }
     }
@@ -78,6 +81,7 @@ fn decode(row: &AnyRow) -> Result<Model, StoreError> {
         placement_strategy: spec.placement_strategy,
         data_parallel_size: spec.data_parallel_size,
         cpu_offload: spec.cpu_offload,
+        custom_command: spec.custom_command,
         labels: spec.labels,
         created_at: Timestamp::from_millis(int(row, T, "created_at")?),
         updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
@@ -111,6 +115,7 @@ impl Store {
             placement_strategy: create.placement_strategy,
             data_parallel_size: create.data_parallel_size,
             cpu_offload: create.cpu_offload,
+            custom_command: create.custom_command.clone(),
             labels: create.labels.clone(),
             created_at: now,
             updated_at: now,

@@ -148,6 +148,10 @@ pub struct Model {
     pub data_parallel_size: Option<u32>,
     /// Allow placing some or all layers in system memory (llama.cpp only).
     pub cpu_offload: bool,
+    /// For backend `custom`: the command template, with the placeholders
+    /// `{model_path}`, `{port}`, `{gpu_ids}` and `{host}`; split like a shell would,
+    /// but run without one.
+    pub custom_command: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
@@ -181,6 +185,8 @@ pub struct ModelCreate {
     #[serde(default = "default_cpu_offload")]
     pub cpu_offload: bool,
     #[serde(default)]
+    pub custom_command: Option<String>,
+    #[serde(default)]
     pub labels: BTreeMap<String, String>,
 }
 
@@ -209,6 +215,15 @@ impl Validate for ModelCreate {
         if let Some(version) = &self.backend_version {
             check_text("backend_version", version, 100)?;
         }
+        if let Some(command) = &self.custom_command {
+            check_custom_command(command)?;
+        }
+        if self.custom_command.is_some() && self.backend != BackendKind::Custom {
+            return Err(FieldError::new(
+                "custom_command",
+                "only backend custom takes a command template",
+            ));
+        }
         Ok(())
     }
 }
@@ -233,6 +248,9 @@ pub struct ModelUpdate {
     #[schema(value_type = Option<u32>)]
     pub data_parallel_size: Option<Option<u32>>,
     pub cpu_offload: Option<bool>,
+    #[serde(default, with = "double_option")]
+    #[schema(value_type = Option<String>)]
+    pub custom_command: Option<Option<String>>,
     pub labels: Option<BTreeMap<String, String>>,
 }
 
@@ -265,6 +283,9 @@ impl Validate for ModelUpdate {
         if let Some(dp) = self.data_parallel_size {
             check_data_parallel(dp)?;
         }
+        if let Some(Some(command)) = &self.custom_command {
+            check_custom_command(command)?;
+        }
         Ok(())
     }
 }
@@ -284,6 +305,7 @@ impl Model {
             placement_strategy,
             data_parallel_size,
             cpu_offload,
+            custom_command,
             labels,
         } = update;
         if let Some(v) = description {
@@ -318,6 +340,9 @@ impl Model {
         }
         if let Some(v) = cpu_offload {
             self.cpu_offload = v;
+        }
+        if let Some(v) = custom_command {
+            self.custom_command = v;
         }
         if let Some(v) = labels {
             self.labels = v;
@@ -390,6 +415,19 @@ fn check_gpu_selector(selector: &GpuSelector) -> Result<(), FieldError> {
         return Err(FieldError::new(
             "gpu_selector.gpu_indexes",
             "must not repeat an index",
+        ));
+    }
+    Ok(())
+}
+
+fn check_custom_command(command: &str) -> Result<(), FieldError> {
+    if command.trim().is_empty() {
+        return Err(FieldError::new("custom_command", "must not be empty"));
+    }
+    if command.len() > 4096 || command.contains('\0') {
+        return Err(FieldError::new(
+            "custom_command",
+            "must be at most 4096 bytes without NUL characters",
         ));
     }
     Ok(())
