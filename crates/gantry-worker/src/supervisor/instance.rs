@@ -1,0 +1,401 @@
+//! The task that owns one instance: start its process(es), wait for readiness, watch for
+//! crashes, restart with backoff, give up on a crash loop, and stop on cancellation.
+//!
+//! ```text
+//!            ┌────────────── backoff ◀── Restarting ◀──┐ (crash after ready, or a failed
+//!            ▼                                         │  restart of a once-ready instance)
+//!   ──▶ Starting ──ready──▶ Running ──child exits──────┤
+//!            │                                         └─▶ Error (crash loop) ──┐
+//!            └──exit / deadline / bad spec (never ready yet)──▶ Error ──────────┤
+//!   cancellation at any point ─▶ stop the group(s), release the ports ─▶ Stopped ◀┘
+//! ```
+//!
+//! A failure before the instance was *ever* ready is final (`Error`): a model that cannot
+//! load will not load on a retry either, and the server decides what to do next. Once the
+//! instance has been ready, any later failure, a failed restart included, goes through the
+//! backoff and the crash-loop rule. After `Error` the task holds no process and no port and
+//! waits for cancellation, so `ensure` with the same spec leaves it in `Error`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::process::{describe_exit, lock_sink, OutputSink, ProcessSet, SharedSink};
+use super::readiness::{health_url, wait_until_healthy};
+use super::restart::{CrashTracker, CrashVerdict};
+use super::{BackendState, InstanceEvent, InstanceSpec, InstanceStatus, Shared};
+use crate::backend::{backend_command, join_gpu_indexes, rank_gpu_indexes, LaunchTarget};
+use crate::logs::LogDir;
+use crate::ports::PortLease;
+
+/// How one start of the instance ended.
+enum AttemptEnd {
+    /// Cancelled: the processes are stopped.
+    Cancelled,
+    /// The start failed or the running instance crashed; the processes are stopped.
+    Failed {
+        /// One line: what happened.
+        reason: String,
+        /// The last stderr lines of the start.
+        stderr_tail: String,
+        /// Whether the instance had become ready in this start.
+        was_ready: bool,
+        /// How long it ran after becoming ready.
+        ran_for: Duration,
+    },
+}
+
+pub(crate) struct InstanceTask {
+    pub(crate) spec: InstanceSpec,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) status: Arc<Mutex<Option<InstanceStatus>>>,
+    pub(crate) log_dir: LogDir,
+}
+
+impl InstanceTask {
+    pub(crate) async fn run(self) {
+        let mut crashes = CrashTracker::new(self.shared.config.restart.clone());
+        let mut lease: Option<PortLease> = None;
+        let mut ever_ready = false;
+        loop {
+            let end = self.attempt(&mut lease, &mut ever_ready).await;
+            let AttemptEnd::Failed {
+                reason,
+                stderr_tail,
+                was_ready,
+                ran_for,
+            } = end
+            else {
+                break;
+            };
+            if !ever_ready {
+                lease = None;
+                self.emit(BackendState::Error {
+                    message: error_message(&reason, &stderr_tail),
+                })
+                .await;
+                self.cancel.cancelled().await;
+                break;
+            }
+            let ran_for = if was_ready { ran_for } else { Duration::ZERO };
+            match crashes.record_crash(Instant::now(), ran_for) {
+                CrashVerdict::Restart { attempt, backoff } => {
+                    self.update_status(|status| status.restart_count += 1);
+                    self.emit(BackendState::Restarting {
+                        attempt,
+                        backoff,
+                        reason: reason.clone(),
+                    })
+                    .await;
+                    tokio::select! {
+                        () = self.cancel.cancelled() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                }
+                CrashVerdict::GiveUp { crashes } => {
+                    lease = None;
+                    let policy = &self.shared.config.restart;
+                    let reason = format!(
+                        "crash loop: {crashes} crashes within {:?} (more than {} allowed); \
+                         not restarting again. Last crash: {reason}",
+                        policy.crash_loop_window, policy.crash_loop_max_crashes
+                    );
+                    self.emit(BackendState::Error {
+                        message: error_message(&reason, &stderr_tail),
+                    })
+                    .await;
+                    self.cancel.cancelled().await;
+                    break;
+                }
+            }
+        }
+        // The processes are gone (every attempt stops its own before returning); give the
+        // ports back before saying so.
+        drop(lease);
+        self.update_status(|status| {
+            status.pids.clear();
+            status.ports.clear();
+        });
+        self.emit(BackendState::Stopped).await;
+    }
+
+    /// One start: spawn, wait for readiness, watch until a crash or cancellation.
+    async fn attempt(&self, lease: &mut Option<PortLease>, ever_ready: &mut bool) -> AttemptEnd {
+        let config = &self.shared.config;
+        let spec = &self.spec;
+        let fail_early = |reason: String| AttemptEnd::Failed {
+            reason,
+            stderr_tail: String::new(),
+            was_ready: false,
+            ran_for: Duration::ZERO,
+        };
+        if self.cancel.is_cancelled() {
+            return AttemptEnd::Cancelled;
+        }
+        let ranks = match rank_gpu_indexes(spec) {
+            Ok(ranks) => ranks,
+            Err(e) => return fail_early(format!("invalid instance spec: {e}")),
+        };
+        // Keep the ports of the previous start, so the address stays the same across
+        // restarts, unless someone took one of them while the backend was down.
+        if let Some(held) = lease.as_ref() {
+            if held.ports().len() != ranks.len() || !self.shared.ports.lease_is_bindable(held) {
+                *lease = None;
+            }
+        }
+        if lease.is_none() {
+            match self.shared.ports.allocate(ranks.len()) {
+                Ok(new) => *lease = Some(new),
+                Err(e) => return fail_early(format!("cannot allocate ports: {e}")),
+            }
+        }
+        let ports = lease
+            .as_ref()
+            .expect("a lease was allocated above")
+            .ports()
+            .to_vec();
+        let mut commands = Vec::with_capacity(ranks.len());
+        for (rank, gpus) in ranks.iter().enumerate() {
+            let target = LaunchTarget {
+                bind_host: config.bind_host,
+                port: ports[rank],
+                gpu_indexes: gpus,
+            };
+            match backend_command(spec, &config.backends, &target) {
+                Ok(command) => commands.push(command),
+                Err(e) => return fail_early(format!("cannot build the backend command: {e}")),
+            }
+        }
+        let log = match self.log_dir.create_next(&config.logs) {
+            Ok(log) => log,
+            Err(e) => {
+                return fail_early(format!(
+                    "cannot create a log file in {}: {e}",
+                    self.log_dir.path().display()
+                ))
+            }
+        };
+        let log_path = log.path().to_path_buf();
+        let sink = OutputSink::new(Some(log), config.logs.stderr_tail_lines);
+        self.update_status(|status| {
+            status.ports = ports.clone();
+            status.log_file = Some(log_path.clone());
+        });
+        self.emit(BackendState::Starting { port: ports[0] }).await;
+
+        let data_parallel = commands.len() > 1;
+        let mut processes = ProcessSet::new();
+        for (rank, command) in commands.iter().enumerate() {
+            let prefix = if data_parallel {
+                format!("[rank {rank}] ")
+            } else {
+                String::new()
+            };
+            lock_sink(&sink).note(&format!(
+                "start {}: rank {rank}: CUDA_VISIBLE_DEVICES={} {}",
+                log_path.display(),
+                join_gpu_indexes(&ranks[rank]),
+                command.display()
+            ));
+            match processes.spawn(command, rank, prefix, &sink, &self.shared.tracker) {
+                Ok(pid) => {
+                    tracing::debug!(
+                        instance_id = spec.instance_id,
+                        key = %spec.key,
+                        pid,
+                        port = ports[rank],
+                        rank,
+                        "spawned backend: {}",
+                        command.display()
+                    );
+                }
+                Err(e) => {
+                    let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                        "; is the backend installed and on PATH, or its executable configured?"
+                    } else {
+                        ""
+                    };
+                    let reason = format!("cannot start `{}`: {e}{hint}", command.program);
+                    lock_sink(&sink).note(&reason);
+                    processes.terminate(config.stop_grace_period).await;
+                    return self.failed(reason, &sink, false, Duration::ZERO);
+                }
+            }
+        }
+        let pids = processes.pids();
+        self.update_status(|status| status.pids = pids.clone());
+
+        // Readiness.
+        let deadline = spec
+            .overrides
+            .ready_deadline
+            .unwrap_or_else(|| config.readiness_deadlines.get(spec.backend));
+        let urls: Vec<String> = commands
+            .iter()
+            .zip(&ports)
+            .map(|(command, port)| health_url(config.bind_host, *port, &command.health_path))
+            .collect();
+        let last_probe = Mutex::new(String::from("no probe answered yet"));
+        let became_ready = {
+            let probe = wait_until_healthy(&self.shared.http, &urls, &last_probe);
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => Err(None),
+                (rank, pid, exit) = processes.wait_any_exit() => Err(Some(format!(
+                    "{} (rank {rank}, pid {pid}) {} before it became ready",
+                    commands[rank].program,
+                    describe_exit(&exit)
+                ))),
+                () = tokio::time::sleep(deadline) => Err(Some(format!(
+                    "not ready within the readiness deadline of {deadline:?} (last probe: {})",
+                    last_probe.lock().unwrap_or_else(|p| p.into_inner())
+                ))),
+                () = probe => Ok(()),
+            }
+        };
+        match became_ready {
+            Ok(()) => {}
+            Err(None) => {
+                lock_sink(&sink).note("stopping: the instance is being stopped");
+                processes.terminate(config.stop_grace_period).await;
+                return AttemptEnd::Cancelled;
+            }
+            Err(Some(reason)) => {
+                lock_sink(&sink).note(&reason);
+                processes.terminate(config.stop_grace_period).await;
+                return self.failed(reason, &sink, false, Duration::ZERO);
+            }
+        }
+
+        *ever_ready = true;
+        let ready_at = Instant::now();
+        self.emit(BackendState::Running {
+            address: format!("{}:{}", config.advertise_host, ports[0]),
+            ports: ports.clone(),
+            pid: pids[0],
+            pids: pids.clone(),
+        })
+        .await;
+
+        // Watch.
+        tokio::select! {
+            () = self.cancel.cancelled() => {
+                lock_sink(&sink).note("stopping: the instance is being stopped");
+                processes.terminate(config.stop_grace_period).await;
+                AttemptEnd::Cancelled
+            }
+            (rank, pid, exit) = processes.wait_any_exit() => {
+                let ran_for = ready_at.elapsed();
+                let mut reason = format!(
+                    "{} (rank {rank}, pid {pid}) {} after running for {ran_for:.1?}",
+                    commands[rank].program,
+                    describe_exit(&exit)
+                );
+                if data_parallel {
+                    reason.push_str("; restarting the whole data-parallel group");
+                }
+                lock_sink(&sink).note(&reason);
+                processes.terminate(config.stop_grace_period).await;
+                self.failed(reason, &sink, true, ran_for)
+            }
+        }
+    }
+
+    fn failed(
+        &self,
+        reason: String,
+        sink: &SharedSink,
+        was_ready: bool,
+        ran_for: Duration,
+    ) -> AttemptEnd {
+        AttemptEnd::Failed {
+            reason,
+            stderr_tail: lock_sink(sink).stderr_tail().joined(),
+            was_ready,
+            ran_for,
+        }
+    }
+
+    fn update_status(&self, change: impl FnOnce(&mut InstanceStatus)) {
+        let mut guard = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        let status = guard.get_or_insert_with(|| InstanceStatus::new(&self.spec));
+        change(status);
+    }
+
+    /// Records the new state, logs one line, and sends the event. Waits for room in the
+    /// channel; a dropped receiver is fine.
+    async fn emit(&self, state: BackendState) {
+        let spec = &self.spec;
+        let (pid, port) = match &state {
+            BackendState::Starting { port } => (None, Some(*port)),
+            BackendState::Running { pid, ports, .. } => (Some(*pid), ports.first().copied()),
+            _ => {
+                let status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+                let status = status.as_ref();
+                (
+                    status.and_then(|s| s.pids.first().copied()),
+                    status.and_then(|s| s.ports.first().copied()),
+                )
+            }
+        };
+        match &state {
+            BackendState::Error { message } => tracing::warn!(
+                instance_id = spec.instance_id,
+                key = %spec.key,
+                pid,
+                port,
+                state = state.name(),
+                "backend failed: {message}"
+            ),
+            BackendState::Restarting {
+                attempt,
+                backoff,
+                reason,
+            } => tracing::warn!(
+                instance_id = spec.instance_id,
+                key = %spec.key,
+                pid,
+                port,
+                state = state.name(),
+                attempt,
+                "backend crashed, restarting in {backoff:?}: {reason}"
+            ),
+            BackendState::Running { address, .. } => tracing::info!(
+                instance_id = spec.instance_id,
+                key = %spec.key,
+                pid,
+                port,
+                state = state.name(),
+                "backend ready at {address}"
+            ),
+            BackendState::Starting { .. } | BackendState::Stopped => tracing::info!(
+                instance_id = spec.instance_id,
+                key = %spec.key,
+                pid,
+                port,
+                state = state.name(),
+                "backend {}",
+                state.name()
+            ),
+        }
+        self.update_status(|status| status.state = state.clone());
+        let event = InstanceEvent {
+            instance_id: spec.instance_id,
+            state,
+        };
+        // An error only means nobody listens any more (the agent is shutting down).
+        let _ = self.shared.events.send(event).await;
+    }
+}
+
+/// The reason, then the stderr tail under a header.
+fn error_message(reason: &str, stderr_tail: &str) -> String {
+    if stderr_tail.is_empty() {
+        format!("{reason}\n(no stderr output)")
+    } else {
+        format!("{reason}\nlast stderr lines:\n{stderr_tail}")
+    }
+}

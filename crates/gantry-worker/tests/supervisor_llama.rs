@@ -1,0 +1,202 @@
+//! The supervisor with the real llama.cpp `llama-server`: the tiny random-weight model from
+//! `gantry-gguf` runs under the `llama.cpp` backend and answers a chat completion, and a
+//! corrupt model ends in `Error` carrying llama-server's own stderr.
+//!
+//! The binary comes from `GANTRY_LLAMA_SERVER`; build it (cached after the first time) with
+//! `scripts/build-llama-server.sh`, which prints its path:
+//!
+//! ```text
+//! GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh) cargo test -p gantry-worker
+//! ```
+//!
+//! Without the variable these tests fail; they never skip.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use gantry_types::BackendKind;
+use gantry_worker::supervisor::{
+    BackendState, InstanceEvent, InstanceOverrides, InstanceSpec, Supervisor, SupervisorConfig,
+};
+use nix::errno::Errno;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+use tokio::sync::mpsc;
+
+const EVENT_TIMEOUT: Duration = Duration::from_secs(25);
+
+fn llama_server() -> PathBuf {
+    let Some(path) = std::env::var_os("GANTRY_LLAMA_SERVER") else {
+        panic!(
+            "GANTRY_LLAMA_SERVER is not set. These tests need a real llama.cpp llama-server: \
+             run `GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh) cargo test -p gantry-worker` \
+             (the script builds it once, about ten minutes, and caches it)"
+        );
+    };
+    let path = PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "GANTRY_LLAMA_SERVER={} is not a file; run scripts/build-llama-server.sh and use the \
+         path it prints",
+        path.display()
+    );
+    path
+}
+
+/// A port range per test, apart from the ranges of `tests/supervisor.rs`.
+fn port_range() -> std::ops::RangeInclusive<u16> {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 46600 + NEXT.fetch_add(1, Ordering::Relaxed) * 20;
+    start..=start + 19
+}
+
+struct Harness {
+    supervisor: Supervisor,
+    events: mpsc::Receiver<InstanceEvent>,
+    temp: tempfile::TempDir,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let binary = llama_server();
+        let temp = tempfile::tempdir().unwrap();
+        let mut config = SupervisorConfig::new(temp.path().join("data"));
+        config.port_range = port_range();
+        config.backends.executables.llama_cpp = vec![binary.to_str().unwrap().to_owned()];
+        config.stop_grace_period = Duration::from_secs(5);
+        let (events_tx, events) = mpsc::channel(64);
+        let supervisor = Supervisor::new(config, events_tx).unwrap();
+        Self {
+            supervisor,
+            events,
+            temp,
+        }
+    }
+
+    fn spec(&self, instance_id: i64, model_path: PathBuf) -> InstanceSpec {
+        InstanceSpec {
+            instance_id,
+            key: format!("tiny-llama#{instance_id}"),
+            backend: BackendKind::LlamaCpp,
+            model_path,
+            // One slot over the model's whole context, one thread: on a small shared
+            // machine spinning OpenMP threads make every token far slower.
+            backend_args: [
+                "--ctx-size",
+                "256",
+                "--parallel",
+                "1",
+                "--threads",
+                "1",
+                "--threads-batch",
+                "1",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            env: BTreeMap::new(),
+            gpu_indexes: Vec::new(),
+            data_parallel_size: None,
+            overrides: InstanceOverrides {
+                ready_deadline: Some(Duration::from_secs(20)),
+                ..InstanceOverrides::default()
+            },
+        }
+    }
+
+    async fn next_state(&mut self, instance_id: i64) -> BackendState {
+        let event = tokio::time::timeout(EVENT_TIMEOUT, self.events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no event within {EVENT_TIMEOUT:?}"))
+            .expect("the event channel is open");
+        assert_eq!(event.instance_id, instance_id, "{event:?}");
+        event.state
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tiny_model_runs_under_llama_cpp_and_answers_chat_completions() {
+    let mut h = Harness::new();
+    let model = h.temp.path().join("tiny-llama.gguf");
+    gantry_gguf::write_tiny_llama(&model).unwrap();
+    h.supervisor.ensure(h.spec(1, model)).await.unwrap();
+    let port = match h.next_state(1).await {
+        BackendState::Starting { port } => port,
+        other => panic!("expected Starting, got {other:?}"),
+    };
+    let (address, pid) = match h.next_state(1).await {
+        BackendState::Running { address, pid, .. } => (address, pid),
+        other => panic!(
+            "expected Running, got {other:?}; log:\n{}",
+            h.supervisor.read_log(1, 40).await.unwrap()
+        ),
+    };
+    assert_eq!(address, format!("127.0.0.1:{port}"));
+
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let response = client
+        .post(format!("http://{address}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 8,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["object"], "chat.completion", "{body}");
+    assert!(
+        body["choices"][0]["message"]["content"].is_string(),
+        "{body}"
+    );
+
+    let log = h.supervisor.read_log(1, 200).await.unwrap();
+    assert!(log.contains("llama-server") || log.contains("srv"), "{log}");
+
+    assert!(h.supervisor.stop(1).await);
+    assert_eq!(h.next_state(1).await, BackendState::Stopped);
+    assert_eq!(kill(Pid::from_raw(pid as i32), None), Err(Errno::ESRCH));
+    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    h.supervisor.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_model_is_an_error_with_llama_servers_stderr() {
+    let mut h = Harness::new();
+    let model = h.temp.path().join("corrupt.gguf");
+    // Deterministic noise: xorshift64 bytes, no GGUF magic.
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let noise: Vec<u8> = (0..64 * 1024)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&model, noise).unwrap();
+    h.supervisor.ensure(h.spec(2, model)).await.unwrap();
+    assert!(matches!(
+        h.next_state(2).await,
+        BackendState::Starting { .. }
+    ));
+    let message = match h.next_state(2).await {
+        BackendState::Error { message } => message,
+        other => panic!("expected Error, got {other:?}"),
+    };
+    assert!(message.contains("before it became ready"), "{message}");
+    assert!(message.contains("last stderr lines:"), "{message}");
+    // llama-server's own words about the file.
+    assert!(message.contains("failed to load model"), "{message}");
+    assert!(message.contains("corrupt.gguf"), "{message}");
+    assert!(h.supervisor.leased_ports().is_empty());
+    h.supervisor.shutdown().await;
+    assert_eq!(h.next_state(2).await, BackendState::Stopped);
+}
