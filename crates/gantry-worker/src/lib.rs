@@ -4,3 +4,9 @@ pub mod backend;
 pub mod logs;
 pub mod ports;
 pub mod supervisor;
+
+// The agent: registration, heartbeats, hardware, assignments, the worker's own API.
+pub mod agent;
+pub mod gpu;
+pub(crate) mod http;
+pub mod system;

@@ -47,6 +47,20 @@ pub const KEYS: &[&str] = &[
     "max_request_body",
     "log_level",
     "log_format",
+    "token",
+    "worker_name",
+    "labels",
+    "simulate_gpus",
+    "worker_host",
+    "worker_port",
+    "advertise_host",
+    "backend_host",
+    "port_range",
+    "llama_server_path",
+    "vllm_path",
+    "sglang_python",
+    "stop_grace_period",
+    "backend_ready_timeout",
 ];
 
 /// How scheduling is shared between servers.
@@ -87,6 +101,28 @@ pub struct Config {
     pub max_request_body: usize,
     pub log_level: String,
     pub log_format: LogFormat,
+    /// Worker settings (used by `gantry worker` and `gantry start`).
+    pub worker: WorkerSettings,
+}
+
+/// The worker's keys. Fields whose default depends on the command (`start` keeps
+/// everything on loopback; `worker` serves other machines) are `None` when unset.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub token: Option<String>,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub simulate_gpus: Option<String>,
+    pub host: String,
+    pub port: u16,
+    pub advertise_host: Option<String>,
+    pub backend_host: Option<std::net::IpAddr>,
+    pub port_range: (u16, u16),
+    pub llama_server_path: Option<String>,
+    pub vllm_path: Option<String>,
+    pub sglang_python: Option<String>,
+    pub stop_grace_period: Duration,
+    pub backend_ready_timeout: Option<Duration>,
 }
 
 /// Raw values before parsing, from the three sources.
@@ -276,6 +312,7 @@ impl Layers {
                     _ => Err("must be text or json".into()),
                 },
             )?,
+            worker: self.worker_settings(optional)?,
             data_dir,
             database_url,
         })
@@ -297,6 +334,122 @@ impl Layers {
             }
             Ok(config)
         })
+    }
+}
+
+impl Layers {
+    fn worker_settings(
+        &self,
+        optional: impl Fn(&str) -> Result<Option<String>, String> + Copy,
+    ) -> anyhow::Result<WorkerSettings> {
+        Ok(WorkerSettings {
+            token: self.parse("token", || None, optional)?,
+            name: self.parse("worker_name", default_worker_name, |s| {
+                if s.is_empty()
+                    || s.len() > 63
+                    || !s.chars().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.')
+                    })
+                {
+                    Err("must be 1 to 63 lowercase letters, digits, '-', '_' or '.'".into())
+                } else {
+                    Ok(s.to_string())
+                }
+            })?,
+            labels: self.parse("labels", BTreeMap::new, parse_labels)?,
+            simulate_gpus: self.parse("simulate_gpus", || None, optional)?,
+            host: self.parse(
+                "worker_host",
+                || "0.0.0.0".to_string(),
+                |s| Ok(s.to_string()),
+            )?,
+            port: self.parse(
+                "worker_port",
+                || 10150,
+                |s| {
+                    s.parse::<u16>()
+                        .map_err(|_| "must be a port number from 0 to 65535".to_string())
+                },
+            )?,
+            advertise_host: self.parse("advertise_host", || None, optional)?,
+            backend_host: self.parse(
+                "backend_host",
+                || None,
+                |s| {
+                    s.parse().map(Some).map_err(|_| {
+                        "must be an IP address such as 0.0.0.0 or 127.0.0.1".to_string()
+                    })
+                },
+            )?,
+            port_range: self.parse(
+                "port_range",
+                || (40000, 40999),
+                |s| {
+                    let (low, high) = s.split_once('-').ok_or("must look like 40000-40999")?;
+                    let low: u16 = low
+                        .trim()
+                        .parse()
+                        .map_err(|_| "must look like 40000-40999")?;
+                    let high: u16 = high
+                        .trim()
+                        .parse()
+                        .map_err(|_| "must look like 40000-40999")?;
+                    if low == 0 || low > high {
+                        return Err("the first port must be positive and not above the last".into());
+                    }
+                    Ok((low, high))
+                },
+            )?,
+            llama_server_path: self.parse("llama_server_path", || None, optional)?,
+            vllm_path: self.parse("vllm_path", || None, optional)?,
+            sglang_python: self.parse("sglang_python", || None, optional)?,
+            stop_grace_period: self.parse(
+                "stop_grace_period",
+                || Duration::from_secs(30),
+                parse_duration,
+            )?,
+            backend_ready_timeout: self.parse(
+                "backend_ready_timeout",
+                || None,
+                |s| parse_duration(s).map(Some),
+            )?,
+        })
+    }
+}
+
+/// `k=v,k2=v2`.
+fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .filter(|(k, _)| !k.is_empty())
+                .ok_or_else(|| format!("{pair:?} is not key=value"))
+        })
+        .collect()
+}
+
+/// The hostname made into a valid worker name.
+fn default_worker_name() -> String {
+    let host = default_server_id().to_lowercase();
+    let cleaned: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    let cleaned = cleaned.trim_start_matches(['-', '_', '.']).to_string();
+    if cleaned.is_empty() {
+        "worker".to_string()
+    } else {
+        cleaned
     }
 }
 
@@ -470,6 +623,21 @@ mod tests {
         let config = l.resolve().unwrap();
         assert_eq!(config.server_urls, ["http://a:8080", "http://b:8080"]);
         assert_eq!(config.server_timeout, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn worker_keys_parse() {
+        let mut l = layers();
+        l.flags.insert("labels", "gpu=a100, zone=b".into());
+        l.env
+            .insert("GANTRY_PORT_RANGE".into(), "41000-41010".into());
+        let worker = l.resolve().unwrap().worker;
+        assert_eq!(worker.labels["gpu"], "a100");
+        assert_eq!(worker.labels["zone"], "b");
+        assert_eq!(worker.port_range, (41000, 41010));
+        let mut bad = layers();
+        bad.flags.insert("labels", "nokey".into());
+        assert!(bad.resolve().unwrap_err().to_string().contains("labels"));
     }
 
     #[test]

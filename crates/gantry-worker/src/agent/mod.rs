@@ -1,0 +1,332 @@
+//! The worker agent: joins the cluster, reports hardware and heartbeats, follows the
+//! instances placed on this worker, runs them through the supervisor, and reports
+//! their states back. It writes nothing to the store: everything goes through the
+//! servers' HTTP API, to whichever server answers.
+
+pub mod assignments;
+pub mod client;
+pub mod identity;
+pub mod register;
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use gantry_types::{WorkerRegister, WorkerStatus};
+use reqwest::{Method, StatusCode};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::gpu::{GpuProbe, SimulatedGpus};
+use crate::supervisor::{Supervisor, SupervisorConfig};
+use client::ServerClient;
+use identity::Identity;
+
+/// How the worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Unique in the cluster; defaults to the hostname.
+    pub name: String,
+    /// Every server's base URL; the worker uses one and moves on when it fails.
+    pub server_urls: Vec<String>,
+    /// Needed for the first registration; later the saved credential is used.
+    pub registration_token: Option<String>,
+    /// Holds the credential, backend logs and other worker state.
+    pub data_dir: PathBuf,
+    pub labels: BTreeMap<String, String>,
+    /// Declared devices instead of NVML (tests and demos).
+    pub simulate_gpus: Option<SimulatedGpus>,
+    pub heartbeat_interval: Duration,
+    /// Interval of the full hardware report (also sent when it changes).
+    pub status_interval: Duration,
+    /// Where the worker's own HTTP API listens (0 picks a free port).
+    pub api_host: String,
+    pub api_port: u16,
+    /// Host name or IP through which servers reach this machine (its API and the
+    /// backends); defaults to 127.0.0.1 for single-machine set-ups.
+    pub advertise_host: String,
+    pub supervisor: SupervisorConfig,
+}
+
+/// A worker that is registered and running.
+#[derive(Debug)]
+pub struct RunningWorker {
+    pub identity: Identity,
+    /// Where the worker's API listens.
+    pub api_addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+/// What the worker's tasks share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: WorkerConfig,
+    pub client: ServerClient,
+    pub supervisor: Supervisor,
+    /// Backends whose programs this worker found at start.
+    pub backends: Vec<String>,
+    pub gpus: GpuProbe,
+    pub shutdown: CancellationToken,
+    pub tasks: TaskTracker,
+    pub api_token: String,
+}
+
+impl Shared {
+    /// The hardware report as it is now.
+    pub(crate) fn status(&self) -> WorkerStatus {
+        let gpus = match self.config.simulate_gpus {
+            Some(simulated) => simulated.devices(&self.config.name),
+            None => self.gpus.devices(),
+        };
+        WorkerStatus {
+            gpus,
+            system: crate::system::system_info(&self.config.data_dir),
+            backends: self.backends.clone(),
+        }
+    }
+}
+
+/// Registers and starts every loop of the worker. Returns once registered.
+pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("create worker data directory {}", config.data_dir.display()))?;
+    if config.server_urls.is_empty() {
+        anyhow::bail!("no server URL: pass --server-url http://SERVER:8080 (several, comma-separated, for failover)");
+    }
+    let gpus = if config.simulate_gpus.is_some() {
+        tracing::info!(gpus = ?config.simulate_gpus, "using simulated GPUs: they exist for scheduling only");
+        GpuProbe::disabled()
+    } else {
+        GpuProbe::load()
+    };
+    let listener = TcpListener::bind((config.api_host.as_str(), config.api_port))
+        .await
+        .with_context(|| {
+            format!(
+                "listen on {}:{} for the worker API",
+                config.api_host, config.api_port
+            )
+        })?;
+    let api_addr = listener
+        .local_addr()
+        .context("read the worker API address")?;
+
+    let shutdown = CancellationToken::new();
+    let (events_tx, events_rx) = tokio::sync::mpsc::channel(256);
+    let supervisor = Supervisor::new(config.supervisor.clone(), events_tx)
+        .context("start the backend supervisor")?;
+    let backends = available_backends(&config.supervisor);
+    let client = ServerClient::new(config.server_urls.clone());
+    let mut shared = Shared {
+        config,
+        client,
+        supervisor,
+        backends,
+        gpus,
+        shutdown: shutdown.clone(),
+        tasks: TaskTracker::new(),
+        api_token: String::new(),
+    };
+    let request = WorkerRegister {
+        name: shared.config.name.clone(),
+        labels: shared.config.labels.clone(),
+        address: format!("{}:{}", shared.config.advertise_host, api_addr.port()),
+        status: shared.status(),
+    };
+    let identity = register::register(
+        &shared.client,
+        &shared.config.data_dir,
+        shared.config.registration_token.as_deref(),
+        &request,
+        &shutdown,
+    )
+    .await?;
+    shared.client.set_credential(&identity.credential);
+    shared.api_token = identity.api_token.clone();
+    let shared = Arc::new(shared);
+
+    crate::http::serve(shared.clone(), listener);
+    spawn_heartbeat(shared.clone());
+    spawn_status(shared.clone());
+    let reporter = report::spawn(shared.clone(), events_rx);
+    assignments::spawn(shared.clone(), reporter);
+    tracing::info!(worker_id = identity.worker_id, worker = %identity.name, api = %api_addr, server = %shared.client.current_url(), "worker running");
+    Ok(RunningWorker {
+        identity,
+        api_addr,
+        shared,
+    })
+}
+
+impl RunningWorker {
+    /// Stops every backend (SIGTERM, grace, SIGKILL), tells the server the worker is
+    /// going away, and waits for every task.
+    pub async fn shutdown(self) {
+        tracing::info!(worker = %self.identity.name, "worker shutting down: stopping backends");
+        // The supervisor first, while the reporter still drains its events; then the
+        // loops.
+        self.shared.supervisor.shutdown().await;
+        self.shared.shutdown.cancel();
+        match self
+            .shared
+            .client
+            .send(
+                Method::POST,
+                "/api/v1/worker/goodbye",
+                None,
+                Some(Duration::from_secs(5)),
+                None,
+            )
+            .await
+        {
+            Ok(_) => tracing::info!("told the server this worker is going away"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not tell the server this worker is going away")
+            }
+        }
+        self.shared.tasks.close();
+        self.shared.tasks.wait().await;
+        tracing::info!(worker = %self.identity.name, "worker stopped");
+    }
+}
+
+fn spawn_heartbeat(shared: Arc<Shared>) {
+    let tasks = shared.tasks.clone();
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(shared.config.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = shared.shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let result = shared
+                .client
+                .send(Method::POST, "/api/v1/worker/heartbeat", None, Some(Duration::from_secs(10)), None)
+                .await;
+            match result {
+                Ok(_) if failing => {
+                    failing = false;
+                    tracing::info!(server = %shared.client.current_url(), "heartbeats reach a server again");
+                }
+                Ok(_) => {}
+                Err(e) if e.status() == Some(StatusCode::UNAUTHORIZED) => {
+                    tracing::error!(error = %e, "the servers no longer accept this worker's credential (was it deleted?); restart the worker to register it again");
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "heartbeat failed");
+                    }
+                    failing = true;
+                }
+            }
+        }
+    });
+}
+
+fn spawn_status(shared: Arc<Shared>) {
+    let tasks = shared.tasks.clone();
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(shared.config.status_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sent: Option<WorkerStatus> = None;
+        // Re-checked every heartbeat interval, sent when the devices or backends
+        // changed or when the full interval passed.
+        let mut check = tokio::time::interval(shared.config.heartbeat_interval);
+        loop {
+            let force = tokio::select! {
+                () = shared.shutdown.cancelled() => return,
+                _ = tick.tick() => true,
+                _ = check.tick() => false,
+            };
+            let status = shared.status();
+            let changed = last_sent.as_ref().is_none_or(|last| {
+                last.backends != status.backends
+                    || last.gpus.len() != status.gpus.len()
+                    || last
+                        .gpus
+                        .iter()
+                        .zip(&status.gpus)
+                        .any(|(a, b)| a.uuid != b.uuid)
+            });
+            if !force && !changed {
+                continue;
+            }
+            let body = match serde_json::to_value(&status) {
+                Ok(body) => body,
+                Err(e) => {
+                    tracing::error!(error = %e, "serialise the status report");
+                    continue;
+                }
+            };
+            match shared
+                .client
+                .send(
+                    Method::PUT,
+                    "/api/v1/worker/status",
+                    Some(&body),
+                    Some(Duration::from_secs(10)),
+                    None,
+                )
+                .await
+            {
+                Ok(_) => last_sent = Some(status),
+                Err(e) => tracing::warn!(error = %e, "status report failed"),
+            }
+        }
+    });
+}
+
+/// The backends this worker can run: those whose program is found (on `PATH` or as
+/// configured). `custom` is always listed: its command comes with the model.
+fn available_backends(config: &SupervisorConfig) -> Vec<String> {
+    use gantry_types::BackendKind;
+    let executables = &config.backends.executables;
+    let mut found = Vec::new();
+    for (kind, command) in [
+        (BackendKind::LlamaCpp, &executables.llama_cpp),
+        (BackendKind::Vllm, &executables.vllm),
+    ] {
+        if command
+            .first()
+            .is_some_and(|program| program_exists(program))
+        {
+            found.push(kind.as_str().to_string());
+        }
+    }
+    // SGLang runs as a Python module: the interpreter must exist and import it.
+    if let Some(python) = executables.sglang.first() {
+        let module = executables
+            .sglang
+            .get(2)
+            .map_or("sglang", |m| m.split('.').next().unwrap_or("sglang"));
+        let importable = program_exists(python)
+            && std::process::Command::new(python)
+                .args(["-c", &format!("import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('{module}') else 1)")])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        if importable {
+            found.push(BackendKind::Sglang.as_str().to_string());
+        }
+    }
+    found.push(BackendKind::Custom.as_str().to_string());
+    tracing::info!(backends = ?found, "backends available on this worker");
+    found
+}
+
+/// True when `program` is a path to a file, or a name found on `PATH`.
+fn program_exists(program: &str) -> bool {
+    if program.contains('/') {
+        return std::path::Path::new(program).is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}

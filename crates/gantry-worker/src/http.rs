@@ -1,0 +1,163 @@
+//! The worker's own small HTTP API, called by the servers: `GET /healthz` and
+//! `GET /v1/instances/{id}/logs?tail=N&follow=true`, authenticated with the API token
+//! the server issued at registration.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+
+use crate::agent::Shared;
+
+/// How often a followed log is checked for new output.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+
+/// Starts serving on the listener until the worker shuts down.
+pub(crate) fn serve(shared: Arc<Shared>, listener: TcpListener) {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/instances/{id}/logs", get(logs))
+        .with_state(shared.clone());
+    let shutdown = shared.shutdown.clone();
+    shared.tasks.spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "worker API stopped with an error");
+        }
+    });
+}
+
+#[derive(Debug, Deserialize)]
+struct LogQuery {
+    tail: Option<usize>,
+    follow: Option<bool>,
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, message.into()).into_response()
+}
+
+fn authorised(shared: &Shared, headers: &HeaderMap) -> bool {
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    // Compare in constant time: the token is a secret.
+    let expected = shared.api_token.as_bytes();
+    presented.len() == expected.len()
+        && presented
+            .bytes()
+            .zip(expected)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+async fn logs(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<i64>,
+    Query(query): Query<LogQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorised(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "invalid worker API token");
+    }
+    let latest = match shared.supervisor.current_log_file(id) {
+        Ok(Some(path)) => path,
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("instance {id} has no log on this worker"),
+            )
+        }
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("find logs of instance {id}: {e}"),
+            )
+        }
+    };
+    let tail = query.tail.unwrap_or(100).min(100_000);
+    let text = match shared.supervisor.read_log(id, tail).await {
+        Ok(text) => text,
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("read {}: {e}", latest.display()),
+            )
+        }
+    };
+    if query.follow != Some(true) {
+        return (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let shutdown = shared.shutdown.clone();
+    let shared_for_follow = shared.clone();
+    shared.tasks.spawn(async move {
+        if tx.send(Ok(Bytes::from(text))).await.is_err() {
+            return;
+        }
+        let mut offset = std::fs::metadata(&latest).map(|m| m.len()).unwrap_or(0);
+        let mut current = latest;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(FOLLOW_POLL) => {}
+            }
+            // A restart starts a new file: follow it from its beginning.
+            if let Ok(Some(newest)) = shared_for_follow.supervisor.current_log_file(id) {
+                if newest != current {
+                    current = newest;
+                    offset = 0;
+                }
+            }
+            let path = current.clone();
+            let read = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+                let mut file = std::fs::File::open(&path)?;
+                file.seek(SeekFrom::Start(offset))?;
+                let mut buffer = Vec::new();
+                file.take(1 << 20).read_to_end(&mut buffer)?;
+                Ok(buffer)
+            })
+            .await;
+            match read {
+                Ok(Ok(chunk)) if !chunk.is_empty() => {
+                    offset += chunk.len() as u64;
+                    if tx.send(Ok(Bytes::from(chunk))).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Ok(_)) => {
+                    if tx.is_closed() {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    });
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+        .into_response()
+}
