@@ -82,6 +82,12 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     });
     spawn_cache_invalidation(&state);
     controllers::worker_health::spawn(&state);
+    // One server: always the leader. The PostgreSQL coordinator replaces this for
+    // several servers sharing a database.
+    let coordinator: std::sync::Arc<dyn gantry_coord::Coordinator> = std::sync::Arc::new(
+        gantry_coord::LocalCoordinator::new(state.config.server_id.clone()),
+    );
+    controllers::scheduler::spawn(&state, coordinator);
 
     let app = api::router(state.clone());
     let shutdown = state.shutdown.clone();

@@ -51,10 +51,11 @@ pub struct EngineOptions {
     pub max_model_len: Option<u64>,
     /// Bits per KV cache element from `--kv-cache-dtype`; 16 for `auto`.
     pub kv_cache_element_bits: u32,
-    /// `--tensor-parallel-size`/`-tp` (vLLM) / `--tp-size`/`--tp` (SGLang), when given.
+    /// `--tensor-parallel-size`/`-tp` (vLLM) / `--tp-size`/`--tensor-parallel-size`/`--tp`
+    /// (SGLang), when given.
     pub tensor_parallel_size: Option<u32>,
-    /// `--data-parallel-size`/`-dp` (vLLM) / `--dp-size`/`--dp` (SGLang), when given; the
-    /// caller puts it in the placement request.
+    /// `--data-parallel-size`/`-dp` (vLLM) / `--dp-size`/`--data-parallel-size`/`--dp`
+    /// (SGLang), when given; the caller puts it in the placement request.
     pub data_parallel_size: Option<u32>,
 }
 
@@ -88,8 +89,10 @@ impl EngineOptions {
             ServingEngine::Sglang => (
                 &["--mem-fraction-static"],
                 &["--context-length"],
-                &["--tp-size", "--tp"],
-                &["--dp-size", "--dp"],
+                // SGLang spells both sizes two ways; `--tp`/`--dp` are argparse
+                // abbreviations of the short forms that its documentation uses.
+                &["--tp-size", "--tensor-parallel-size", "--tp"],
+                &["--dp-size", "--data-parallel-size", "--dp"],
             ),
         };
         let memory_fraction = match flag_value(args, fraction_flags) {
@@ -323,6 +326,17 @@ mod tests {
         )
         .expect("valid args");
         assert_eq!(options.memory_fraction, None);
+    }
+
+    #[test]
+    fn sglang_long_parallelism_flags_are_read_too() {
+        let options = EngineOptions::from_args(
+            ServingEngine::Sglang,
+            &args(&["--tensor-parallel-size", "2", "--data-parallel-size=3"]),
+        )
+        .expect("valid args");
+        assert_eq!(options.tensor_parallel_size, Some(2));
+        assert_eq!(options.data_parallel_size, Some(3));
     }
 
     #[test]

@@ -1,0 +1,207 @@
+//! The scheduler's view of the cluster: a [`ClusterSnapshot`] built from the store's
+//! workers and placed claims. Pure functions of their arguments, so unit tests drive them
+//! from fixtures.
+//!
+//! * Every registered worker is listed; only `ready` ones receive instances.
+//! * GPUs are the ones the worker reported in `status.gpus`, simulated ones included
+//!   (they are scheduled like real ones; the API labels them as simulated).
+//! * Backends are the worker's `status.backends`; labels are its labels.
+//! * A worker that reports no total memory (0) is treated as having unlimited RAM rather
+//!   than none, so a worker that cannot read its memory still receives GPU instances.
+//! * Placed claims are read from the `resource_claim` the scheduler stored with each
+//!   placement. A stored placement that no longer matches the instance's worker and GPUs
+//!   (the instance was moved by hand since) is ignored: its bytes describe another place.
+//!   Instances placed by hand carry no claim and are not subtracted.
+
+use std::collections::BTreeSet;
+
+use gantry_sched::{ClusterSnapshot, GpuView, PlacedClaim, Placement, SystemReserve, WorkerView};
+use gantry_store::PlacedInstanceClaim;
+use gantry_types::{Worker, WorkerState};
+
+/// The snapshot of `workers` with the claims of `placed`.
+pub fn build_snapshot(workers: &[Worker], placed: &[PlacedInstanceClaim]) -> ClusterSnapshot {
+    ClusterSnapshot {
+        workers: workers.iter().map(worker_view).collect(),
+        placed: placed.iter().filter_map(placed_claim).collect(),
+    }
+}
+
+/// One worker as the scheduler sees it.
+pub fn worker_view(worker: &Worker) -> WorkerView {
+    let system = &worker.status.system;
+    WorkerView {
+        id: worker.id,
+        name: worker.name.clone(),
+        ready: worker.state == WorkerState::Ready,
+        labels: worker.labels.clone(),
+        backends: worker
+            .status
+            .backends
+            .iter()
+            .cloned()
+            .collect::<BTreeSet<_>>(),
+        gpus: worker
+            .status
+            .gpus
+            .iter()
+            .map(|gpu| GpuView {
+                index: gpu.index,
+                total_memory_bytes: gpu.memory_total,
+                simulated: gpu.simulated,
+            })
+            .collect(),
+        system_memory_bytes: if system.memory_total == 0 {
+            u64::MAX
+        } else {
+            system.memory_total
+        },
+        cpu_count: system.cpu_count,
+        reserve: SystemReserve::default(),
+    }
+}
+
+/// The claim an instance holds, from the placement stored with it; `None` when there is
+/// none or it describes another worker or other GPUs than the instance now has.
+pub fn placed_claim(row: &PlacedInstanceClaim) -> Option<PlacedClaim> {
+    let placement: Placement =
+        serde_json::from_value(row.resource_claim.get("placement")?.clone()).ok()?;
+    let mut stored = placement.gpu_indexes();
+    stored.sort_unstable();
+    let mut current = row.gpu_indexes.clone();
+    current.sort_unstable();
+    if placement.worker_id != row.worker_id || stored != current {
+        return None;
+    }
+    let mut claim = placement.to_placed_claim();
+    claim.instance_id = row.instance_id;
+    Some(claim)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use gantry_sched::{GpuShare, PlacementKind, SnapshotState};
+    use gantry_types::{GpuDevice, InstanceState, SystemInfo, Timestamp, WorkerStatus};
+    use serde_json::json;
+
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn worker(id: i64, state: WorkerState, gpus: u32) -> Worker {
+        Worker {
+            id,
+            name: format!("w{id}"),
+            state,
+            state_message: String::new(),
+            labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
+            address: "127.0.0.1:1".to_owned(),
+            status: WorkerStatus {
+                gpus: (0..gpus)
+                    .map(|index| GpuDevice {
+                        index,
+                        name: "Simulated GPU".to_owned(),
+                        uuid: format!("SIM-{id}-{index}"),
+                        memory_total: 80 * GIB,
+                        memory_used: 0,
+                        utilization: None,
+                        temperature: None,
+                        simulated: true,
+                    })
+                    .collect(),
+                system: SystemInfo {
+                    cpu_count: 8,
+                    memory_total: 64 * GIB,
+                    ..SystemInfo::default()
+                },
+                backends: vec!["llama.cpp".to_owned(), "vllm".to_owned()],
+            },
+            last_heartbeat_at: None,
+            created_at: Timestamp::from_millis(0),
+            updated_at: Timestamp::from_millis(0),
+        }
+    }
+
+    fn stored(instance_id: i64, worker_id: i64, gpus: &[(u32, u64)]) -> PlacedInstanceClaim {
+        let placement = Placement {
+            instance_id,
+            worker_id,
+            worker_name: format!("w{worker_id}"),
+            gpus: gpus
+                .iter()
+                .map(|&(index, bytes)| GpuShare { index, bytes })
+                .collect(),
+            ram_bytes: GIB,
+            kind: PlacementKind::SingleGpu,
+            tensor_parallel_size: 1,
+            data_parallel_size: 1,
+            llama: None,
+        };
+        PlacedInstanceClaim {
+            instance_id,
+            worker_id,
+            state: InstanceState::Running,
+            gpu_indexes: gpus.iter().map(|g| g.0).collect(),
+            resource_claim: json!({"claim": null, "placement": placement, "extra_backend_args": []}),
+        }
+    }
+
+    #[test]
+    fn workers_carry_state_labels_backends_and_reported_gpus() {
+        let snapshot = build_snapshot(
+            &[
+                worker(1, WorkerState::Ready, 2),
+                worker(2, WorkerState::NotReady, 1),
+                worker(3, WorkerState::Maintenance, 0),
+            ],
+            &[],
+        );
+        let view = &snapshot.workers[0];
+        assert!(view.ready);
+        assert_eq!(view.name, "w1");
+        assert_eq!(view.labels["zone"], "a");
+        assert!(view.backends.contains("llama.cpp") && view.backends.contains("vllm"));
+        assert_eq!(view.gpus.len(), 2);
+        assert_eq!(view.gpus[1].index, 1);
+        assert_eq!(view.gpus[1].total_memory_bytes, 80 * GIB);
+        assert!(view.gpus[1].simulated, "simulated GPUs are scheduled");
+        assert_eq!(view.system_memory_bytes, 64 * GIB);
+        assert!(!snapshot.workers[1].ready, "not_ready receives nothing");
+        assert!(!snapshot.workers[2].ready, "maintenance receives nothing");
+    }
+
+    #[test]
+    fn unknown_ram_does_not_block_placement() {
+        let mut w = worker(1, WorkerState::Ready, 1);
+        w.status.system.memory_total = 0;
+        assert_eq!(worker_view(&w).system_memory_bytes, u64::MAX);
+    }
+
+    #[test]
+    fn placed_claims_come_from_stored_placements_that_still_match() {
+        let placed = [
+            stored(10, 1, &[(0, 30 * GIB)]),
+            stored(11, 1, &[(1, 5 * GIB)]),
+        ];
+        let snapshot = build_snapshot(&[worker(1, WorkerState::Ready, 2)], &placed);
+        assert_eq!(snapshot.placed.len(), 2);
+        let state = SnapshotState::new(&snapshot);
+        assert_eq!(state.gpu_allocatable(1, 0), Some(50 * GIB));
+        assert_eq!(state.gpu_allocatable(1, 1), Some(75 * GIB));
+        assert_eq!(state.ram_allocatable(1), Some(62 * GIB));
+
+        // Moved by hand to another worker or GPU since: the stored bytes are not there.
+        let mut moved = stored(12, 1, &[(0, 30 * GIB)]);
+        moved.worker_id = 2;
+        assert_eq!(placed_claim(&moved), None);
+        let mut moved = stored(13, 1, &[(0, 30 * GIB)]);
+        moved.gpu_indexes = vec![1];
+        assert_eq!(placed_claim(&moved), None);
+        // A claim without a placement (written by something else) is ignored.
+        let mut odd = stored(14, 1, &[(0, GIB)]);
+        odd.resource_claim = json!({"memory": 1});
+        assert_eq!(placed_claim(&odd), None);
+    }
+}

@@ -1,0 +1,193 @@
+//! The statements of the scheduler and the instance controller: reading what is placed,
+//! and moving instances between `pending`, `analyzing` and `scheduled`.
+//!
+//! Every write here is *conditional* on the state the caller decided from: an instance
+//! that was deleted, placed by hand or reported on by its worker in the meantime is left
+//! as it is, and the call returns `None`. The scheduler therefore never resurrects a
+//! deleted instance nor overwrites a newer decision; the next pass sees the new state.
+//!
+//! These are the leader-only writes: when the PostgreSQL coordinator arrives, each of
+//! them will also carry the leader's fencing token and apply only while it is current
+//! (see `gantry-coord`). A write that changes nothing publishes nothing, so a scheduler
+//! pass that finds nothing to do does not wake anyone, itself included.
+
+use gantry_types::{InstanceState, ModelInstance, Timestamp};
+
+use crate::changes::{Change, ChangeKind};
+use crate::rows::{int, json, opt_text, parse_enum, text, to_json};
+use crate::{Store, StoreError};
+
+/// An instance that holds a worker and a stored resource claim: what the scheduler
+/// subtracts from the worker's memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlacedInstanceClaim {
+    pub instance_id: i64,
+    pub worker_id: i64,
+    pub state: InstanceState,
+    pub gpu_indexes: Vec<u32>,
+    /// The `resource_claim` JSON the scheduler wrote with the placement.
+    pub resource_claim: serde_json::Value,
+}
+
+/// A placement to record: see [`Store::record_placement`].
+#[derive(Debug, Clone)]
+pub struct NewPlacement<'a> {
+    pub instance_id: i64,
+    /// The model version the claim was computed from; the write is refused when the
+    /// model changed since (its `updated_at` moved), because the claim may be stale.
+    pub model_updated_at: Timestamp,
+    pub worker_id: i64,
+    pub gpu_indexes: &'a [u32],
+    pub state_message: &'a str,
+    /// `{"claim", "placement", "extra_backend_args"}`, as built by the scheduler.
+    pub resource_claim: &'a serde_json::Value,
+}
+
+impl Store {
+    /// Every instance that holds a worker and a stored claim, whatever its state.
+    pub async fn placed_instance_claims(&self) -> Result<Vec<PlacedInstanceClaim>, StoreError> {
+        const T: &str = "model_instances";
+        let rows = sqlx::query(
+            "SELECT id, worker_id, state, gpu_indexes, resource_claim FROM model_instances \
+             WHERE worker_id IS NOT NULL AND resource_claim IS NOT NULL ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut claims = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let raw = opt_text(row, T, "resource_claim")?.unwrap_or_default();
+            claims.push(PlacedInstanceClaim {
+                instance_id: int(row, T, "id")?,
+                worker_id: int(row, T, "worker_id")?,
+                state: parse_enum(&text(row, T, "state")?, InstanceState::parse, T, "state")?,
+                gpu_indexes: json(row, T, "gpu_indexes")?,
+                resource_claim: serde_json::from_str(&raw)
+                    .map_err(|e| StoreError::corrupt(T, format!("column resource_claim: {e}")))?,
+            });
+        }
+        Ok(claims)
+    }
+
+    /// Moves the model's `pending` instances that hold no worker to `analyzing`, with
+    /// `message`; returns them as they are now.
+    pub async fn mark_instances_analyzing(
+        &self,
+        model_id: i64,
+        message: &str,
+    ) -> Result<Vec<ModelInstance>, StoreError> {
+        let rows = sqlx::query(
+            "UPDATE model_instances SET state = 'analyzing', state_message = $2, updated_at = $3 \
+             WHERE model_id = $1 AND state = 'pending' AND worker_id IS NULL RETURNING id",
+        )
+        .bind(model_id)
+        .bind(message)
+        .bind(Timestamp::now().as_millis())
+        .fetch_all(&self.pool)
+        .await?;
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id = int(row, "model_instances", "id")?;
+            if let Some(instance) = self.publish_instance_update(id).await? {
+                changed.push(instance);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Leaves an unplaced instance `pending` with `message` (why it is not placed). Only
+    /// from `pending` or `analyzing` with no worker, and only when something changes:
+    /// `None` when the instance is gone, placed meanwhile, or already says `message`.
+    pub async fn set_pending_reason(
+        &self,
+        id: i64,
+        message: &str,
+    ) -> Result<Option<ModelInstance>, StoreError> {
+        let result = sqlx::query(
+            "UPDATE model_instances SET state = 'pending', state_message = $2, updated_at = $3 \
+             WHERE id = $1 AND worker_id IS NULL AND state IN ('pending', 'analyzing') \
+             AND NOT (state = 'pending' AND state_message = $2)",
+        )
+        .bind(id)
+        .bind(message)
+        .bind(Timestamp::now().as_millis())
+        .execute(&self.pool)
+        .await?;
+        if result.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.publish_instance_update(id).await
+    }
+
+    /// Records the scheduler's placement in one statement: worker, GPUs, state
+    /// `scheduled`, message and claim. Applies only while the instance is still unplaced
+    /// (`pending` or `analyzing`, no worker), its model is still the version the claim was
+    /// computed for, and the worker still exists and is `ready`; `None` otherwise.
+    pub async fn record_placement(
+        &self,
+        placement: &NewPlacement<'_>,
+    ) -> Result<Option<ModelInstance>, StoreError> {
+        let result = sqlx::query(
+            "UPDATE model_instances SET worker_id = $2, gpu_indexes = $3, port = NULL, \
+             address = NULL, state = 'scheduled', state_message = $4, resource_claim = $5, \
+             restart_count = 0, updated_at = $6 \
+             WHERE id = $1 AND worker_id IS NULL AND state IN ('pending', 'analyzing') \
+             AND EXISTS (SELECT 1 FROM models m WHERE m.id = model_instances.model_id \
+                         AND m.updated_at = $7) \
+             AND EXISTS (SELECT 1 FROM workers w WHERE w.id = $2 AND w.state = 'ready')",
+        )
+        .bind(placement.instance_id)
+        .bind(placement.worker_id)
+        .bind(to_json(&placement.gpu_indexes))
+        .bind(placement.state_message)
+        .bind(to_json(placement.resource_claim))
+        .bind(Timestamp::now().as_millis())
+        .bind(placement.model_updated_at.as_millis())
+        .execute(&self.pool)
+        .await?;
+        if result.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.publish_instance_update(placement.instance_id).await
+    }
+
+    /// Takes an instance off its worker for rescheduling: back to `pending` with no
+    /// worker, GPUs, port, address or claim, restart count 0, and `message`. Applies only
+    /// while the instance is still in `from_state` on `worker_id`; `None` otherwise.
+    pub async fn unplace_instance(
+        &self,
+        id: i64,
+        from_state: InstanceState,
+        worker_id: i64,
+        message: &str,
+    ) -> Result<Option<ModelInstance>, StoreError> {
+        let result = sqlx::query(
+            "UPDATE model_instances SET worker_id = NULL, gpu_indexes = '[]', port = NULL, \
+             address = NULL, state = 'pending', state_message = $4, resource_claim = NULL, \
+             restart_count = 0, updated_at = $5 WHERE id = $1 AND state = $2 AND worker_id = $3",
+        )
+        .bind(id)
+        .bind(from_state.as_str())
+        .bind(worker_id)
+        .bind(message)
+        .bind(Timestamp::now().as_millis())
+        .execute(&self.pool)
+        .await?;
+        if result.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.publish_instance_update(id).await
+    }
+
+    /// Re-reads an instance after a write and publishes it; `None` when it was deleted in
+    /// between (its deletion was published by whoever deleted it).
+    async fn publish_instance_update(&self, id: i64) -> Result<Option<ModelInstance>, StoreError> {
+        match self.get_instance(id).await {
+            Ok(instance) => {
+                self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
+                Ok(Some(instance))
+            }
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
