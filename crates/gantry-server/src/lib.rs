@@ -12,6 +12,7 @@ pub mod controllers;
 pub mod error;
 pub mod extract;
 pub mod state;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -79,6 +79,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/openapi.json", get(openapi::spec))
         .route("/docs", get(openapi::docs))
         .nest("/api/v1", v1)
+        .merge(crate::ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_request_body))

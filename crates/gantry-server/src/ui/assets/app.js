@@ -1,0 +1,1621 @@
+// gantry web UI: a dependency-free single-page app over the management API.
+//
+// It calls only the JSON API the CLI and scripts use, authenticated by the
+// `gantry_session` cookie that POST /auth/login sets. Screens are chosen by the URL
+// hash (#/models, #/instances/12/logs, ...), so the server serves one page. Every
+// element is built with DOM calls (never innerHTML), so names, labels and log lines
+// coming from the API are always text. Lists that change on their own (instances,
+// workers, models) follow the API's ?watch=true NDJSON streams and fall back to
+// polling when a stream cannot be held open.
+'use strict';
+
+(function () {
+  // ---------------------------------------------------------------- DOM helpers
+
+  /** Builds an element: h('td', {class: 'num'}, 'text', childNode, [more]). */
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    const late = {};
+    if (attrs) {
+      for (const [key, value] of Object.entries(attrs)) {
+        if (value == null || value === false) continue;
+        if (key === 'class') el.className = value;
+        else if (key.startsWith('on') && typeof value === 'function') el.addEventListener(key.slice(2), value);
+        else if (key === 'value' || key === 'checked' || key === 'selected') late[key] = value;
+        else el.setAttribute(key, value === true ? '' : String(value));
+      }
+    }
+    append(el, children);
+    // Set after the options exist, so a <select> can take its value.
+    for (const [key, value] of Object.entries(late)) el[key] = value;
+    return el;
+  }
+
+  function append(el, children) {
+    for (const child of children.flat(Infinity)) {
+      if (child == null || child === false) continue;
+      el.append(child instanceof Node ? child : String(child));
+    }
+    return el;
+  }
+
+  function toast(message, kind) {
+    const box = document.getElementById('toasts');
+    const el = h('div', { class: 'toast' + (kind === 'error' ? ' error' : ''), role: 'status' }, message);
+    box.append(el);
+    setTimeout(() => el.remove(), kind === 'error' ? 7000 : 3500);
+  }
+
+  // ---------------------------------------------------------------- formatting
+
+  function fmtBytes(bytes) {
+    if (bytes == null) return '—';
+    const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let value = Number(bytes);
+    let unit = 0;
+    while (value >= 1024 && unit < units.length - 1) {
+      value /= 1024;
+      unit += 1;
+    }
+    return (unit === 0 ? value : value.toFixed(value >= 100 ? 0 : 1)) + ' ' + units[unit];
+  }
+
+  /** "12 s ago", "in 3 d": coarse on purpose; the exact time is in the title. */
+  function fmtAgo(iso) {
+    if (!iso) return '—';
+    const then = Date.parse(iso);
+    if (Number.isNaN(then)) return iso;
+    const seconds = Math.round((Date.now() - then) / 1000);
+    const abs = Math.abs(seconds);
+    let text;
+    if (abs < 5) return 'just now';
+    if (abs < 60) text = abs + ' s';
+    else if (abs < 3600) text = Math.floor(abs / 60) + ' min';
+    else if (abs < 86400) text = Math.floor(abs / 3600) + ' h';
+    else text = Math.floor(abs / 86400) + ' d';
+    return seconds >= 0 ? text + ' ago' : 'in ' + text;
+  }
+
+  function timeCell(iso) {
+    return h('span', { class: 'nowrap', title: iso ? new Date(iso).toLocaleString() : '' }, fmtAgo(iso));
+  }
+
+  const INSTANCE_STATE_CLASS = {
+    running: 'ok',
+    starting: 'info',
+    scheduled: 'info',
+    analyzing: 'info',
+    pending: 'warn',
+    error: 'danger',
+    unreachable: 'danger',
+  };
+  const INSTANCE_STATES = ['running', 'starting', 'scheduled', 'analyzing', 'pending', 'error', 'unreachable'];
+  const WORKER_STATE_CLASS = { ready: 'ok', not_ready: 'warn', unreachable: 'danger', maintenance: 'idle' };
+  const WORKER_STATES = ['ready', 'not_ready', 'unreachable', 'maintenance'];
+
+  function stateBadge(state, classes) {
+    return h('span', { class: 'badge ' + (classes[state] || 'idle') }, String(state).replace('_', ' '));
+  }
+
+  function labelChips(labels) {
+    const entries = Object.entries(labels || {});
+    if (!entries.length) return h('span', { class: 'muted' }, '—');
+    return entries.map(([k, v]) => h('span', { class: 'chip' }, v === '' ? k : k + '=' + v));
+  }
+
+  function describeSource(source) {
+    if (!source) return '';
+    switch (source.type) {
+      case 'local_path': return source.path;
+      case 'huggingface': return 'hf:' + source.repo_id + (source.file ? '/' + source.file : '');
+      case 'url': return source.url;
+      default: return JSON.stringify(source);
+    }
+  }
+
+  /** Parses "k=v, k2=v2" or one pair per line into an object. */
+  function parseLabels(text) {
+    const labels = {};
+    for (const part of text.split(/[\n,]/)) {
+      const item = part.trim();
+      if (!item) continue;
+      const eq = item.indexOf('=');
+      if (eq < 0) labels[item] = '';
+      else labels[item.slice(0, eq).trim()] = item.slice(eq + 1).trim();
+    }
+    return labels;
+  }
+
+  function formatLabels(labels, separator) {
+    return Object.entries(labels || {}).map(([k, v]) => k + '=' + v).join(separator);
+  }
+
+  /** Splits a command line like a shell would (quotes and backslashes), without running one. */
+  function splitArgs(text) {
+    const args = [];
+    let current = '';
+    let inWord = false;
+    let quote = null;
+    for (let i = 0; i < text.length; i++) {
+      const c = text[i];
+      if (quote) {
+        if (c === quote) quote = null;
+        else if (c === '\\' && quote === '"' && i + 1 < text.length) current += text[++i];
+        else current += c;
+      } else if (c === "'" || c === '"') {
+        quote = c;
+        inWord = true;
+      } else if (c === '\\' && i + 1 < text.length) {
+        current += text[++i];
+        inWord = true;
+      } else if (/\s/.test(c)) {
+        if (inWord) args.push(current);
+        current = '';
+        inWord = false;
+      } else {
+        current += c;
+        inWord = true;
+      }
+    }
+    if (quote) throw new Error('backend arguments: unclosed ' + quote + ' quote');
+    if (inWord) args.push(current);
+    return args;
+  }
+
+  function joinArgs(args) {
+    return (args || []).map((a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : "'" + a.replace(/'/g, "'\\''") + "'")).join(' ');
+  }
+
+  // ---------------------------------------------------------------- the API
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  async function errorFrom(response) {
+    const text = await response.text().catch(() => '');
+    try {
+      const body = JSON.parse(text);
+      if (body && body.error) return new ApiError(response.status, body.error.code, body.error.message);
+    } catch (_) {
+      // Not JSON: a proxy's page, say. Fall through to the status line.
+    }
+    return new ApiError(response.status, 'http_' + response.status, text.trim() || response.status + ' ' + response.statusText);
+  }
+
+  /**
+   * One API call. Answers the parsed JSON (null for 204, a string for text bodies).
+   * A session that ended (401) or must change its password (403
+   * password_change_required) sends the whole app to the matching screen, unless the
+   * caller handles authentication itself (`{auth: false}`).
+   */
+  async function api(method, path, body, options) {
+    const opts = options || {};
+    const init = { method, credentials: 'same-origin', headers: { accept: 'application/json' } };
+    if (body !== undefined) {
+      init.headers['content-type'] = 'application/json';
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(path, init);
+    } catch (e) {
+      throw new ApiError(0, 'network', 'cannot reach the gantry server (' + e.message + ')');
+    }
+    if (!response.ok) {
+      const error = await errorFrom(response);
+      if (opts.auth !== false) authFailure(error);
+      throw error;
+    }
+    if (response.status === 204) return null;
+    const type = response.headers.get('content-type') || '';
+    return type.includes('json') ? response.json() : response.text();
+  }
+
+  /** Every item of a list, page by page. */
+  async function listAll(path) {
+    const items = [];
+    const sep = path.includes('?') ? '&' : '?';
+    for (let page = 1; ; page++) {
+      const body = await api('GET', path + sep + 'per_page=1000&page=' + page);
+      items.push(...body.items);
+      if (body.items.length < 1000 || items.length >= body.pagination.total) return items;
+    }
+  }
+
+  // ---------------------------------------------------------------- live lists
+
+  const POLL_INTERVAL_MS = 5000;
+  const SNAPSHOT_QUIET_MS = 150;
+  const STOP_AFTER_IDLE_MS = 10000;
+
+  /**
+   * A list kept current: a watch stream (the server first sends every object as
+   * CREATED, then changes), or polling while a stream cannot be held. Views subscribe
+   * and are called (batched per frame) whenever the items change.
+   */
+  class LiveList {
+    constructor(path) {
+      this.path = path;
+      this.items = new Map();
+      this.loaded = false;
+      this.error = null;
+      this.mode = 'idle'; // idle | connecting | live | polling | offline
+      this.listeners = new Set();
+      this.generation = 0;
+      this.retryDelay = 2000;
+      this.timers = new Set();
+      this.frame = 0;
+    }
+
+    subscribe(listener) {
+      this.listeners.add(listener);
+      clearTimeout(this.idleStop);
+      if (this.mode === 'idle') this.start();
+      else listener();
+      return () => {
+        this.listeners.delete(listener);
+        if (!this.listeners.size) {
+          // Keep the stream a little while: the next screen probably wants it too.
+          this.idleStop = setTimeout(() => this.stop(), STOP_AFTER_IDLE_MS);
+        }
+      };
+    }
+
+    values() {
+      return Array.from(this.items.values()).sort((a, b) => a.id - b.id);
+    }
+
+    notify() {
+      if (this.frame) return;
+      this.frame = requestAnimationFrame(() => {
+        this.frame = 0;
+        for (const listener of Array.from(this.listeners)) listener();
+      });
+      updateLiveIndicator();
+    }
+
+    setMode(mode) {
+      this.mode = mode;
+      updateLiveIndicator();
+    }
+
+    later(fn, ms) {
+      const timer = setTimeout(() => {
+        this.timers.delete(timer);
+        fn();
+      }, ms);
+      this.timers.add(timer);
+    }
+
+    start() {
+      this.generation += 1;
+      this.setMode('connecting');
+      this.watch(this.generation);
+    }
+
+    stop() {
+      this.generation += 1;
+      if (this.abort) this.abort.abort();
+      this.abort = null;
+      for (const timer of this.timers) clearTimeout(timer);
+      this.timers.clear();
+      clearTimeout(this.idleStop);
+      this.items = new Map();
+      this.loaded = false;
+      this.error = null;
+      this.setMode('idle');
+    }
+
+    async watch(generation) {
+      const controller = new AbortController();
+      this.abort = controller;
+      const sep = this.path.includes('?') ? '&' : '?';
+      let response;
+      try {
+        response = await fetch(this.path + sep + 'watch=true', {
+          credentials: 'same-origin',
+          headers: { accept: 'application/x-ndjson' },
+          signal: controller.signal,
+        });
+      } catch (e) {
+        if (generation === this.generation) this.fallBack(generation);
+        return;
+      }
+      if (generation !== this.generation) return;
+      if (!response.ok) {
+        const error = await errorFrom(response);
+        if (error.status === 401 || error.status === 403) {
+          this.fail(error);
+          return;
+        }
+        this.fallBack(generation);
+        return;
+      }
+      if (!response.body || !window.TextDecoder) {
+        // No streaming in this browser: polling is all there is.
+        this.poll(generation, false);
+        return;
+      }
+      this.retryDelay = 2000;
+      this.setMode('live');
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = '';
+      // The snapshot goes into a fresh map that replaces the old one once the burst of
+      // initial CREATED lines is over, so objects deleted while disconnected vanish.
+      let fresh = new Map();
+      const settle = () => {
+        if (generation !== this.generation || !fresh) return;
+        this.items = fresh;
+        fresh = null;
+        this.loaded = true;
+        this.error = null;
+        this.notify();
+      };
+      let quiet = setTimeout(settle, SNAPSHOT_QUIET_MS);
+      try {
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done || generation !== this.generation) break;
+          buffer += decoder.decode(value, { stream: true });
+          let newline;
+          while ((newline = buffer.indexOf('\n')) >= 0) {
+            const line = buffer.slice(0, newline).trim();
+            buffer = buffer.slice(newline + 1);
+            if (line) this.apply(JSON.parse(line), fresh || this.items);
+          }
+          if (fresh) {
+            clearTimeout(quiet);
+            quiet = setTimeout(settle, SNAPSHOT_QUIET_MS);
+          } else {
+            this.notify();
+          }
+        }
+      } catch (e) {
+        // A dropped connection or an ERROR line (the stream fell behind): re-list.
+      } finally {
+        clearTimeout(quiet);
+      }
+      if (generation === this.generation) this.fallBack(generation);
+    }
+
+    apply(event, into) {
+      if (event.type === 'CREATED' || event.type === 'UPDATED') into.set(event.object.id, event.object);
+      else if (event.type === 'DELETED') into.delete(event.object.id);
+      else if (event.type === 'ERROR') throw new Error(event.error ? event.error.message : 'watch error');
+    }
+
+    fail(error) {
+      this.error = error;
+      this.loaded = true;
+      this.setMode('offline');
+      authFailure(error);
+      this.notify();
+    }
+
+    /** Stream lost: poll now and every few seconds, and try the stream again later. */
+    fallBack(generation) {
+      this.setMode('polling');
+      this.poll(generation, true);
+    }
+
+    async poll(generation, retryWatch) {
+      if (generation !== this.generation) return;
+      try {
+        const items = await listAll(this.path);
+        if (generation !== this.generation) return;
+        this.items = new Map(items.map((item) => [item.id, item]));
+        this.loaded = true;
+        this.error = null;
+        if (this.mode !== 'polling') this.setMode('polling');
+      } catch (e) {
+        if (generation !== this.generation) return;
+        if (e.status === 401 || e.status === 403) {
+          this.fail(e);
+          return;
+        }
+        this.error = e;
+        this.setMode('offline');
+      }
+      this.notify();
+      if (retryWatch) {
+        const delay = this.retryDelay;
+        this.retryDelay = Math.min(this.retryDelay * 2, 60000);
+        this.later(() => {
+          if (generation === this.generation) {
+            this.generation += 1;
+            this.watch(this.generation);
+          }
+        }, delay);
+        // Keep polling until the retried stream takes over (it bumps the generation).
+        this.later(() => this.poll(generation, false), POLL_INTERVAL_MS);
+      } else {
+        this.later(() => this.poll(generation, false), POLL_INTERVAL_MS);
+      }
+    }
+  }
+
+  const live = {
+    models: new LiveList('/api/v1/models'),
+    instances: new LiveList('/api/v1/model-instances'),
+    workers: new LiveList('/api/v1/workers'),
+  };
+
+  function updateLiveIndicator() {
+    const el = document.getElementById('live');
+    if (!el) return;
+    const modes = Object.values(live).map((l) => l.mode).filter((m) => m !== 'idle');
+    let text = 'idle';
+    let cls = '';
+    if (modes.includes('offline')) {
+      text = 'disconnected';
+      cls = 'live-offline';
+    } else if (modes.includes('polling')) {
+      text = 'polling';
+      cls = 'live-polling';
+    } else if (modes.includes('live')) {
+      text = 'live';
+      cls = 'live-on';
+    } else if (modes.includes('connecting')) {
+      text = 'connecting';
+    }
+    el.className = 'live ' + cls;
+    el.textContent = text;
+    el.title = {
+      live: 'Following changes as they happen (watch streams)',
+      polling: 'The watch stream is unavailable; re-reading every 5 s',
+      disconnected: 'Cannot reach the server; retrying',
+    }[text] || '';
+  }
+
+  /** Subscribes a view to lists; returns the unsubscribe-all. */
+  function follow(lists, draw) {
+    const unsubscribe = lists.map((list) => list.subscribe(draw));
+    return () => unsubscribe.forEach((u) => u());
+  }
+
+  /** Shown in place of a table while a list loads or when it failed. */
+  function listStatus(lists) {
+    const failed = lists.find((l) => l.error && !l.items.size);
+    if (failed) return h('div', { class: 'panel' }, h('div', { class: 'alert' }, failed.error.message));
+    if (lists.some((l) => !l.loaded)) return h('div', { class: 'panel empty' }, 'Loading…');
+    return null;
+  }
+
+  // ---------------------------------------------------------------- session
+
+  const session = { user: null };
+
+  function isAdmin() {
+    return session.user && session.user.role === 'admin';
+  }
+
+  let authRedirecting = false;
+
+  /** Routes 401 and 403 password_change_required to the screens that resolve them. */
+  function authFailure(error) {
+    if (!session.user || authRedirecting) return;
+    if (error.status === 401) {
+      authRedirecting = true;
+      endSession();
+      showLogin('Your session has ended; log in again.');
+    } else if (error.status === 403 && error.code === 'password_change_required') {
+      authRedirecting = true;
+      session.user.require_password_change = true;
+      stopAll();
+      showPasswordChange(true);
+    }
+  }
+
+  function stopAll() {
+    for (const list of Object.values(live)) list.stop();
+    if (currentCleanup) currentCleanup();
+    currentCleanup = null;
+  }
+
+  function endSession() {
+    stopAll();
+    session.user = null;
+  }
+
+  async function boot() {
+    try {
+      session.user = await api('GET', '/auth/me', undefined, { auth: false });
+    } catch (e) {
+      if (e.status === 401) showLogin();
+      else showFatal(e);
+      return;
+    }
+    if (session.user.require_password_change) showPasswordChange(true);
+    else startApp();
+  }
+
+  function showFatal(error) {
+    const app = document.getElementById('app');
+    app.replaceChildren(
+      h('div', { class: 'auth-page' },
+        h('div', { class: 'auth-card' },
+          brand(),
+          h('div', { class: 'alert' }, error.message),
+          h('div', { class: 'form-actions' }, h('button', { class: 'primary', onclick: () => boot() }, 'Try again')))),
+    );
+  }
+
+  function brand() {
+    const icon = document.querySelector('link[rel="icon"]');
+    return h('a', { class: 'brand', href: '#/overview' }, h('img', { src: icon ? icon.href : '/ui/favicon.svg', alt: '' }), 'gantry');
+  }
+
+  function field(label, control, hint, extraClass) {
+    return h('label', { class: 'field' + (extraClass ? ' ' + extraClass : '') },
+      h('span', null, label), control, hint ? h('span', { class: 'hint' }, hint) : null);
+  }
+
+  function checkField(label, control) {
+    return h('label', { class: 'field check' }, h('span', null, label), control);
+  }
+
+  function showLogin(notice) {
+    const app = document.getElementById('app');
+    const username = h('input', { name: 'username', autocomplete: 'username', required: true, autofocus: true });
+    const password = h('input', { name: 'password', type: 'password', autocomplete: 'current-password', required: true });
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, 'Log in');
+    const form = h('form', {
+      class: 'auth-card',
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        submit.disabled = true;
+        try {
+          const login = await api('POST', '/auth/login', { username: username.value.trim(), password: password.value }, { auth: false });
+          session.user = login.user;
+          authRedirecting = false;
+          if (login.user.require_password_change) showPasswordChange(true, password.value);
+          else startApp();
+        } catch (e) {
+          error.textContent = e.message;
+          submit.disabled = false;
+          password.select();
+        }
+      },
+    },
+    brand(),
+    notice ? h('div', { class: 'alert info' }, notice) : null,
+    h('p', null, 'Log in to manage models, instances and workers.'),
+    field('Username', username),
+    field('Password', password),
+    error,
+    submit);
+    app.replaceChildren(h('div', { class: 'auth-page' }, form));
+    username.focus();
+  }
+
+  /** The password form; `forced` when the account must change it before anything else. */
+  function passwordForm(forced, knownCurrent, done) {
+    const current = h('input', { type: 'password', autocomplete: 'current-password', required: true, value: knownCurrent || '' });
+    const next = h('input', { type: 'password', autocomplete: 'new-password', required: true, minlength: 8 });
+    const again = h('input', { type: 'password', autocomplete: 'new-password', required: true, minlength: 8 });
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, forced ? 'Set password and continue' : 'Change password');
+    const form = h('form', {
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        if (next.value !== again.value) {
+          error.textContent = 'The two new passwords differ.';
+          return;
+        }
+        submit.disabled = true;
+        try {
+          const login = await api('POST', '/auth/change-password',
+            { current_password: current.value, new_password: next.value }, { auth: false });
+          session.user = login.user;
+          authRedirecting = false;
+          done();
+        } catch (e) {
+          if (e.status === 401 && e.code === 'unauthorized' && !/current_password/.test(e.message)) {
+            endSession();
+            showLogin('Your session has ended; log in again.');
+            return;
+          }
+          error.textContent = e.message;
+          submit.disabled = false;
+        }
+      },
+    },
+    knownCurrent ? null : field('Current password', current),
+    field('New password', next, 'At least 8 characters.'),
+    field('New password again', again),
+    error,
+    submit);
+    return { form, focus: () => (knownCurrent ? next : current).focus() };
+  }
+
+  function showPasswordChange(forced, knownCurrent) {
+    const app = document.getElementById('app');
+    const { form, focus } = passwordForm(forced, knownCurrent, () => {
+      toast('Password changed.');
+      startApp();
+    });
+    form.className = 'auth-card';
+    form.prepend(
+      brand(),
+      h('p', null, 'Choose a new password for ', h('strong', null, session.user.username),
+        ' before you continue: this account still has the password it was created with.'),
+    );
+    form.append(h('div', { class: 'form-actions' }, h('button', {
+      type: 'button',
+      class: 'link',
+      onclick: () => logout(),
+    }, 'Log out instead')));
+    app.replaceChildren(h('div', { class: 'auth-page' }, form));
+    focus();
+  }
+
+  async function logout() {
+    try {
+      await api('POST', '/auth/logout', undefined, { auth: false });
+    } catch (_) {
+      // The session may already be gone; the login screen is right either way.
+    }
+    endSession();
+    location.hash = '#/overview';
+    showLogin('You are logged out.');
+  }
+
+  // ---------------------------------------------------------------- the shell
+
+  const SCREENS = [
+    { id: 'overview', title: 'Overview', render: renderOverview },
+    { id: 'models', title: 'Models', render: renderModels },
+    { id: 'instances', title: 'Instances', render: renderInstances },
+    { id: 'workers', title: 'Workers', render: renderWorkers, admin: true },
+    { id: 'api-keys', title: 'API keys', render: renderApiKeys },
+    { id: 'users', title: 'Users', render: renderUsers, admin: true },
+    { id: 'account', title: 'Account', render: renderAccount, hidden: true },
+  ];
+
+  let currentCleanup = null;
+  let shell = null;
+
+  function startApp() {
+    authRedirecting = false;
+    const nav = h('nav', { class: 'nav' },
+      SCREENS.filter((s) => !s.hidden && (!s.admin || isAdmin())).map((s) =>
+        h('a', { href: '#/' + s.id, 'data-screen': s.id }, s.title)));
+    const main = h('main', { id: 'main' });
+    const top = h('header', { class: 'topbar' },
+      brand(),
+      nav,
+      h('div', { class: 'session' },
+        h('span', { id: 'live', class: 'live' }, 'idle'),
+        h('a', { href: '#/account', title: 'Account and password' },
+          session.user.username, isAdmin() ? h('span', { class: 'muted' }, ' (admin)') : null),
+        h('button', { class: 'small', onclick: () => logout() }, 'Log out')));
+    shell = { nav, main };
+    document.getElementById('app').replaceChildren(top, main);
+    route();
+  }
+
+  function parseHash() {
+    const raw = location.hash.replace(/^#\/?/, '');
+    const q = raw.indexOf('?');
+    const path = q >= 0 ? raw.slice(0, q) : raw;
+    const params = new URLSearchParams(q >= 0 ? raw.slice(q + 1) : '');
+    return { parts: path.split('/').filter(Boolean).map(decodeURIComponent), params };
+  }
+
+  function route() {
+    if (!session.user || session.user.require_password_change || !shell) return;
+    const { parts, params } = parseHash();
+    let screen = SCREENS.find((s) => s.id === parts[0]) || SCREENS[0];
+    if (screen.admin && !isAdmin()) screen = SCREENS[0];
+    if (currentCleanup) currentCleanup();
+    currentCleanup = null;
+    for (const a of shell.nav.querySelectorAll('a')) a.classList.toggle('active', a.dataset.screen === screen.id);
+    document.title = screen.title + ' · gantry';
+    shell.main.replaceChildren();
+    currentCleanup = screen.render(shell.main, parts.slice(1), params) || null;
+  }
+
+  window.addEventListener('hashchange', route);
+
+  function pageHead(title, ...rest) {
+    return h('div', { class: 'page-head' }, h('h1', null, title), h('span', { class: 'spacer' }), rest);
+  }
+
+  /** A redraw every few seconds, for relative times ("12 s ago"). */
+  function ticker(draw, ms) {
+    const timer = setInterval(draw, ms || 5000);
+    return () => clearInterval(timer);
+  }
+
+  // ---------------------------------------------------------------- dialogs
+
+  /**
+   * A modal form. `onSubmit` may throw; its message is shown in the dialog, which
+   * stays open so the input can be fixed.
+   */
+  function openDialog(title, body, options) {
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: options.danger ? 'danger solid' : 'primary', type: 'submit' }, options.submitLabel || 'Save');
+    const dialog = h('dialog', null);
+    const close = () => {
+      dialog.close();
+      dialog.remove();
+    };
+    const form = h('form', {
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        submit.disabled = true;
+        try {
+          await options.onSubmit();
+          close();
+        } catch (e) {
+          error.textContent = e.message;
+          submit.disabled = false;
+        }
+      },
+    },
+    h('h2', null, title),
+    body,
+    error,
+    h('div', { class: 'form-actions' }, h('button', { type: 'button', onclick: close }, 'Cancel'), submit));
+    dialog.append(form);
+    dialog.addEventListener('close', () => dialog.remove());
+    document.body.append(dialog);
+    dialog.showModal();
+    const first = form.querySelector('input, select, textarea');
+    (first || submit).focus();
+    return dialog;
+  }
+
+  function confirmDialog(title, message, label, action) {
+    openDialog(title, h('p', null, message), { submitLabel: label, danger: true, onSubmit: action });
+  }
+
+  /** Runs an action from a button and reports its outcome as a toast. */
+  async function act(button, action, success) {
+    if (button) button.disabled = true;
+    try {
+      await action();
+      if (success) toast(success);
+    } catch (e) {
+      toast(e.message, 'error');
+    } finally {
+      if (button) button.disabled = false;
+    }
+  }
+
+  // ---------------------------------------------------------------- overview
+
+  function countBy(items, key) {
+    const counts = {};
+    for (const item of items) counts[item[key]] = (counts[item[key]] || 0) + 1;
+    return counts;
+  }
+
+  function breakdown(counts, order, classes) {
+    const states = order.filter((s) => counts[s]).concat(Object.keys(counts).filter((s) => !order.includes(s)));
+    if (!states.length) return h('div', { class: 'breakdown muted small' }, 'none yet');
+    return h('div', { class: 'breakdown' }, states.map((s) =>
+      h('span', { class: 'badge ' + (classes[s] || 'idle') }, counts[s] + ' ' + s.replace('_', ' '))));
+  }
+
+  function renderOverview(main) {
+    const body = h('div');
+    main.append(pageHead('Overview'), body);
+    const lists = isAdmin() ? [live.models, live.instances, live.workers] : [live.models, live.instances];
+    const draw = () => {
+      const status = listStatus(lists);
+      if (status) {
+        body.replaceChildren(status);
+        return;
+      }
+      const models = live.models.values();
+      const instances = live.instances.values();
+      const cards = [];
+      if (isAdmin()) {
+        const workers = live.workers.values();
+        const gpus = workers.flatMap((w) => (w.status && w.status.gpus) || []);
+        const simulated = gpus.filter((g) => g.simulated).length;
+        cards.push(h('div', { class: 'card' },
+          h('h2', null, 'Workers', h('a', { href: '#/workers' }, 'View')),
+          h('div', { class: 'big' }, workers.length),
+          breakdown(countBy(workers, 'state'), WORKER_STATES, WORKER_STATE_CLASS)));
+        cards.push(h('div', { class: 'card' },
+          h('h2', null, 'GPUs', h('a', { href: '#/workers' }, 'View')),
+          h('div', { class: 'big' }, gpus.length),
+          h('div', { class: 'breakdown' },
+            h('span', { class: 'badge idle' }, fmtBytes(gpus.reduce((sum, g) => sum + (g.memory_total || 0), 0)) + ' memory'),
+            simulated ? h('span', { class: 'badge sim' }, simulated + ' simulated') : null)));
+      }
+      const desired = models.reduce((sum, m) => sum + m.replicas, 0);
+      cards.push(h('div', { class: 'card' },
+        h('h2', null, 'Models', h('a', { href: '#/models' }, 'View')),
+        h('div', { class: 'big' }, models.length),
+        h('div', { class: 'breakdown' }, h('span', { class: 'badge idle' }, desired + ' replicas wanted'))));
+      cards.push(h('div', { class: 'card' },
+        h('h2', null, 'Instances', h('a', { href: '#/instances' }, 'View')),
+        h('div', { class: 'big' }, instances.length),
+        breakdown(countBy(instances, 'state'), INSTANCE_STATES, INSTANCE_STATE_CLASS)));
+
+      const problems = [];
+      for (const i of instances.filter((x) => x.state === 'error' || x.state === 'unreachable')) {
+        problems.push(h('tr', null,
+          h('td', null, h('a', { href: '#/instances?model=' + i.model_id }, i.name)),
+          h('td', null, stateBadge(i.state, INSTANCE_STATE_CLASS)),
+          h('td', null, h('div', { class: 'state-message' }, firstLine(i.state_message) || '—')),
+          h('td', null, timeCell(i.updated_at))));
+      }
+      if (isAdmin()) {
+        for (const w of live.workers.values().filter((x) => x.state !== 'ready')) {
+          problems.push(h('tr', null,
+            h('td', null, h('a', { href: '#/workers' }, 'worker ' + w.name)),
+            h('td', null, stateBadge(w.state, WORKER_STATE_CLASS)),
+            h('td', null, h('div', { class: 'state-message' }, w.state_message || '—')),
+            h('td', null, timeCell(w.last_heartbeat_at))));
+        }
+      }
+      body.replaceChildren(
+        h('div', { class: 'cards' }, cards),
+        h('h2', null, 'Needs attention'),
+        problems.length
+          ? h('div', { class: 'panel flush' }, h('table', null,
+            h('thead', null, h('tr', null, h('th', null, 'What'), h('th', null, 'State'), h('th', null, 'Why'), h('th', null, 'Since'))),
+            h('tbody', null, problems)))
+          : h('div', { class: 'panel empty' }, 'Nothing: every instance and worker is healthy or on its way.'),
+      );
+    };
+    return combine(follow(lists, draw), ticker(draw, 10000));
+  }
+
+  function firstLine(text) {
+    return (text || '').split('\n').find((l) => l.trim()) || '';
+  }
+
+  function combine(...cleanups) {
+    return () => cleanups.forEach((c) => c());
+  }
+
+  // ---------------------------------------------------------------- models
+
+  function renderModels(main) {
+    const tableBox = h('div');
+    const formBox = h('div', { class: 'hidden' });
+    const newButton = isAdmin()
+      ? h('button', {
+        class: 'primary',
+        onclick: () => {
+          formBox.classList.toggle('hidden');
+          const first = formBox.querySelector('input');
+          if (first && !formBox.classList.contains('hidden')) first.focus();
+        },
+      }, 'New model')
+      : null;
+    if (isAdmin()) formBox.append(modelForm(() => formBox.classList.add('hidden')));
+    main.append(pageHead('Models', newButton), formBox, tableBox);
+
+    const draw = () => {
+      const status = listStatus([live.models, live.instances]);
+      if (status) {
+        tableBox.replaceChildren(status);
+        return;
+      }
+      const models = live.models.values();
+      if (!models.length) {
+        tableBox.replaceChildren(h('div', { class: 'panel empty' },
+          isAdmin() ? 'No models yet. Declare one with “New model”.' : 'No models yet.'));
+        return;
+      }
+      const byModel = new Map();
+      for (const i of live.instances.values()) {
+        const entry = byModel.get(i.model_id) || { running: 0, total: 0, failed: 0 };
+        entry.total += 1;
+        if (i.state === 'running') entry.running += 1;
+        if (i.state === 'error' || i.state === 'unreachable') entry.failed += 1;
+        byModel.set(i.model_id, entry);
+      }
+      const rows = models.map((m) => {
+        const counts = byModel.get(m.id) || { running: 0, total: 0, failed: 0 };
+        const health = counts.total === 0 ? 'idle' : counts.running === counts.total ? 'ok' : counts.failed ? 'danger' : 'warn';
+        return h('tr', null,
+          h('td', { class: 'nowrap' }, h('a', { href: '#/instances?model=' + m.id }, h('strong', null, m.name)),
+            m.description ? h('div', { class: 'muted small' }, m.description) : null),
+          h('td', null, h('span', { class: 'chip' }, m.backend)),
+          h('td', null, h('div', { class: 'mono small', title: describeSource(m.source) }, truncate(describeSource(m.source), 48))),
+          h('td', { class: 'num' }, m.replicas),
+          h('td', { class: 'num' }, h('span', { class: 'badge ' + health, title: 'running / total instances' }, counts.running + ' / ' + counts.total)),
+          h('td', null, m.placement_strategy,
+            Object.keys(m.worker_selector || {}).length ? h('div', null, labelChips(m.worker_selector)) : null),
+          h('td', null, m.backend_args.length ? h('code', { class: 'small' }, truncate(joinArgs(m.backend_args), 40)) : h('span', { class: 'muted' }, '—')),
+          h('td', null, timeCell(m.created_at)),
+          isAdmin() ? h('td', { class: 'actions' },
+            h('button', { class: 'small', onclick: () => editModel(m) }, 'Edit'),
+            h('button', { class: 'small danger', onclick: () => deleteModel(m) }, 'Delete')) : null);
+      });
+      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
+        h('thead', null, h('tr', null,
+          h('th', null, 'Name'), h('th', null, 'Backend'), h('th', null, 'Source'),
+          h('th', { class: 'num' }, 'Replicas'), h('th', { class: 'num' }, 'Running'),
+          h('th', null, 'Placement'), h('th', null, 'Backend args'), h('th', null, 'Created'),
+          isAdmin() ? h('th', null) : null)),
+        h('tbody', null, rows))));
+    };
+    return combine(follow([live.models, live.instances], draw), ticker(draw, 30000));
+  }
+
+  function truncate(text, max) {
+    return text.length > max ? text.slice(0, max - 1) + '…' : text;
+  }
+
+  function modelForm(onDone) {
+    const name = h('input', { required: true, placeholder: 'llama-3-8b', maxlength: 63 });
+    const description = h('input', { placeholder: 'optional' });
+    const sourceType = h('select', null,
+      h('option', { value: 'local_path' }, 'Local path on the workers'),
+      h('option', { value: 'huggingface' }, 'Hugging Face repository'),
+      h('option', { value: 'url' }, 'URL'));
+    const path = h('input', { placeholder: '/models/llama-3-8b.Q4_K_M.gguf' });
+    const repo = h('input', { placeholder: 'owner/name' });
+    const file = h('input', { placeholder: 'optional: one file, e.g. model.Q4_K_M.gguf' });
+    const url = h('input', { type: 'url', placeholder: 'https://example.com/model.gguf' });
+    const backend = h('select', null, ['llama.cpp', 'vllm', 'sglang', 'custom'].map((b) => h('option', { value: b }, b)));
+    const customCommand = h('input', { placeholder: 'my-server --model {model_path} --port {port} --host {host}' });
+    const replicas = h('input', { type: 'number', min: 0, max: 1000, value: '1', required: true });
+    const args = h('input', { placeholder: '--ctx-size 4096 --parallel 4' });
+    const strategy = h('select', null, h('option', { value: 'spread' }, 'spread'), h('option', { value: 'binpack' }, 'binpack'));
+    const selector = h('input', { placeholder: 'gpu=a100, zone=eu-1' });
+    const cpuOffload = h('input', { type: 'checkbox', checked: true });
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, 'Create model');
+
+    const pathField = field('Path', path, 'Absolute path of a file or directory present on the workers.', 'wide');
+    const repoField = field('Repository', repo);
+    const fileField = field('File', file);
+    const urlField = field('URL', url, null, 'wide');
+    const commandField = field('Command template', customCommand,
+      'Placeholders: {model_path} {port} {gpu_ids} {host}. Split like a shell would, run without one.', 'wide');
+    const offloadField = checkField('Allow CPU offload (llama.cpp)', cpuOffload);
+
+    const sync = () => {
+      pathField.classList.toggle('hidden', sourceType.value !== 'local_path');
+      repoField.classList.toggle('hidden', sourceType.value !== 'huggingface');
+      fileField.classList.toggle('hidden', sourceType.value !== 'huggingface');
+      urlField.classList.toggle('hidden', sourceType.value !== 'url');
+      commandField.classList.toggle('hidden', backend.value !== 'custom');
+      offloadField.classList.toggle('hidden', backend.value !== 'llama.cpp');
+    };
+    sourceType.addEventListener('change', sync);
+    backend.addEventListener('change', sync);
+
+    const form = h('form', {
+      class: 'panel',
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        let body;
+        try {
+          body = {
+            name: name.value.trim(),
+            description: description.value.trim(),
+            source: sourceType.value === 'local_path' ? { type: 'local_path', path: path.value.trim() }
+              : sourceType.value === 'huggingface' ? Object.assign({ type: 'huggingface', repo_id: repo.value.trim() }, file.value.trim() ? { file: file.value.trim() } : {})
+                : { type: 'url', url: url.value.trim() },
+            backend: backend.value,
+            replicas: Number(replicas.value),
+            backend_args: splitArgs(args.value),
+            placement_strategy: strategy.value,
+            worker_selector: parseLabels(selector.value),
+          };
+          if (backend.value === 'custom' && customCommand.value.trim()) body.custom_command = customCommand.value.trim();
+          if (backend.value === 'llama.cpp') body.cpu_offload = cpuOffload.checked;
+        } catch (e) {
+          error.textContent = e.message;
+          return;
+        }
+        submit.disabled = true;
+        try {
+          const model = await api('POST', '/api/v1/models', body);
+          toast('Model ' + model.name + ' created with ' + model.replicas + ' replica' + (model.replicas === 1 ? '' : 's') + '.');
+          form.reset();
+          sync();
+          onDone();
+        } catch (e) {
+          error.textContent = e.message;
+        } finally {
+          submit.disabled = false;
+        }
+      },
+    },
+    h('h2', null, 'New model'),
+    h('div', { class: 'form-grid' },
+      field('Name', name, 'Lowercase letters, digits, “-”, “_”, “.”'),
+      field('Backend', backend),
+      field('Replicas', replicas),
+      field('Placement strategy', strategy, 'spread: emptiest worker first; binpack: fullest that fits.'),
+      field('Source', sourceType),
+      pathField, repoField, fileField, urlField,
+      commandField,
+      field('Backend arguments', args, 'Passed to the backend as written (quotes group words).', 'wide'),
+      field('Worker selector', selector, 'Labels a worker must have: k=v, comma-separated.'),
+      field('Description', description),
+      offloadField),
+    error,
+    h('div', { class: 'form-actions' },
+      submit,
+      h('button', { type: 'button', onclick: () => { form.reset(); sync(); error.textContent = ''; onDone(); } }, 'Cancel')));
+    sync();
+    return form;
+  }
+
+  function editModel(model) {
+    const replicas = h('input', { type: 'number', min: 0, max: 1000, value: String(model.replicas), required: true });
+    const args = h('input', { value: joinArgs(model.backend_args) });
+    const strategy = h('select', { value: model.placement_strategy },
+      h('option', { value: 'spread' }, 'spread'), h('option', { value: 'binpack' }, 'binpack'));
+    const selector = h('input', { value: formatLabels(model.worker_selector, ', ') });
+    openDialog('Edit ' + model.name, [
+      field('Replicas', replicas, 'Adding replicas creates instances; removing them stops the highest-numbered ones.'),
+      field('Backend arguments', args, 'Changing them restarts the instances.'),
+      field('Placement strategy', strategy),
+      field('Worker selector', selector, 'k=v, comma-separated; empty for any worker.'),
+    ], {
+      submitLabel: 'Save',
+      onSubmit: async () => {
+        const update = {};
+        const wanted = Number(replicas.value);
+        if (wanted !== model.replicas) update.replicas = wanted;
+        const newArgs = splitArgs(args.value);
+        if (JSON.stringify(newArgs) !== JSON.stringify(model.backend_args)) update.backend_args = newArgs;
+        if (strategy.value !== model.placement_strategy) update.placement_strategy = strategy.value;
+        const newSelector = parseLabels(selector.value);
+        if (JSON.stringify(newSelector) !== JSON.stringify(model.worker_selector || {})) update.worker_selector = newSelector;
+        if (!Object.keys(update).length) return;
+        await api('PATCH', '/api/v1/models/' + model.id, update);
+        toast('Model ' + model.name + ' updated.');
+      },
+    });
+  }
+
+  function deleteModel(model) {
+    confirmDialog('Delete ' + model.name + '?',
+      'This deletes the model and stops all of its instances. Clients calling it get errors at once.',
+      'Delete model',
+      async () => {
+        await api('DELETE', '/api/v1/models/' + model.id);
+        toast('Model ' + model.name + ' deleted.');
+      });
+  }
+
+  // ---------------------------------------------------------------- instances
+
+  function renderInstances(main, parts, params) {
+    if (parts[0] && parts[1] === 'logs') return renderLogs(main, Number(parts[0]), params);
+    const modelFilter = h('select', { 'aria-label': 'Model' }, h('option', { value: '' }, 'all models'));
+    const stateFilter = h('select', { 'aria-label': 'State' }, h('option', { value: '' }, 'all states'),
+      INSTANCE_STATES.map((s) => h('option', { value: s }, s)));
+    const wanted = { model: params.get('model') || '', state: params.get('state') || '', worker: params.get('worker') || '' };
+    const workerFilter = h('span', { class: 'filter-chip' });
+    stateFilter.value = wanted.state;
+    const setQuery = () => {
+      const q = new URLSearchParams();
+      if (modelFilter.value) q.set('model', modelFilter.value);
+      if (stateFilter.value) q.set('state', stateFilter.value);
+      if (wanted.worker) q.set('worker', wanted.worker);
+      const hash = '#/instances' + (q.toString() ? '?' + q : '');
+      history.replaceState(null, '', hash);
+      wanted.model = modelFilter.value;
+      wanted.state = stateFilter.value;
+      draw();
+    };
+    modelFilter.addEventListener('change', setQuery);
+    stateFilter.addEventListener('change', setQuery);
+    const tableBox = h('div');
+    main.append(pageHead('Instances', h('div', { class: 'filters' },
+      workerFilter, h('label', null, 'Model', modelFilter), h('label', null, 'State', stateFilter))), tableBox);
+
+    const draw = () => {
+      // Keep the model choices current without losing the selection.
+      const models = live.models.values();
+      const options = [h('option', { value: '' }, 'all models')].concat(models.map((m) => h('option', { value: String(m.id) }, m.name)));
+      if (modelFilter.options.length !== options.length || models.some((m, i) => modelFilter.options[i + 1].value !== String(m.id))) {
+        modelFilter.replaceChildren(...options);
+      }
+      modelFilter.value = wanted.model;
+      workerFilter.replaceChildren();
+      if (wanted.worker) {
+        const sample = live.instances.values().find((i) => String(i.worker_id) === wanted.worker);
+        workerFilter.append(h('span', { class: 'chip' }, 'worker ' + (sample ? sample.worker_name : wanted.worker)),
+          h('button', { class: 'small', title: 'Show every worker', onclick: () => { wanted.worker = ''; setQuery(); } }, '×'));
+      }
+
+      const status = listStatus([live.instances]);
+      if (status) {
+        tableBox.replaceChildren(status);
+        return;
+      }
+      const instances = live.instances.values().filter((i) =>
+        (!wanted.model || String(i.model_id) === wanted.model) && (!wanted.state || i.state === wanted.state)
+        && (!wanted.worker || String(i.worker_id) === wanted.worker));
+      if (!instances.length) {
+        tableBox.replaceChildren(h('div', { class: 'panel empty' },
+          live.instances.items.size ? 'No instance matches the filter.' : 'No instances: they appear when a model has replicas.'));
+        return;
+      }
+      const columns = isAdmin() ? 9 : 8;
+      const rows = [];
+      for (const i of instances) {
+        const isError = i.state === 'error' && i.state_message;
+        rows.push(h('tr', { class: isError ? 'has-detail' : null },
+          h('td', null, h('strong', null, i.name)),
+          h('td', null, h('a', { href: '#/instances?model=' + i.model_id }, i.model_name)),
+          h('td', null, stateBadge(i.state, INSTANCE_STATE_CLASS),
+            !isError && i.state_message ? h('div', { class: 'state-message' }, i.state_message) : null),
+          h('td', null, i.worker_name || h('span', { class: 'muted' }, '—')),
+          h('td', null, i.worker_id == null ? h('span', { class: 'muted' }, '—')
+            : h('span', { class: 'mono small' }, i.gpu_indexes.length ? i.gpu_indexes.join(', ') : 'CPU')),
+          h('td', null, i.address ? h('span', { class: 'mono small' }, i.address) : h('span', { class: 'muted' }, '—')),
+          h('td', { class: 'num' }, i.restart_count),
+          h('td', null, timeCell(i.updated_at)),
+          h('td', { class: 'actions' },
+            i.worker_id == null
+              ? h('button', { class: 'small', disabled: true, title: 'Not placed on a worker yet: no logs' }, 'Logs')
+              : h('a', { class: 'button small', href: '#/instances/' + i.id + '/logs' }, 'Logs'),
+            isAdmin() ? h('button', { class: 'small danger', title: 'Delete this instance; a new one replaces it', onclick: () => restartInstance(i) }, 'Restart') : null)));
+        if (isError) {
+          rows.push(h('tr', { class: 'detail' }, h('td', { colspan: columns },
+            h('pre', { class: 'stderr' }, i.state_message))));
+        }
+      }
+      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
+        h('thead', null, h('tr', null,
+          h('th', null, 'Instance'), h('th', null, 'Model'), h('th', null, 'State'), h('th', null, 'Worker'),
+          h('th', null, 'GPUs'), h('th', null, 'Address'), h('th', { class: 'num' }, 'Restarts'),
+          h('th', null, 'Updated'), h('th', null))),
+        h('tbody', null, rows))));
+    };
+    return combine(follow([live.instances, live.models], draw), ticker(draw, 10000));
+  }
+
+  function restartInstance(instance) {
+    confirmDialog('Restart ' + instance.name + '?',
+      'The instance is deleted and its backend stopped; the model keeps its replica count, so a new instance replaces it and is scheduled again.',
+      'Delete and replace',
+      async () => {
+        await api('DELETE', '/api/v1/model-instances/' + instance.id);
+        toast('Instance ' + instance.name + ' deleted; a replacement is on its way.');
+      });
+  }
+
+  function renderLogs(main, id, params) {
+    const tail = h('select', { 'aria-label': 'Lines' }, [100, 200, 1000, 5000].map((n) => h('option', { value: String(n) }, 'last ' + n + ' lines')));
+    tail.value = params.get('tail') || '200';
+    const followBox = h('input', { type: 'checkbox', checked: params.get('follow') !== 'false' });
+    const refresh = h('button', { class: 'small' }, 'Refresh');
+    const header = h('span', { class: 'muted' }, 'instance ' + id);
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const output = h('pre', { class: 'logs', tabindex: 0 }, 'Loading…');
+    const outputPanel = h('div', { class: 'panel' }, output);
+    const updated = h('span', { class: 'muted small' });
+    main.append(
+      h('div', { class: 'page-head' },
+        h('a', { href: '#/instances' }, '← Instances'),
+        h('h1', null, 'Logs'), header, h('span', { class: 'spacer' }),
+        h('div', { class: 'log-controls' }, tail, h('label', null, followBox, 'Follow'), refresh, updated)),
+      error,
+      outputPanel);
+
+    let busy = false;
+    let timer = null;
+    let stopped = false;
+    const load = async () => {
+      if (busy || stopped) return;
+      busy = true;
+      const atBottom = output.scrollTop + output.clientHeight >= output.scrollHeight - 24;
+      try {
+        const text = await api('GET', '/api/v1/model-instances/' + id + '/logs?tail=' + tail.value);
+        if (stopped) return;
+        error.textContent = '';
+        outputPanel.classList.remove('hidden');
+        const content = text === '' ? '(no output yet)' : String(text);
+        if (output.textContent !== content) {
+          output.textContent = content;
+          if (atBottom || output.dataset.first !== 'no') output.scrollTop = output.scrollHeight;
+        }
+        output.dataset.first = 'no';
+        updated.textContent = 'updated ' + new Date().toLocaleTimeString();
+      } catch (e) {
+        if (stopped) return;
+        error.textContent = e.message;
+        if (output.textContent === 'Loading…') output.textContent = '';
+        // Keep the last good output visible; hide an empty box.
+        outputPanel.classList.toggle('hidden', output.textContent === '');
+      } finally {
+        busy = false;
+      }
+    };
+    const schedule = () => {
+      clearInterval(timer);
+      timer = followBox.checked ? setInterval(load, 2000) : null;
+    };
+    tail.addEventListener('change', load);
+    followBox.addEventListener('change', () => {
+      schedule();
+      if (followBox.checked) load();
+    });
+    refresh.addEventListener('click', load);
+    load();
+    schedule();
+
+    const drawHeader = () => {
+      const instance = live.instances.items.get(id);
+      if (!instance) {
+        header.replaceChildren(live.instances.loaded ? h('span', { class: 'muted' }, 'instance ' + id + ' (gone)') : 'instance ' + id);
+        return;
+      }
+      header.replaceChildren(h('strong', null, instance.name), ' ', stateBadge(instance.state, INSTANCE_STATE_CLASS),
+        instance.worker_name ? h('span', { class: 'muted' }, ' on ' + instance.worker_name) : null);
+    };
+    return combine(follow([live.instances], drawHeader), () => {
+      stopped = true;
+      clearInterval(timer);
+    });
+  }
+
+  // ---------------------------------------------------------------- workers
+
+  function gpuList(gpus) {
+    if (!gpus || !gpus.length) return h('span', { class: 'muted' }, 'no GPUs (CPU only)');
+    return h('div', { class: 'gpus' }, gpus.map((g) => {
+      const share = g.memory_total ? g.memory_used / g.memory_total : 0;
+      const bar = h('div');
+      bar.style.width = Math.min(100, Math.round(share * 100)) + '%';
+      const meta = [fmtBytes(g.memory_used) + ' / ' + fmtBytes(g.memory_total)];
+      if (g.utilization != null) meta.push(g.utilization + '% util');
+      if (g.temperature != null) meta.push(g.temperature + ' °C');
+      return h('div', { class: 'gpu', title: g.uuid },
+        h('div', { class: 'gpu-head' },
+          h('span', { class: 'idx' }, '#' + g.index),
+          h('span', null, g.name),
+          g.simulated ? h('span', { class: 'badge sim', title: 'Declared with --simulate-gpus: not real hardware' }, 'simulated') : null),
+        h('div', { class: 'meter' + (share > 0.9 ? ' high' : '') }, bar),
+        h('div', { class: 'gpu-meta' }, meta.join(' · ')));
+    }));
+  }
+
+  function systemCell(system) {
+    if (!system || !system.cpu_count) return h('span', { class: 'muted' }, '—');
+    const used = system.memory_total - system.memory_available;
+    return h('div', { class: 'small host' },
+      h('div', null, system.cpu_count + ' CPUs · load ' + Number(system.load_average).toFixed(2)),
+      h('div', null, fmtBytes(used) + ' / ' + fmtBytes(system.memory_total) + ' RAM'),
+      h('div', { class: 'muted' }, fmtBytes(system.disk_free) + ' disk free'));
+  }
+
+  function renderWorkers(main) {
+    const tableBox = h('div');
+    main.append(pageHead('Workers', h('span', { class: 'muted small' },
+      'Workers join with the registration token: gantry worker --server-url … --token …')), tableBox);
+    const draw = () => {
+      const status = listStatus([live.workers]);
+      if (status) {
+        tableBox.replaceChildren(status);
+        return;
+      }
+      const workers = live.workers.values();
+      if (!workers.length) {
+        tableBox.replaceChildren(h('div', { class: 'panel empty' },
+          'No workers yet. Start one on a GPU machine with the registration token from the server’s data directory.'));
+        return;
+      }
+      const instancesOn = countBy(live.instances.values().filter((i) => i.worker_id != null), 'worker_id');
+      const rows = workers.map((w) => h('tr', null,
+        h('td', null, h('strong', null, w.name), h('div', { class: 'muted small mono' }, w.address),
+          w.status && w.status.backends && w.status.backends.length
+            ? h('div', { class: 'small muted' }, 'backends: ' + w.status.backends.join(', ')) : null),
+        h('td', null, stateBadge(w.state, WORKER_STATE_CLASS),
+          w.state_message ? h('div', { class: 'state-message' }, w.state_message) : null),
+        h('td', null, labelChips(w.labels)),
+        h('td', null, gpuList(w.status && w.status.gpus)),
+        h('td', null, systemCell(w.status && w.status.system)),
+        h('td', { class: 'num' }, h('a', { href: '#/instances?worker=' + w.id }, instancesOn[w.id] || 0)),
+        h('td', null, timeCell(w.last_heartbeat_at)),
+        h('td', { class: 'actions' },
+          h('button', { class: 'small', onclick: () => editLabels(w) }, 'Labels'),
+          h('button', { class: 'small danger', onclick: () => deleteWorker(w) }, 'Delete'))));
+      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
+        h('thead', null, h('tr', null,
+          h('th', null, 'Worker'), h('th', null, 'State'), h('th', null, 'Labels'), h('th', null, 'GPUs'),
+          h('th', null, 'Host'), h('th', { class: 'num' }, 'Instances'), h('th', null, 'Last heartbeat'), h('th', null))),
+        h('tbody', null, rows))));
+    };
+    return combine(follow([live.workers, live.instances], draw), ticker(draw, 5000));
+  }
+
+  function editLabels(worker) {
+    const text = h('textarea', { rows: 5, placeholder: 'gpu=a100\nzone=eu-1' }, formatLabels(worker.labels, '\n'));
+    openDialog('Labels of ' + worker.name, [
+      field('Labels', text, 'One key=value per line. Model worker selectors match these. Replaces every label.'),
+    ], {
+      submitLabel: 'Save labels',
+      onSubmit: async () => {
+        await api('PUT', '/api/v1/workers/' + worker.id + '/labels', { labels: parseLabels(text.value) });
+        toast('Labels of ' + worker.name + ' saved.');
+      },
+    });
+  }
+
+  function deleteWorker(worker) {
+    confirmDialog('Delete worker ' + worker.name + '?',
+      'Its instances go back to pending to be placed elsewhere. A worker that is still running will fail to authenticate and must be registered again.',
+      'Delete worker',
+      async () => {
+        await api('DELETE', '/api/v1/workers/' + worker.id);
+        toast('Worker ' + worker.name + ' deleted.');
+      });
+  }
+
+  // ---------------------------------------------------------------- API keys
+
+  function renderApiKeys(main) {
+    const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+    const created = h('div');
+    let usernames = new Map();
+    const load = async () => {
+      try {
+        const [keys, users] = await Promise.all([
+          listAll('/api/v1/api-keys'),
+          isAdmin() ? listAll('/api/v1/users').catch(() => []) : Promise.resolve([session.user]),
+        ]);
+        usernames = new Map(users.map((u) => [u.id, u.username]));
+        drawKeys(keys);
+      } catch (e) {
+        tableBox.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
+      }
+    };
+    const drawKeys = (keys) => {
+      if (!keys.length) {
+        tableBox.replaceChildren(h('div', { class: 'panel empty' }, 'No API keys yet.'));
+        return;
+      }
+      const rows = keys.map((k) => {
+        const expired = k.expires_at && Date.parse(k.expires_at) < Date.now();
+        return h('tr', null,
+          h('td', null, h('strong', null, k.name), k.description ? h('div', { class: 'muted small' }, k.description) : null),
+          h('td', null, h('code', null, 'gantry_' + k.access_key + '_…')),
+          isAdmin() ? h('td', null, usernames.get(k.user_id) || 'user ' + k.user_id) : null,
+          h('td', null, k.expires_at ? (expired ? h('span', { class: 'badge danger' }, 'expired') : timeCell(k.expires_at)) : h('span', { class: 'muted' }, 'never')),
+          h('td', null, k.last_used_at ? timeCell(k.last_used_at) : h('span', { class: 'muted' }, 'never')),
+          h('td', null, timeCell(k.created_at)),
+          h('td', { class: 'actions' }, h('button', { class: 'small danger', onclick: () => deleteKey(k, load) }, 'Delete')));
+      });
+      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
+        h('thead', null, h('tr', null, h('th', null, 'Name'), h('th', null, 'Key'), isAdmin() ? h('th', null, 'Owner') : null,
+          h('th', null, 'Expires'), h('th', null, 'Last used'), h('th', null, 'Created'), h('th', null))),
+        h('tbody', null, rows))));
+    };
+
+    const name = h('input', { required: true, placeholder: 'laptop', maxlength: 63 });
+    const description = h('input', { placeholder: 'optional' });
+    const expires = h('input', { type: 'number', min: 1, max: 3650, placeholder: 'never' });
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, 'Create key');
+    const form = h('form', {
+      class: 'panel',
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        submit.disabled = true;
+        const body = { name: name.value.trim(), description: description.value.trim() };
+        if (expires.value) body.expires_in_days = Number(expires.value);
+        try {
+          const key = await api('POST', '/api/v1/api-keys', body);
+          form.reset();
+          showNewKey(created, key);
+          load();
+        } catch (e) {
+          error.textContent = e.message;
+        } finally {
+          submit.disabled = false;
+        }
+      },
+    },
+    h('h2', null, 'New API key'),
+    h('div', { class: 'form-grid' },
+      field('Name', name, 'Unique among your keys.'),
+      field('Description', description),
+      field('Expires after (days)', expires, 'Empty: never expires.')),
+    error,
+    h('div', { class: 'form-actions' }, submit));
+
+    main.append(pageHead('API keys', h('span', { class: 'muted small' },
+      isAdmin() ? 'Every user’s keys. Use a key as Authorization: Bearer <key>.' : 'Your keys. Use one as Authorization: Bearer <key>.')),
+    created, form, tableBox);
+    load();
+    return () => {};
+  }
+
+  function showNewKey(box, key) {
+    const input = h('input', { readonly: true, value: key.key, 'aria-label': 'The new API key' });
+    const copy = h('button', {
+      class: 'primary',
+      type: 'button',
+      onclick: async () => {
+        input.select();
+        try {
+          await navigator.clipboard.writeText(key.key);
+        } catch (_) {
+          // No clipboard API on plain http to another host: the selected text copies.
+          document.execCommand('copy');
+        }
+        copy.textContent = 'Copied';
+        setTimeout(() => (copy.textContent = 'Copy'), 2000);
+      },
+    }, 'Copy');
+    box.replaceChildren(h('div', { class: 'panel' },
+      h('h2', null, 'Key ' + key.name + ' created'),
+      h('div', { class: 'alert info' }, 'Copy the key now: it is shown only this once and cannot be recovered.'),
+      h('div', { class: 'secret' }, input, copy,
+        h('button', { type: 'button', onclick: () => box.replaceChildren() }, 'Done'))));
+    input.focus();
+    input.select();
+  }
+
+  function deleteKey(key, reload) {
+    confirmDialog('Delete key ' + key.name + '?', 'Anything using this key is refused at once.', 'Delete key', async () => {
+      await api('DELETE', '/api/v1/api-keys/' + key.id);
+      toast('Key ' + key.name + ' deleted.');
+      reload();
+    });
+  }
+
+  // ---------------------------------------------------------------- users
+
+  function renderUsers(main) {
+    const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+    const load = async () => {
+      try {
+        drawUsers(await listAll('/api/v1/users'));
+      } catch (e) {
+        tableBox.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
+      }
+    };
+    const drawUsers = (users) => {
+      const rows = users.map((u) => {
+        const role = h('select', { 'aria-label': 'Role of ' + u.username, value: u.role },
+          h('option', { value: 'user' }, 'user'), h('option', { value: 'admin' }, 'admin'));
+        role.addEventListener('change', () => act(role, async () => {
+          try {
+            await api('PATCH', '/api/v1/users/' + u.id, { role: role.value });
+          } catch (e) {
+            role.value = u.role;
+            throw e;
+          }
+          u.role = role.value;
+        }, u.username + ' is now ' + role.value + '.'));
+        const self = u.id === session.user.id;
+        return h('tr', null,
+          h('td', null, h('strong', null, u.username), self ? h('span', { class: 'muted' }, ' (you)') : null),
+          h('td', null, u.full_name || h('span', { class: 'muted' }, '—')),
+          h('td', null, role),
+          h('td', null, u.require_password_change ? h('span', { class: 'badge warn' }, 'must change password') : h('span', { class: 'muted' }, '—')),
+          h('td', null, timeCell(u.created_at)),
+          h('td', { class: 'actions' },
+            h('button', { class: 'small', onclick: () => resetPassword(u, load) }, 'Reset password'),
+            h('button', { class: 'small danger', disabled: self, title: self ? 'You cannot delete yourself' : null, onclick: () => deleteUser(u, load) }, 'Delete')));
+      });
+      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
+        h('thead', null, h('tr', null, h('th', null, 'Username'), h('th', null, 'Full name'), h('th', null, 'Role'),
+          h('th', null, 'Password'), h('th', null, 'Created'), h('th', null))),
+        h('tbody', null, rows))));
+    };
+
+    const username = h('input', { required: true, placeholder: 'alice', maxlength: 63, autocomplete: 'off' });
+    const fullName = h('input', { placeholder: 'optional' });
+    const password = h('input', { type: 'password', required: true, minlength: 8, autocomplete: 'new-password' });
+    const role = h('select', null, h('option', { value: 'user' }, 'user'), h('option', { value: 'admin' }, 'admin'));
+    const mustChange = h('input', { type: 'checkbox', checked: true });
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, 'Create user');
+    const form = h('form', {
+      class: 'panel hidden',
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        submit.disabled = true;
+        try {
+          const user = await api('POST', '/api/v1/users', {
+            username: username.value.trim(),
+            password: password.value,
+            full_name: fullName.value.trim(),
+            role: role.value,
+            require_password_change: mustChange.checked,
+          });
+          toast('User ' + user.username + ' created.');
+          form.reset();
+          form.classList.add('hidden');
+          load();
+        } catch (e) {
+          error.textContent = e.message;
+        } finally {
+          submit.disabled = false;
+        }
+      },
+    },
+    h('h2', null, 'New user'),
+    h('div', { class: 'form-grid' },
+      field('Username', username, 'Lowercase letters, digits, “-”, “_”, “.”'),
+      field('Full name', fullName),
+      field('Password', password, 'At least 8 characters.'),
+      field('Role', role),
+      checkField('Must choose a new password at first login', mustChange)),
+    error,
+    h('div', { class: 'form-actions' }, submit,
+      h('button', { type: 'button', onclick: () => { form.reset(); form.classList.add('hidden'); } }, 'Cancel')));
+
+    main.append(pageHead('Users', h('button', {
+      class: 'primary',
+      onclick: () => {
+        form.classList.toggle('hidden');
+        username.focus();
+      },
+    }, 'New user')), form, tableBox);
+    load();
+    return () => {};
+  }
+
+  function resetPassword(user, reload) {
+    const password = h('input', { type: 'password', required: true, minlength: 8, autocomplete: 'new-password' });
+    const mustChange = h('input', { type: 'checkbox', checked: true });
+    openDialog('Reset the password of ' + user.username, [
+      field('New password', password, 'Their sessions end at once.'),
+      checkField('Must choose a new password at next login', mustChange),
+    ], {
+      submitLabel: 'Reset password',
+      onSubmit: async () => {
+        await api('PATCH', '/api/v1/users/' + user.id, { password: password.value, require_password_change: mustChange.checked });
+        toast('Password of ' + user.username + ' reset.');
+        reload();
+      },
+    });
+  }
+
+  function deleteUser(user, reload) {
+    confirmDialog('Delete user ' + user.username + '?', 'Their API keys are deleted too and stop working at once.', 'Delete user', async () => {
+      await api('DELETE', '/api/v1/users/' + user.id);
+      toast('User ' + user.username + ' deleted.');
+      reload();
+    });
+  }
+
+  // ---------------------------------------------------------------- account
+
+  function renderAccount(main) {
+    const { form } = passwordForm(false, null, () => {
+      toast('Password changed. Your other sessions have ended.');
+      form.reset();
+    });
+    form.className = 'panel';
+    form.prepend(h('h2', null, 'Change password'));
+    main.append(pageHead('Account'),
+      h('div', { class: 'panel' },
+        h('h2', null, session.user.username),
+        h('div', null, 'Role: ', h('strong', null, session.user.role)),
+        session.user.full_name ? h('div', null, 'Name: ', session.user.full_name) : null,
+        h('div', { class: 'muted small' }, 'Account created ', fmtAgo(session.user.created_at), '.')),
+      form,
+      h('div', { class: 'panel muted small' }, 'The API is described at ', h('a', { href: '/docs' }, '/docs'),
+        ' (OpenAPI: ', h('a', { href: '/api/openapi.json' }, '/api/openapi.json'), ').'));
+    return () => {};
+  }
+
+  boot();
+})();
