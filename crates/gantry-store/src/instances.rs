@@ -142,7 +142,8 @@ impl Store {
 
     /// Places an instance by hand on a worker and GPUs (state `scheduled`), or takes
     /// its placement away (`worker_id = None`, state `pending`). GPU indexes must be
-    /// ones the worker reported.
+    /// ones the worker reported. A claim the scheduler stored for another placement is
+    /// cleared, so its extra backend arguments do not follow the instance.
     pub async fn place_instance_manually(
         &self,
         id: i64,
@@ -184,7 +185,8 @@ impl Store {
         };
         let result = sqlx::query(
             "UPDATE model_instances SET worker_id = $2, gpu_indexes = $3, port = NULL, \
-             address = NULL, state = $4, state_message = $5, updated_at = $6 WHERE id = $1",
+             address = NULL, state = $4, state_message = $5, resource_claim = NULL, \
+             updated_at = $6 WHERE id = $1",
         )
         .bind(current.id)
         .bind(worker_id)

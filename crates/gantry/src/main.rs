@@ -397,6 +397,7 @@ fn worker_config(
 }
 
 async fn run_role(config: Config, role: Role) -> anyhow::Result<()> {
+    let mut signals = Signals::listen()?;
     let server = match role {
         Role::Server | Role::Both => {
             let running = gantry_server::start(server_config(&config)).await?;
@@ -422,8 +423,7 @@ async fn run_role(config: Config, role: Role) -> anyhow::Result<()> {
             // Registration retries until a server answers; a signal meanwhile ends it.
             tokio::select! {
                 worker = &mut start => Some(worker?),
-                signal = wait_for_signal() => {
-                    signal?;
+                () = signals.recv() => {
                     if let Some(server) = server {
                         server.shutdown().await;
                     }
@@ -433,7 +433,7 @@ async fn run_role(config: Config, role: Role) -> anyhow::Result<()> {
         }
         Role::Server => None,
     };
-    wait_for_signal().await?;
+    signals.recv().await;
     tracing::info!("shutting down");
     // The worker first: it stops its backends and says goodbye while the server is up.
     if let Some(worker) = worker {
@@ -446,13 +446,26 @@ async fn run_role(config: Config, role: Role) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, listened to from start-up on: a signal that arrives while the
+/// process is still starting is kept until it is awaited, never lost.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn listen() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("listen for SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("listen for SIGINT")?,
+        })
     }
-    Ok(())
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{alive, chat, llama_pids_on, tail, tiny_model, tiny_model_body, Cluster};
+use common::{alive, chat, llama_pids_on, manual_model_body, tail, tiny_model, Cluster};
 use gantry_testkit::{TestDatabase, TestEngine};
 use nix::sys::signal::Signal;
 
@@ -36,7 +36,9 @@ async fn worker_fails_over_to_the_next_server_without_restarting_instances() {
     let worker_id = first.worker_id("w1", &worker).await;
 
     let model = tiny_model(first.dir.path());
-    let (_, instances) = first.create_model(tiny_model_body("tiny", &model, 1)).await;
+    let (_, instances) = first
+        .create_model(manual_model_body("tiny", &model, 1))
+        .await;
     first.place(instances[0], worker_id, &[0]).await;
     let running = first
         .wait_instance(instances[0], "running", Duration::from_secs(60))

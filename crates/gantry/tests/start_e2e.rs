@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    chat, descendants, free_port, llama_server, tail, tiny_model, tiny_model_body, Process,
+    chat, descendants, free_port, llama_server, manual_model_body, tail, tiny_model, Process,
 };
 use serde_json::{json, Value};
 
@@ -118,7 +118,7 @@ async fn gantry_start_serves_writes_bootstrap_files_and_runs_a_model() {
     let created: Value = http
         .post(format!("{base}/api/v1/models"))
         .bearer_auth(&token)
-        .json(&tiny_model_body("tiny", &model, 1))
+        .json(&manual_model_body("tiny", &model, 1))
         .send()
         .await
         .unwrap()

@@ -8,7 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{alive, chat, descendants, llama_pids_on, tail, tiny_model, tiny_model_body, Cluster};
+use common::{
+    alive, chat, descendants, llama_pids_on, manual_model_body, tail, tiny_model, Cluster,
+};
 use nix::sys::signal::Signal;
 use reqwest::Method;
 use serde_json::json;
@@ -32,7 +34,7 @@ async fn worker_runs_restarts_logs_and_stops_a_real_llama_server() {
 
     let model = tiny_model(cluster.dir.path());
     let (_, instances) = cluster
-        .create_model(tiny_model_body("tiny", &model, 1))
+        .create_model(manual_model_body("tiny", &model, 1))
         .await;
     let id = instances[0];
     cluster.place(id, worker_id, &[1]).await;
@@ -126,7 +128,7 @@ async fn corrupt_model_file_ends_in_error_with_the_stderr_tail() {
     let corrupt = cluster.dir.path().join("corrupt.gguf");
     std::fs::write(&corrupt, b"GGUF this is not a model at all, just bytes").unwrap();
     let (_, instances) = cluster
-        .create_model(tiny_model_body("broken", &corrupt, 1))
+        .create_model(manual_model_body("broken", &corrupt, 1))
         .await;
     cluster.place(instances[0], worker_id, &[0]).await;
     let failed = cluster.wait_instance(instances[0], "error", STARTUP).await;
@@ -211,7 +213,7 @@ async fn data_parallel_instance_runs_one_child_per_gpu_and_restarts_as_a_group()
     let worker = cluster.worker("w1", &["--simulate-gpus", "2x8GiB"]);
     let worker_id = cluster.worker_id("w1", &worker).await;
     let model = tiny_model(cluster.dir.path());
-    let mut body = tiny_model_body("dp", &model, 1);
+    let mut body = manual_model_body("dp", &model, 1);
     body["data_parallel_size"] = json!(2);
     let (_, instances) = cluster.create_model(body).await;
     cluster.place(instances[0], worker_id, &[0, 1]).await;

@@ -330,7 +330,8 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
     path
 }
 
-/// A model body for the tiny GGUF on llama.cpp, tuned for a small shared CPU.
+/// A model body for the tiny GGUF on llama.cpp, tuned for a small shared CPU, that the
+/// scheduler places on its own.
 pub fn tiny_model_body(name: &str, path: &Path, replicas: u32) -> Value {
     json!({
         "name": name,
@@ -339,6 +340,14 @@ pub fn tiny_model_body(name: &str, path: &Path, replicas: u32) -> Value {
         "replicas": replicas,
         "backend_args": ["-c", "256", "-t", "1", "-tb", "1", "-np", "1"],
     })
+}
+
+/// Like [`tiny_model_body`], for tests that place instances by hand: the model selects
+/// a label no worker has, so the scheduler leaves its instances alone.
+pub fn manual_model_body(name: &str, path: &Path, replicas: u32) -> Value {
+    let mut body = tiny_model_body(name, path, replicas);
+    body["worker_selector"] = json!({"placement": "by-hand"});
+    body
 }
 
 /// Sends a chat completion straight to a backend address.
