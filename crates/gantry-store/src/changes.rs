@@ -1,9 +1,10 @@
 //! Change notifications published after each committed write.
 
 use gantry_types::{ApiKey, Model, ModelInstance, User, Worker};
+use serde::{Deserialize, Serialize};
 
 /// What happened to the object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ChangeKind {
     Created,
     Updated,
@@ -11,8 +12,8 @@ pub enum ChangeKind {
 }
 
 /// One committed change, carrying the object as it is after the write (as it was
-/// before, for deletions).
-#[derive(Debug, Clone)]
+/// before, for deletions). Serialisable so it can travel to other servers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Change {
     User(ChangeKind, User),
     ApiKey(ChangeKind, ApiKey),

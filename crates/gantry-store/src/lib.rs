@@ -24,6 +24,7 @@ mod error;
 mod instances;
 mod migrations;
 mod models;
+mod notify;
 mod query;
 mod rows;
 mod scheduling;
@@ -72,7 +73,14 @@ pub struct StoreConfig {
 pub struct Store {
     pool: AnyPool,
     engine: Engine,
+    /// The URL it was opened with (the PostgreSQL listener opens its own connection).
+    url: String,
     changes: broadcast::Sender<Arc<Change>>,
+    /// On PostgreSQL: sends this server's changes to the others.
+    notifier: Option<Arc<notify::Notifier>>,
+    /// Stops the cross-server listener when the last handle goes away.
+    lifetime: Option<Arc<tokio_util::sync::DropGuard>>,
+    shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl std::fmt::Debug for Store {
@@ -142,12 +150,21 @@ impl Store {
                 ))
             })?;
         let (changes, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
-        let store = Self {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let mut store = Self {
             pool,
             engine,
+            url: config.url.clone(),
             changes,
+            notifier: None,
+            lifetime: None,
+            shutdown: shutdown.clone(),
         };
         migrations::run(&store).await?;
+        if engine == Engine::Postgres {
+            store.notifier = Some(notify::start(&store, shutdown.clone()).await?);
+            store.lifetime = Some(Arc::new(shutdown.drop_guard()));
+        }
         Ok(store)
     }
 
@@ -166,13 +183,24 @@ impl Store {
         self.changes.subscribe()
     }
 
+    /// Publishes a committed change on this server and, on PostgreSQL, to the others.
     fn publish(&self, change: Change) {
+        if let Some(notifier) = &self.notifier {
+            notifier.forward(&change);
+        }
+        self.publish_local(change);
+    }
+
+    /// Publishes a change on this server only.
+    fn publish_local(&self, change: Change) {
         // No receiver is fine: nobody is watching.
         let _ = self.changes.send(Arc::new(change));
     }
 
-    /// Closes the pool, waiting for connections to be returned.
+    /// Stops listening to other servers and closes the pool, waiting for connections
+    /// to be returned.
     pub async fn close(&self) {
+        self.shutdown.cancel();
         self.pool.close().await;
     }
 }

@@ -39,7 +39,9 @@ async fn worker_fails_over_to_the_next_server_without_restarting_instances() {
     let (_, instances) = first
         .create_model(manual_model_body("tiny", &model, 1))
         .await;
-    first.place(instances[0], worker_id, &[0]).await;
+    // Placed through the second server while the worker follows the first: the change
+    // reaches it through PostgreSQL notifications.
+    second.place(instances[0], worker_id, &[0]).await;
     let running = first
         .wait_instance(instances[0], "running", Duration::from_secs(60))
         .await;

@@ -1,0 +1,267 @@
+//! Cross-server change notifications on PostgreSQL. Several servers share one
+//! database; each publishes its committed changes locally *and* with `pg_notify`, and
+//! each listens on the same channel and republishes what the others wrote, so watch
+//! streams and controllers on every server see every change.
+//!
+//! A notification carries the change itself when it fits PostgreSQL's payload limit;
+//! larger ones carry only the resource and id, and receivers re-read the row (a deleted
+//! row that large cannot be re-read; receivers then miss that one deletion, and the
+//! level-triggered loops heal it on their next pass). Notifications sent while a
+//! listener is reconnecting are lost the same way: consumers that must not miss a
+//! change re-list on reconnect (the worker's assignment loop does).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::changes::{Change, ChangeKind};
+use crate::{Store, StoreError};
+
+/// The PostgreSQL channel every gantry server listens on.
+pub const CHANNEL: &str = "gantry_changes";
+
+/// PostgreSQL refuses payloads of 8000 bytes or more.
+const MAX_PAYLOAD: usize = 7900;
+
+/// How many changes may wait to be sent before new ones are dropped (with a warning).
+const QUEUE: usize = 4096;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Envelope {
+    /// The store (server process) that made the change; it ignores its own.
+    origin: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    change: Option<Change>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    refresh: Option<Refresh>,
+}
+
+/// A change too large to carry: which row to re-read.
+#[derive(Debug, Serialize, Deserialize)]
+struct Refresh {
+    resource: Resource,
+    id: i64,
+    kind: ChangeKind,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+enum Resource {
+    User,
+    ApiKey,
+    Worker,
+    Model,
+    Instance,
+}
+
+/// The sending half, owned by the [`Store`].
+#[derive(Debug)]
+pub(crate) struct Notifier {
+    queue: mpsc::Sender<String>,
+    origin: String,
+}
+
+impl Notifier {
+    /// Queues a change for the other servers. Never blocks the writer.
+    pub(crate) fn forward(&self, change: &Change) {
+        let envelope = Envelope {
+            origin: self.origin.clone(),
+            change: Some(change.clone()),
+            refresh: None,
+        };
+        let mut payload = serde_json::to_string(&envelope).unwrap_or_default();
+        if payload.len() > MAX_PAYLOAD && identify(change).2 == ChangeKind::Deleted {
+            // A deleted row cannot be re-read: send it without its bulky fields.
+            payload = serde_json::to_string(&Envelope {
+                change: Some(slim(change)),
+                ..envelope
+            })
+            .unwrap_or_default();
+        }
+        if payload.len() > MAX_PAYLOAD {
+            let (resource, id, kind) = identify(change);
+            payload = serde_json::to_string(&Envelope {
+                origin: self.origin.clone(),
+                change: None,
+                refresh: Some(Refresh { resource, id, kind }),
+            })
+            .unwrap_or_default();
+        }
+        if self.queue.try_send(payload).is_err() {
+            tracing::warn!("cross-server change queue is full; other servers will miss a change");
+        }
+    }
+}
+
+/// The change without the fields that can make it large (free text, arguments,
+/// hardware lists); what identifies the object stays.
+fn slim(change: &Change) -> Change {
+    let mut change = change.clone();
+    match &mut change {
+        Change::Model(_, model) => {
+            model.description.clear();
+            model.backend_args.clear();
+            model.env.clear();
+            model.labels.clear();
+            model.worker_selector.clear();
+            model.custom_command = None;
+        }
+        Change::Instance(_, instance) => {
+            instance.state_message.clear();
+            instance.computed_resource_claim = None;
+        }
+        Change::Worker(_, worker) => {
+            worker.status = Default::default();
+            worker.labels.clear();
+            worker.state_message.clear();
+        }
+        Change::User(_, user) => user.full_name.clear(),
+        Change::ApiKey(_, key) => key.description.clear(),
+    }
+    change
+}
+
+fn identify(change: &Change) -> (Resource, i64, ChangeKind) {
+    match change {
+        Change::User(kind, user) => (Resource::User, user.id, *kind),
+        Change::ApiKey(kind, key) => (Resource::ApiKey, key.id, *kind),
+        Change::Worker(kind, worker) => (Resource::Worker, worker.id, *kind),
+        Change::Model(kind, model) => (Resource::Model, model.id, *kind),
+        Change::Instance(kind, instance) => (Resource::Instance, instance.id, *kind),
+    }
+}
+
+/// Starts the sender and the listener for `store`; both end when `cancel` fires.
+pub(crate) async fn start(
+    store: &Store,
+    cancel: CancellationToken,
+) -> Result<Arc<Notifier>, StoreError> {
+    let origin = format!(
+        "{}-{}-{}",
+        std::process::id(),
+        gantry_types::Timestamp::now().as_millis(),
+        rand_suffix()
+    );
+    let (queue, mut outgoing) = mpsc::channel::<String>(QUEUE);
+
+    // One sender, so notifications leave in the order the changes were committed.
+    let pool = store.pool.clone();
+    let send_cancel = cancel.clone();
+    tokio::spawn(async move {
+        loop {
+            let payload = tokio::select! {
+                () = send_cancel.cancelled() => return,
+                payload = outgoing.recv() => match payload {
+                    Some(payload) => payload,
+                    None => return,
+                },
+            };
+            // pg_notify returns void, which the Any driver cannot describe: count it.
+            if let Err(e) =
+                sqlx::query("SELECT COUNT(*) AS n FROM (SELECT pg_notify($1, $2)) AS sent")
+                    .bind(CHANNEL)
+                    .bind(&payload)
+                    .execute(&pool)
+                    .await
+            {
+                tracing::warn!(error = %e, "could not notify other servers of a change");
+            }
+        }
+    });
+
+    let mut listener = PgListener::connect(&store.url)
+        .await
+        .map_err(|e| StoreError::Config(format!("listen for changes of other servers: {e}")))?;
+    listener.listen(CHANNEL).await?;
+    // The listener's handle must not keep the store's lifetime guard alive, or the
+    // listener would never stop.
+    let mut receiver = store.clone();
+    receiver.lifetime = None;
+    receiver.notifier = None;
+    let own = origin.clone();
+    tokio::spawn(async move {
+        loop {
+            let message = tokio::select! {
+                () = cancel.cancelled() => return,
+                message = listener.try_recv() => message,
+            };
+            match message {
+                Ok(Some(notification)) => receiver.receive(notification.payload(), &own).await,
+                Ok(None) => tracing::warn!(
+                    "lost the connection that listens for other servers' changes; reconnected, \
+                     changes made meanwhile were missed"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "listening for other servers' changes failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    });
+    Ok(Arc::new(Notifier { queue, origin }))
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(gantry_types::Timestamp::now().as_millis().unsigned_abs());
+    hasher.finish()
+}
+
+impl Store {
+    /// Republishes a change another server made.
+    async fn receive(&self, payload: &str, own_origin: &str) {
+        let envelope: Envelope = match serde_json::from_str(payload) {
+            Ok(envelope) => envelope,
+            Err(e) => {
+                tracing::warn!(error = %e, "unreadable cross-server change notification");
+                return;
+            }
+        };
+        if envelope.origin == own_origin {
+            return;
+        }
+        let change = match (envelope.change, envelope.refresh) {
+            (Some(change), _) => change,
+            (None, Some(refresh)) => match self.reread(&refresh).await {
+                Some(change) => change,
+                None => return,
+            },
+            (None, None) => return,
+        };
+        self.publish_local(change);
+    }
+
+    async fn reread(&self, refresh: &Refresh) -> Option<Change> {
+        if refresh.kind == ChangeKind::Deleted {
+            return None;
+        }
+        let kind = refresh.kind;
+        let id = refresh.id;
+        match refresh.resource {
+            Resource::User => self.get_user(id).await.ok().map(|o| Change::User(kind, o)),
+            Resource::ApiKey => self
+                .get_api_key(id)
+                .await
+                .ok()
+                .map(|o| Change::ApiKey(kind, o)),
+            Resource::Worker => self
+                .get_worker(id)
+                .await
+                .ok()
+                .map(|o| Change::Worker(kind, o)),
+            Resource::Model => self
+                .get_model(id)
+                .await
+                .ok()
+                .map(|o| Change::Model(kind, o)),
+            Resource::Instance => self
+                .get_instance(id)
+                .await
+                .ok()
+                .map(|o| Change::Instance(kind, o)),
+        }
+    }
+}
