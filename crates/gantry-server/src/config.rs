@@ -25,6 +25,9 @@ pub struct ServerConfig {
     pub server_id: String,
     /// Largest request body the management API accepts.
     pub max_request_body: usize,
+    /// Largest request body the OpenAI-compatible gateway (`/v1/*`) accepts: prompts
+    /// and embedding inputs are far larger than management requests.
+    pub gateway_max_request_body: usize,
     /// How long a login lasts.
     pub session_ttl: Duration,
     /// Interval between heartbeat lines on idle watch streams.
@@ -55,6 +58,7 @@ impl ServerConfig {
             bootstrap_password: None,
             server_id: "gantry-server".to_string(),
             max_request_body: 1024 * 1024,
+            gateway_max_request_body: 32 * 1024 * 1024,
             session_ttl: Duration::from_secs(24 * 3600),
             watch_heartbeat: Duration::from_secs(15),
             heartbeat_interval: Duration::from_secs(15),

@@ -11,6 +11,7 @@ pub mod config;
 pub mod controllers;
 pub mod error;
 pub mod extract;
+pub mod gateway;
 pub mod state;
 pub mod ui;
 
@@ -18,6 +19,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use gantry_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +40,8 @@ pub struct RunningServer {
     pub state: AppState,
     /// Where the worker registration token was written, when this server made it.
     pub registration_token_file: Option<PathBuf>,
+    /// The OpenAI-compatible gateway (routing table, counters).
+    pub gateway: gateway::Gateway,
 }
 
 impl RunningServer {
@@ -90,8 +94,18 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     );
     controllers::scheduler::spawn(&state, coordinator);
 
-    let app = api::router(state.clone());
+    let gateway = gateway::start(&state)
+        .await
+        .context("load the gateway's routing table")?;
+    let app = api::router(state.clone()).merge(gateway::router(&gateway));
     let shutdown = state.shutdown.clone();
+    // Small writes (gateway SSE chunks, watch-stream lines) must leave at once: with
+    // Nagle's algorithm on, each waits for the client's delayed ACK (about 40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
+        }
+    });
     state.tasks.spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
         if let Err(e) = serve.await {
@@ -108,6 +122,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         addr,
         state,
         registration_token_file,
+        gateway,
     })
 }
 

@@ -7,7 +7,9 @@
 //! - `workers`: registered GPU nodes, their labels, last reported hardware and heartbeat;
 //! - `models`: the desired state an admin declared;
 //! - `model_instances`: one row per replica, the observed state the scheduler and the
-//!   workers move forward.
+//!   workers move forward;
+//! - `usage_records`: requests and tokens the gateway served, per minute, caller and
+//!   model.
 //!
 //! Two engines sit behind one [`Store`]: an SQLite file (WAL) for single-server
 //! deployments and PostgreSQL for several servers sharing state. Both run the same SQL
@@ -30,6 +32,7 @@ mod rows;
 mod scheduling;
 mod settings;
 pub mod testing;
+mod usage;
 mod users;
 mod workers;
 
@@ -49,6 +52,10 @@ pub use models::ModelFilter;
 pub use query::Page;
 pub use scheduling::{NewPlacement, PlacedInstanceClaim};
 pub use settings::REGISTRATION_TOKEN_DIGEST;
+pub use usage::{
+    usage_minute_of, UsageByApiKey, UsageByModel, UsageFilter, UsageIncrement, UsageSums,
+    USAGE_BUCKET_MILLIS,
+};
 pub use users::{NewUser, UserFilter, UserRecord};
 pub use workers::WorkerFilter;
 

@@ -15,6 +15,9 @@ struct Migration {
     statements: &'static [&'static str],
 }
 
+// Kept in this flat layout (rustfmt would re-indent every earlier migration when one is
+// appended): a migration, once released, never changes, not even in whitespace.
+#[rustfmt::skip]
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     name: "initial schema",
@@ -90,6 +93,27 @@ const MIGRATIONS: &[Migration] = &[Migration {
         )",
         "CREATE INDEX model_instances_worker ON model_instances (worker_id)",
         "CREATE INDEX model_instances_state ON model_instances (state)",
+    ],
+}, Migration {
+    version: 2,
+    name: "gateway usage records",
+    statements: &[
+        // One row per minute, user, API key (0: a session token) and model; see
+        // usage.rs. No foreign keys: usage outlives the keys and users it names.
+        "CREATE TABLE usage_records (
+            id {id},
+            minute_start BIGINT NOT NULL,
+            user_id BIGINT NOT NULL,
+            api_key_id BIGINT NOT NULL,
+            model_name TEXT NOT NULL,
+            request_count BIGINT NOT NULL,
+            prompt_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            total_tokens BIGINT NOT NULL,
+            UNIQUE (minute_start, user_id, api_key_id, model_name)
+        )",
+        "CREATE INDEX usage_records_user ON usage_records (user_id, minute_start)",
+        "CREATE INDEX usage_records_model ON usage_records (model_name, minute_start)",
     ],
 }];
 

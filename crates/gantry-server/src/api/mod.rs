@@ -8,6 +8,7 @@ pub mod health;
 pub mod instances;
 pub mod models;
 pub mod openapi;
+pub mod usage;
 pub mod users;
 pub mod watch;
 pub mod workers;
@@ -55,6 +56,7 @@ pub fn router(state: AppState) -> Router {
                 .patch(models::update)
                 .delete(models::delete),
         )
+        .route("/usage", get(usage::report))
         .route("/model-instances", get(instances::list))
         .route("/model-instances/{id}/logs", get(instances::logs))
         .route("/workers/register", post(agent::register))

@@ -6,7 +6,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{agent, api_keys, auth, health, instances, models, users, workers};
+use super::{agent, api_keys, auth, health, instances, models, usage, users, workers};
 
 /// The management API's description.
 #[derive(OpenApi)]
@@ -30,6 +30,10 @@ use super::{agent, api_keys, auth, health, instances, models, users, workers};
         instances::list, instances::get, instances::update, instances::delete, instances::logs,
         agent::register, agent::heartbeat, agent::status, agent::assignments,
         agent::report_state, agent::goodbye,
+        usage::report,
+        crate::gateway::list_models, crate::gateway::chat_completions,
+        crate::gateway::completions, crate::gateway::embeddings,
+        crate::gateway::prometheus_metrics,
     ),
     components(schemas(gantry_types::ErrorBody, gantry_types::WatchEventType)),
     modifiers(&BearerAuth),
@@ -42,6 +46,8 @@ use super::{agent, api_keys, auth, health, instances, models, users, workers};
         (name = "models", description = "Models: the desired state"),
         (name = "model-instances", description = "Replicas: the observed state"),
         (name = "worker-agent", description = "Called by worker agents with their credential"),
+        (name = "usage", description = "Requests and tokens served by the gateway"),
+        (name = "gateway", description = "OpenAI-compatible endpoints (errors in OpenAI's shape) and Prometheus metrics"),
     )
 )]
 pub struct ApiDoc;

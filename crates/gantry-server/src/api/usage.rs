@@ -1,0 +1,169 @@
+//! `/api/v1/usage`: what the gateway served — requests and tokens per model and per
+//! API key. Admins see everyone's usage and may filter by user; everyone else sees
+//! their own. Usage is recorded per minute and written about once a second, so the
+//! newest second of traffic may not show yet.
+
+use axum::extract::State;
+use axum::Json;
+use gantry_store::{UsageFilter, UsageSums};
+use gantry_types::{FieldError, Role, Timestamp, Validate};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::auth::Auth;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiQuery;
+use crate::state::AppState;
+
+/// Filters of the usage report; every one narrows it.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UsageQuery {
+    /// Admins only (others may give only their own id).
+    pub user_id: Option<i64>,
+    pub api_key_id: Option<i64>,
+    /// Model name.
+    pub model: Option<String>,
+    /// RFC 3339; minutes starting at or after this time.
+    pub from: Option<Timestamp>,
+    /// RFC 3339; minutes starting before this time.
+    pub to: Option<Timestamp>,
+}
+
+impl Validate for UsageQuery {
+    fn validate(&self) -> Result<(), FieldError> {
+        if let (Some(from), Some(to)) = (self.from, self.to) {
+            if from >= to {
+                return Err(FieldError::new("to", "must be later than from"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Request count and token sums.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+pub struct UsageTotals {
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+impl From<UsageSums> for UsageTotals {
+    fn from(s: UsageSums) -> Self {
+        Self {
+            requests: s.requests,
+            prompt_tokens: s.prompt_tokens,
+            completion_tokens: s.completion_tokens,
+            total_tokens: s.total_tokens,
+        }
+    }
+}
+
+/// Usage of one model.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelUsage {
+    pub model: String,
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+/// Usage of one model through one API key (`api_key_id: null`: session tokens).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiKeyUsage {
+    pub user_id: i64,
+    pub api_key_id: Option<i64>,
+    pub model: String,
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+/// The usage report.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UsageReport {
+    /// The filters applied (the caller's own id for non-admins).
+    pub user_id: Option<i64>,
+    pub api_key_id: Option<i64>,
+    pub model: Option<String>,
+    pub from: Option<Timestamp>,
+    pub to: Option<Timestamp>,
+    /// Everything selected.
+    pub total: UsageTotals,
+    /// Per model, by name.
+    pub models: Vec<ModelUsage>,
+    /// Per user, API key and model.
+    pub api_keys: Vec<ApiKeyUsage>,
+}
+
+/// Requests and tokens served by the gateway, per model and per API key.
+#[utoipa::path(get, path = "/api/v1/usage", tag = "usage", security(("bearer" = [])), params(UsageQuery),
+    responses((status = 200, body = UsageReport), (status = 400, body = gantry_types::ErrorBody),
+        (status = 403, body = gantry_types::ErrorBody)))]
+pub async fn report(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiQuery(query): ApiQuery<UsageQuery>,
+) -> ApiResult<Json<UsageReport>> {
+    let user = principal.require_user()?;
+    let user_id = match (user.role, query.user_id) {
+        (Role::Admin, requested) => requested,
+        (Role::User, None) => Some(user.id),
+        (Role::User, Some(requested)) if requested == user.id => Some(user.id),
+        (Role::User, Some(_)) => {
+            return Err(ApiError::forbidden(
+                "only admins can see other users' usage",
+            ))
+        }
+    };
+    let filter = UsageFilter {
+        user_id,
+        api_key_id: query.api_key_id,
+        model: query.model.clone(),
+        from: query.from,
+        to: query.to,
+    };
+    let (by_model, by_key) = tokio::try_join!(
+        state.store.usage_by_model(&filter),
+        state.store.usage_by_api_key(&filter)
+    )?;
+    let mut total = UsageSums::default();
+    for row in &by_model {
+        total.add(&row.sums);
+    }
+    Ok(Json(UsageReport {
+        user_id,
+        api_key_id: query.api_key_id,
+        model: query.model,
+        from: query.from,
+        to: query.to,
+        total: total.into(),
+        models: by_model
+            .into_iter()
+            .map(|row| ModelUsage {
+                model: row.model,
+                requests: row.sums.requests,
+                prompt_tokens: row.sums.prompt_tokens,
+                completion_tokens: row.sums.completion_tokens,
+                total_tokens: row.sums.total_tokens,
+            })
+            .collect(),
+        api_keys: by_key
+            .into_iter()
+            .map(|row| ApiKeyUsage {
+                user_id: row.user_id,
+                api_key_id: row.api_key_id,
+                model: row.model,
+                requests: row.sums.requests,
+                prompt_tokens: row.sums.prompt_tokens,
+                completion_tokens: row.sums.completion_tokens,
+                total_tokens: row.sums.total_tokens,
+            })
+            .collect(),
+    }))
+}

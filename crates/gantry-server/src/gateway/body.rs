@@ -1,0 +1,570 @@
+//! The response body the gateway hands to the client: the backend's body, passed on
+//! frame by frame as it arrives (nothing is held back to batch it), observed on the
+//! way for the `usage` object, and accounted for when it is dropped.
+//!
+//! - JSON responses: the chunks are kept by reference (no copy) while the body is
+//!   small, and only the last [`JSON_TAIL_BYTES`] of a large one; at the end the last
+//!   `"usage"` key is parsed from them. OpenAI-style servers put `usage` last.
+//! - Server-sent events: each `data:` line that mentions `"usage"` is parsed as it
+//!   passes. When the gateway itself asked for usage (the client did not), the
+//!   usage-only chunk (`"choices": []` plus `usage`) is removed; for that, an event
+//!   split across two reads is held until its end arrives (it is of no use to the
+//!   client before that anyway), and everything else is passed on unchanged.
+//!
+//! The body also drives the connection it arrives on (see `upstream.rs`). Dropping
+//! the body — the response ended, or the client went away — releases the in-flight
+//! counts, records latency, status and tokens, books usage, and returns the connection
+//! to the instance's pool; a body dropped before its end closes the connection, which
+//! cancels the backend's work.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use memchr::memmem;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::metrics::{ErrorKind, InFlight, ModelMetrics};
+use super::routing::InFlightGuard;
+use super::upstream::UpstreamConnection;
+use super::usage::{Caller, TokenUsage, UsageAggregator};
+
+/// A JSON body up to this size is kept whole for the usage scan.
+pub const JSON_KEEP_WHOLE_BYTES: usize = 1024 * 1024;
+/// Of a larger JSON body, at least this much of its end is kept.
+pub const JSON_TAIL_BYTES: usize = 64 * 1024;
+/// An SSE event (or line) longer than this is passed on without inspection.
+pub const SSE_MAX_PENDING_BYTES: usize = 1024 * 1024;
+
+/// How the body is observed.
+#[derive(Debug)]
+pub enum Inspector {
+    /// Not at all (an error response).
+    None,
+    Json(JsonTail),
+    Sse(SseScanner),
+}
+
+impl Inspector {
+    pub fn json() -> Self {
+        Self::Json(JsonTail::default())
+    }
+
+    pub fn sse(strip_usage_only_chunk: bool) -> Self {
+        Self::Sse(SseScanner {
+            strip: strip_usage_only_chunk,
+            ..SseScanner::default()
+        })
+    }
+
+    /// Whether the body passed on differs from the backend's (its length with it).
+    pub fn rewrites(&self) -> bool {
+        matches!(self, Self::Sse(s) if s.strip)
+    }
+
+    /// Looks at a chunk; returns what to pass on (possibly empty).
+    fn on_data(&mut self, data: Bytes) -> Bytes {
+        match self {
+            Self::None => data,
+            Self::Json(tail) => {
+                tail.push(data.clone());
+                data
+            }
+            Self::Sse(scanner) => scanner.on_data(data),
+        }
+    }
+
+    /// The end of the backend's body: whatever was held back.
+    fn finish(&mut self) -> Option<Bytes> {
+        match self {
+            Self::Sse(scanner) => scanner.finish(),
+            _ => None,
+        }
+    }
+
+    fn holds_back(&self) -> bool {
+        matches!(self, Self::Sse(s) if s.strip && !s.pending.is_empty())
+    }
+
+    fn usage(&self) -> Option<TokenUsage> {
+        match self {
+            Self::None => None,
+            Self::Json(tail) => tail.usage(),
+            Self::Sse(scanner) => scanner.usage,
+        }
+    }
+}
+
+/// The end of a JSON body, kept by reference.
+#[derive(Debug, Default)]
+pub struct JsonTail {
+    chunks: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl JsonTail {
+    fn push(&mut self, data: Bytes) {
+        self.len += data.len();
+        self.chunks.push_back(data);
+        if self.len > JSON_KEEP_WHOLE_BYTES {
+            while let Some(front) = self.chunks.front() {
+                if self.len - front.len() < JSON_TAIL_BYTES {
+                    break;
+                }
+                self.len -= front.len();
+                self.chunks.pop_front();
+            }
+        }
+    }
+
+    fn usage(&self) -> Option<TokenUsage> {
+        match self.chunks.len() {
+            0 => None,
+            1 => find_usage(&self.chunks[0]),
+            _ => {
+                let mut whole = Vec::with_capacity(self.len);
+                for chunk in &self.chunks {
+                    whole.extend_from_slice(chunk);
+                }
+                find_usage(&whole)
+            }
+        }
+    }
+}
+
+/// Parses the value of the last `"usage"` key in a JSON text, skipping `null`s and
+/// values that are not a usage object.
+pub fn find_usage(json: &[u8]) -> Option<TokenUsage> {
+    for at in memmem::rfind_iter(json, b"\"usage\"") {
+        let rest = json[at + b"\"usage\"".len()..].trim_ascii_start();
+        let Some(rest) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        let rest = rest.trim_ascii_start();
+        if !rest.starts_with(b"{") {
+            continue;
+        }
+        let mut deserializer = serde_json::Deserializer::from_slice(rest);
+        if let Ok(usage) = TokenUsage::deserialize(&mut deserializer) {
+            return Some(usage);
+        }
+    }
+    None
+}
+
+/// What a streamed chunk says about usage.
+#[derive(Debug, Deserialize)]
+struct ChunkPeek {
+    #[serde(default)]
+    choices: Option<Vec<IgnoredAny>>,
+    #[serde(default)]
+    usage: Option<TokenUsage>,
+}
+
+/// Reads server-sent events as they pass.
+#[derive(Debug, Default)]
+pub struct SseScanner {
+    /// Remove the usage-only chunk (the gateway asked for it, the client did not).
+    strip: bool,
+    /// Strip mode: the start of an event whose end has not arrived. Observe mode: the
+    /// start of a line whose end has not arrived.
+    pending: BytesMut,
+    /// Observe mode: the current line is too long to inspect; skip to its end.
+    skipping_line: bool,
+    /// The last usage seen.
+    usage: Option<TokenUsage>,
+}
+
+fn trim_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+impl SseScanner {
+    fn on_data(&mut self, data: Bytes) -> Bytes {
+        if self.strip {
+            self.strip_usage_only_events(data)
+        } else {
+            self.observe_lines(&data);
+            data
+        }
+    }
+
+    /// Records usage from one line; true when the line is a usage-only chunk.
+    fn inspect_line(&mut self, line: &[u8]) -> bool {
+        let Some(payload) = trim_cr(line).strip_prefix(b"data:") else {
+            return false;
+        };
+        if memmem::find(payload, b"\"usage\"").is_none() {
+            return false;
+        }
+        let Ok(chunk) = serde_json::from_slice::<ChunkPeek>(payload.trim_ascii()) else {
+            return false;
+        };
+        match chunk.usage {
+            Some(usage) => {
+                self.usage = Some(usage);
+                chunk.choices.is_some_and(|c| c.is_empty())
+            }
+            None => false,
+        }
+    }
+
+    fn observe_lines(&mut self, data: &[u8]) {
+        let mut start = 0;
+        if self.skipping_line || !self.pending.is_empty() {
+            let Some(newline) = memchr::memchr(b'\n', data) else {
+                if !self.skipping_line {
+                    self.pending.extend_from_slice(data);
+                    self.give_up_on_long_line();
+                }
+                return;
+            };
+            if !self.skipping_line {
+                self.pending.extend_from_slice(&data[..newline]);
+                let line = std::mem::take(&mut self.pending);
+                self.inspect_line(&line);
+            }
+            self.skipping_line = false;
+            start = newline + 1;
+        }
+        let base = start;
+        for newline in memchr::memchr_iter(b'\n', &data[base..]) {
+            let end = base + newline;
+            let line = &data[start..end];
+            self.inspect_line(line);
+            start = end + 1;
+        }
+        self.pending.extend_from_slice(&data[start..]);
+        self.give_up_on_long_line();
+    }
+
+    fn give_up_on_long_line(&mut self) {
+        if self.pending.len() > SSE_MAX_PENDING_BYTES {
+            self.pending.clear();
+            self.skipping_line = true;
+        }
+    }
+
+    fn strip_usage_only_events(&mut self, data: Bytes) -> Bytes {
+        let buffer = if self.pending.is_empty() {
+            data
+        } else {
+            self.pending.extend_from_slice(&data);
+            self.pending.split().freeze()
+        };
+        // Bytes [passed_until, event_start) are complete events to pass on; dropped
+        // events are cut out by copying around them (rare: one per stream).
+        let mut out: Option<BytesMut> = None;
+        let mut passed_until = 0;
+        let mut event_start = 0;
+        let mut line_start = 0;
+        let mut usage_only = false;
+        for newline in memchr::memchr_iter(b'\n', &buffer) {
+            let line = &buffer[line_start..newline];
+            line_start = newline + 1;
+            if !trim_cr(line).is_empty() {
+                usage_only |= self.inspect_line(line);
+                continue;
+            }
+            // A blank line ends an event.
+            if usage_only {
+                out.get_or_insert_with(BytesMut::new)
+                    .extend_from_slice(&buffer[passed_until..event_start]);
+                passed_until = line_start;
+            }
+            usage_only = false;
+            event_start = line_start;
+        }
+        if event_start < buffer.len() {
+            if buffer.len() - event_start > SSE_MAX_PENDING_BYTES {
+                // Not an event stream we can cut; pass everything on from here.
+                self.strip = false;
+                event_start = buffer.len();
+            } else {
+                self.pending.extend_from_slice(&buffer[event_start..]);
+            }
+        }
+        match out {
+            None => buffer.slice(passed_until..event_start),
+            Some(mut out) => {
+                out.extend_from_slice(&buffer[passed_until..event_start]);
+                out.freeze()
+            }
+        }
+    }
+
+    /// The backend's stream ended; an unterminated last event is passed on as is.
+    fn finish(&mut self) -> Option<Bytes> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let rest = self.pending.split().freeze();
+        for line in rest.split(|b| *b == b'\n') {
+            self.inspect_line(line);
+        }
+        Some(rest)
+    }
+}
+
+/// What is recorded when the response ends.
+#[derive(Debug)]
+pub struct Completion {
+    pub metrics: Arc<ModelMetrics>,
+    pub usage: Arc<UsageAggregator>,
+    pub caller: Caller,
+    pub model: Arc<str>,
+    pub status: u16,
+    pub started: Instant,
+    pub backend: InFlightGuard,
+    pub gateway: InFlight,
+}
+
+/// The backend's body on its way to the client.
+#[derive(Debug)]
+pub struct ObservedBody {
+    inner: Incoming,
+    /// The connection the body arrives on, driven from `poll_frame`; back to the
+    /// instance's pool when the body ended, closed when it was abandoned.
+    upstream: Option<UpstreamConnection>,
+    inspector: Inspector,
+    completion: Option<Completion>,
+    ended: bool,
+    failed: bool,
+}
+
+impl ObservedBody {
+    pub fn new(
+        inner: Incoming,
+        upstream: UpstreamConnection,
+        inspector: Inspector,
+        completion: Completion,
+    ) -> Self {
+        Self {
+            inner,
+            upstream: Some(upstream),
+            inspector,
+            completion: Some(completion),
+            ended: false,
+            failed: false,
+        }
+    }
+}
+
+impl Body for ObservedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            if let Some(upstream) = &mut this.upstream {
+                upstream.drive(cx);
+            }
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                None => {
+                    this.ended = true;
+                    return Poll::Ready(this.inspector.finish().map(|rest| Ok(Frame::data(rest))));
+                }
+                Some(Err(e)) => {
+                    this.failed = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = this.inspector.on_data(data);
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                        // Everything was held back or cut out: read on.
+                    }
+                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                },
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || (self.inner.is_end_stream() && !self.inspector.holds_back())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.inspector.rewrites() {
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+impl Drop for ObservedBody {
+    fn drop(&mut self) {
+        let Some(completion) = self.completion.take() else {
+            return;
+        };
+        let completed = !self.failed && (self.ended || self.inner.is_end_stream());
+        if let Some(upstream) = self.upstream.take() {
+            if completed {
+                completion.backend.backend().pool.give_back(upstream);
+            }
+            // Otherwise dropped here: closing the connection cancels the backend's work.
+        }
+        if self.failed {
+            completion.metrics.count_error(ErrorKind::UpstreamBody);
+        } else if !completed {
+            completion
+                .metrics
+                .count_error(ErrorKind::ClientDisconnected);
+        }
+        let usage = if completed || matches!(self.inspector, Inspector::Sse(_)) {
+            self.inspector.usage()
+        } else {
+            None
+        };
+        completion
+            .metrics
+            .observe_request(completion.status, completion.started.elapsed());
+        if let Some(usage) = usage {
+            completion
+                .metrics
+                .count_tokens(usage.prompt_tokens, usage.completion_tokens);
+        }
+        if (200..300).contains(&completion.status) {
+            completion
+                .usage
+                .record(&completion.caller, &completion.model, usage);
+        }
+        // The in-flight guards in `completion` are released here.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn usage(prompt: u64, completion: u64, total: u64) -> TokenUsage {
+        TokenUsage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: total,
+        }
+    }
+
+    #[test]
+    fn find_usage_reads_the_last_usage_object() {
+        let body = br#"{"choices":[{"message":{"content":"say \"usage\": 5"}}],"usage": {"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":0}},"id":"x"}"#;
+        assert_eq!(find_usage(body), Some(usage(7, 3, 10)));
+        assert_eq!(find_usage(br#"{"usage":null}"#), None);
+        assert_eq!(find_usage(br#"{"a":1}"#), None);
+    }
+
+    #[test]
+    fn json_tail_keeps_the_end_of_a_large_body() {
+        let mut tail = JsonTail::default();
+        let filler = Bytes::from(vec![b' '; 256 * 1024]);
+        tail.push(Bytes::from_static(b"{\"data\":\""));
+        for _ in 0..8 {
+            tail.push(filler.clone());
+        }
+        tail.push(Bytes::from_static(
+            br#"","usage":{"prompt_tokens":4,"total_tokens":4}}"#,
+        ));
+        assert!(tail.len <= JSON_TAIL_BYTES + 256 * 1024 + 64);
+        assert_eq!(tail.usage(), Some(usage(4, 0, 4)));
+    }
+
+    const CONTENT: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    const FINISH: &str =
+        "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n";
+    const USAGE_ONLY: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn run(scanner: &mut SseScanner, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for chunk in chunks {
+            out.extend_from_slice(&scanner.on_data(Bytes::copy_from_slice(chunk)));
+        }
+        if let Some(rest) = scanner.finish() {
+            out.extend_from_slice(&rest);
+        }
+        out
+    }
+
+    #[test]
+    fn sse_strip_removes_only_the_usage_only_chunk_and_records_its_usage() {
+        let stream = format!("{CONTENT}{CONTENT}{FINISH}{USAGE_ONLY}{DONE}");
+        let expected = format!("{CONTENT}{CONTENT}{FINISH}{DONE}");
+        // Every way of splitting the stream in two and three reads gives the same.
+        let bytes = stream.as_bytes();
+        for cut in 0..=bytes.len() {
+            let mut scanner = SseScanner {
+                strip: true,
+                ..Default::default()
+            };
+            let out = run(&mut scanner, &[&bytes[..cut], &bytes[cut..]]);
+            assert_eq!(String::from_utf8(out).unwrap(), expected, "cut at {cut}");
+            assert_eq!(scanner.usage, Some(usage(5, 2, 7)));
+        }
+        for cut in (0..bytes.len()).step_by(7) {
+            let second = (cut + 13).min(bytes.len());
+            let mut scanner = SseScanner {
+                strip: true,
+                ..Default::default()
+            };
+            let out = run(
+                &mut scanner,
+                &[&bytes[..cut], &bytes[cut..second], &bytes[second..]],
+            );
+            assert_eq!(String::from_utf8(out).unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn sse_strip_passes_whole_events_through_without_copying() {
+        let mut scanner = SseScanner {
+            strip: true,
+            ..Default::default()
+        };
+        let chunk = Bytes::from(CONTENT);
+        let out = scanner.on_data(chunk.clone());
+        assert_eq!(out.as_ptr(), chunk.as_ptr());
+        assert_eq!(out.len(), chunk.len());
+    }
+
+    #[test]
+    fn sse_observe_passes_everything_and_records_usage_split_anywhere() {
+        let stream = format!("{CONTENT}{FINISH}{USAGE_ONLY}{DONE}").replace("\n", "\r\n");
+        let bytes = stream.as_bytes();
+        for cut in 0..=bytes.len() {
+            let mut scanner = SseScanner::default();
+            let out = run(&mut scanner, &[&bytes[..cut], &bytes[cut..]]);
+            assert_eq!(out, bytes);
+            assert_eq!(scanner.usage, Some(usage(5, 2, 7)), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn sse_usage_on_a_chunk_with_choices_is_recorded_but_kept() {
+        let last = "data: {\"choices\":[{\"text\":\"x\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":8,\"total_tokens\":11}}\n\n";
+        let stream = format!("{last}{DONE}");
+        let mut scanner = SseScanner {
+            strip: true,
+            ..Default::default()
+        };
+        let out = run(&mut scanner, &[stream.as_bytes()]);
+        assert_eq!(out, stream.as_bytes());
+        assert_eq!(scanner.usage, Some(usage(3, 8, 11)));
+    }
+}

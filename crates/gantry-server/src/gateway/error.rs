@@ -1,0 +1,163 @@
+//! Errors of the OpenAI-compatible endpoints, in the shape OpenAI clients parse:
+//! `{"error": {"message", "type", "param", "code"}}`. The management API keeps its own
+//! shape (`crate::error`); this is the one place that builds the gateway's.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::error::ApiError;
+
+/// An error on its way to a gateway client.
+#[derive(Debug, Clone)]
+pub struct OpenAiError {
+    pub status: StatusCode,
+    /// OpenAI's `type`: `invalid_request_error`, `permission_error`, `server_error`…
+    pub kind: &'static str,
+    /// OpenAI's `code`: a stable machine-readable reason.
+    pub code: &'static str,
+    /// The request field the error is about, when there is one.
+    pub param: Option<&'static str>,
+    pub message: String,
+}
+
+/// The JSON body of a gateway error.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiErrorDetail,
+}
+
+/// What went wrong, as OpenAI describes errors.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorDetail {
+    pub message: String,
+    /// `invalid_request_error`, `permission_error` or `server_error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The request field the error is about.
+    pub param: Option<String>,
+    /// A stable reason: `invalid_api_key`, `model_not_found`, `missing_model`,
+    /// `model_not_ready`, `upstream_error`…
+    pub code: String,
+}
+
+impl OpenAiError {
+    pub fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            kind,
+            code,
+            param: None,
+            message: message.into(),
+        }
+    }
+
+    /// The same error, about a request field.
+    pub fn with_param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    pub fn missing_api_key() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            "missing API key: send Authorization: Bearer <API key>",
+        )
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            code,
+            message,
+        )
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!(
+                "the model `{model}` does not exist; GET /v1/models lists the models being served"
+            ),
+        )
+        .with_param("model")
+    }
+
+    pub fn no_running_instance(model: &str) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "model_not_ready",
+            format!("the model `{model}` has no running instance right now; retry later"),
+        )
+        .with_param("model")
+    }
+
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "server_error",
+            "upstream_error",
+            message,
+        )
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "internal_error",
+            message,
+        )
+    }
+}
+
+/// Authentication failures come from the shared auth code as [`ApiError`]s; the
+/// status and message carry over, the shape becomes OpenAI's.
+impl From<ApiError> for OpenAiError {
+    fn from(e: ApiError) -> Self {
+        let (kind, code) = match e.status {
+            StatusCode::UNAUTHORIZED => ("invalid_request_error", "invalid_api_key"),
+            StatusCode::FORBIDDEN => ("permission_error", "forbidden"),
+            s if s.is_server_error() => ("server_error", "internal_error"),
+            _ => ("invalid_request_error", "invalid_request"),
+        };
+        Self::new(e.status, kind, code, e.message)
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        let body = OpenAiErrorBody {
+            error: OpenAiErrorDetail {
+                message: self.message,
+                kind: self.kind.to_string(),
+                param: self.param.map(str::to_string),
+                code: self.code.to_string(),
+            },
+        };
+        // Serialising a struct of strings cannot fail; an empty body would still carry
+        // the status.
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        (
+            self.status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response()
+    }
+}

@@ -1,0 +1,494 @@
+//! Counters of the gateway and the Prometheus text exposition of `/metrics`.
+//!
+//! Everything a request touches is an atomic in a per-model [`ModelMetrics`] that the
+//! request holds an `Arc` to, so counting costs no lock on the hot path. The cluster
+//! gauges (instances and workers by state, the scheduler queue) are read from the
+//! store at scrape time with two grouped counts.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use gantry_types::{InstanceState, WorkerState};
+
+use super::routing::RoutingTable;
+
+/// Upper bounds (seconds) of the latency histogram's buckets.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// Why a gateway request (or one try of it) failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Connecting to an instance failed.
+    UpstreamConnect,
+    /// An instance failed before answering (connection closed, protocol error).
+    UpstreamRequest,
+    /// An instance answered 502 or 503.
+    UpstreamUnavailable,
+    /// The response body broke off after it had started.
+    UpstreamBody,
+    /// The model has no running instance.
+    NoRunningInstance,
+    /// Every try failed; the client got a 502.
+    AllTriesFailed,
+    /// The client went away before the response ended.
+    ClientDisconnected,
+}
+
+impl ErrorKind {
+    const ALL: [ErrorKind; 7] = [
+        ErrorKind::UpstreamConnect,
+        ErrorKind::UpstreamRequest,
+        ErrorKind::UpstreamUnavailable,
+        ErrorKind::UpstreamBody,
+        ErrorKind::NoRunningInstance,
+        ErrorKind::AllTriesFailed,
+        ErrorKind::ClientDisconnected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::UpstreamConnect => "upstream_connect",
+            ErrorKind::UpstreamRequest => "upstream_request",
+            ErrorKind::UpstreamUnavailable => "upstream_unavailable",
+            ErrorKind::UpstreamBody => "upstream_body",
+            ErrorKind::NoRunningInstance => "no_running_instance",
+            ErrorKind::AllTriesFailed => "all_tries_failed",
+            ErrorKind::ClientDisconnected => "client_disconnected",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Status codes 100..=599 get a counter each; anything else counts as 599.
+const CODES: usize = 500;
+
+/// The counters of one model (or of requests that named no known model).
+#[derive(Debug)]
+pub struct ModelMetrics {
+    requests_by_code: Box<[AtomicU64]>,
+    errors: [AtomicU64; ErrorKind::ALL.len()],
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_micros: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+}
+
+impl Default for ModelMetrics {
+    fn default() -> Self {
+        Self {
+            requests_by_code: (0..CODES).map(|_| AtomicU64::new(0)).collect(),
+            errors: Default::default(),
+            latency_buckets: Default::default(),
+            latency_count: AtomicU64::new(0),
+            latency_sum_micros: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ModelMetrics {
+    /// Counts a finished request: its status and how long it took.
+    pub fn observe_request(&self, status: u16, elapsed: Duration) {
+        let index = usize::from(status.clamp(100, 599) - 100);
+        self.requests_by_code[index].fetch_add(1, Ordering::Relaxed);
+        let seconds = elapsed.as_secs_f64();
+        if let Some(bucket) = LATENCY_BUCKETS.iter().position(|le| seconds <= *le) {
+            self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    pub fn count_error(&self, kind: ErrorKind) {
+        self.errors[kind.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_tokens(&self, prompt: u64, completion: u64) {
+        self.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
+        self.completion_tokens
+            .fetch_add(completion, Ordering::Relaxed);
+    }
+}
+
+/// Every counter of the gateway.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    by_model: RwLock<HashMap<Arc<str>, Arc<ModelMetrics>>>,
+    /// Requests that named no known model (bad requests, unknown models, no key).
+    unrouted: Arc<ModelMetrics>,
+    in_flight: AtomicI64,
+}
+
+/// Holds one request in the gateway's in-flight gauge.
+#[derive(Debug)]
+pub struct InFlight(Arc<Metrics>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    /// The counters of a model that exists (routable, or known to the store). Only
+    /// such names become labels, so clients cannot grow the label set at will.
+    pub fn model(&self, name: &str) -> Arc<ModelMetrics> {
+        if let Some(metrics) = self
+            .by_model
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return Arc::clone(metrics);
+        }
+        let mut by_model = self.by_model.write().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(by_model.entry(Arc::from(name)).or_default())
+    }
+
+    /// The counters of requests that named no known model.
+    pub fn unrouted(&self) -> Arc<ModelMetrics> {
+        Arc::clone(&self.unrouted)
+    }
+
+    /// Counts a request in flight until the guard is dropped.
+    pub fn start_request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(Arc::clone(self))
+    }
+
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+/// What the store said about the cluster at scrape time.
+#[derive(Debug, Default)]
+pub struct ClusterCounts {
+    pub instances: Option<Vec<(InstanceState, u64)>>,
+    pub workers: Option<Vec<(WorkerState, u64)>>,
+}
+
+const INSTANCE_STATES: [InstanceState; 7] = [
+    InstanceState::Pending,
+    InstanceState::Analyzing,
+    InstanceState::Scheduled,
+    InstanceState::Starting,
+    InstanceState::Running,
+    InstanceState::Error,
+    InstanceState::Unreachable,
+];
+
+const WORKER_STATES: [WorkerState; 4] = [
+    WorkerState::Ready,
+    WorkerState::NotReady,
+    WorkerState::Unreachable,
+    WorkerState::Maintenance,
+];
+
+/// A label value with `\`, `"` and newlines escaped, as the text format requires.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// The Prometheus text exposition (version 0.0.4) of the gateway and cluster.
+pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts) -> String {
+    let mut models: Vec<(String, Arc<ModelMetrics>)> = metrics
+        .by_model
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(name, m)| (escape(name), Arc::clone(m)))
+        .collect();
+    models.sort_by(|a, b| a.0.cmp(&b.0));
+    models.push((String::new(), Arc::clone(&metrics.unrouted)));
+    // Writing to a String cannot fail; the results of write! are ignored below.
+    let mut out = String::with_capacity(4096);
+
+    header(
+        &mut out,
+        "gantry_gateway_requests_total",
+        "counter",
+        "Gateway requests by model and response status code (model is empty when the request named no known model).",
+    );
+    for (model, m) in &models {
+        for (index, counter) in m.requests_by_code.iter().enumerate() {
+            let n = counter.load(Ordering::Relaxed);
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "gantry_gateway_requests_total{{model=\"{model}\",code=\"{}\"}} {n}",
+                    index + 100
+                );
+            }
+        }
+    }
+
+    header(
+        &mut out,
+        "gantry_gateway_errors_total",
+        "counter",
+        "Gateway failures by model and kind (failed tries are counted even when a retry succeeded).",
+    );
+    for (model, m) in &models {
+        for kind in ErrorKind::ALL {
+            let n = m.errors[kind.index()].load(Ordering::Relaxed);
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "gantry_gateway_errors_total{{model=\"{model}\",kind=\"{}\"}} {n}",
+                    kind.as_str()
+                );
+            }
+        }
+    }
+
+    header(
+        &mut out,
+        "gantry_gateway_request_duration_seconds",
+        "histogram",
+        "Time from receiving a gateway request to the end of its response, by model.",
+    );
+    for (model, m) in &models {
+        let count = m.latency_count.load(Ordering::Relaxed);
+        if count == 0 {
+            continue;
+        }
+        let mut cumulative = 0;
+        for (le, bucket) in LATENCY_BUCKETS.iter().zip(&m.latency_buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "gantry_gateway_request_duration_seconds_bucket{{model=\"{model}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "gantry_gateway_request_duration_seconds_bucket{{model=\"{model}\",le=\"+Inf\"}} {count}"
+        );
+        let sum = m.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "gantry_gateway_request_duration_seconds_sum{{model=\"{model}\"}} {sum}"
+        );
+        let _ = writeln!(
+            out,
+            "gantry_gateway_request_duration_seconds_count{{model=\"{model}\"}} {count}"
+        );
+    }
+
+    for (name, help, pick) in [
+        (
+            "gantry_gateway_prompt_tokens_total",
+            "Prompt tokens reported by backends, by model.",
+            (|m: &ModelMetrics| m.prompt_tokens.load(Ordering::Relaxed))
+                as fn(&ModelMetrics) -> u64,
+        ),
+        (
+            "gantry_gateway_completion_tokens_total",
+            "Completion tokens reported by backends, by model.",
+            |m: &ModelMetrics| m.completion_tokens.load(Ordering::Relaxed),
+        ),
+    ] {
+        header(&mut out, name, "counter", help);
+        for (model, m) in models.iter().filter(|(model, _)| !model.is_empty()) {
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", pick(m));
+        }
+    }
+
+    header(
+        &mut out,
+        "gantry_gateway_requests_in_flight",
+        "gauge",
+        "Gateway requests being served now.",
+    );
+    let _ = writeln!(
+        out,
+        "gantry_gateway_requests_in_flight {}",
+        metrics.in_flight()
+    );
+
+    let routes = routes.all();
+    header(
+        &mut out,
+        "gantry_gateway_instance_requests_in_flight",
+        "gauge",
+        "Requests being proxied to each routable instance now.",
+    );
+    for route in &routes {
+        for backend in &route.backends {
+            let _ = writeln!(
+                out,
+                "gantry_gateway_instance_requests_in_flight{{model=\"{}\",instance=\"{}\"}} {}",
+                escape(&route.name),
+                escape(&backend.instance_name),
+                backend.in_flight()
+            );
+        }
+    }
+    header(
+        &mut out,
+        "gantry_gateway_instance_connections_opened_total",
+        "counter",
+        "Connections the gateway opened to each routable instance (keep-alive reuse keeps it low).",
+    );
+    for route in &routes {
+        for backend in &route.backends {
+            let _ = writeln!(
+                out,
+                "gantry_gateway_instance_connections_opened_total{{model=\"{}\",instance=\"{}\"}} {}",
+                escape(&route.name),
+                escape(&backend.instance_name),
+                backend.connections_opened()
+            );
+        }
+    }
+    header(
+        &mut out,
+        "gantry_gateway_routable_instances",
+        "gauge",
+        "Running instances the gateway routes to, by model.",
+    );
+    for route in &routes {
+        let _ = writeln!(
+            out,
+            "gantry_gateway_routable_instances{{model=\"{}\"}} {}",
+            escape(&route.name),
+            route.backends.len()
+        );
+    }
+
+    if let Some(instances) = &cluster.instances {
+        let count = |state: InstanceState| {
+            instances
+                .iter()
+                .filter(|(s, _)| *s == state)
+                .map(|(_, n)| *n)
+                .sum::<u64>()
+        };
+        header(
+            &mut out,
+            "gantry_instances",
+            "gauge",
+            "Model instances by state.",
+        );
+        for state in INSTANCE_STATES {
+            let _ = writeln!(
+                out,
+                "gantry_instances{{state=\"{}\"}} {}",
+                state.as_str(),
+                count(state)
+            );
+        }
+        header(
+            &mut out,
+            "gantry_scheduler_queue_length",
+            "gauge",
+            "Instances waiting for placement (pending or analyzing).",
+        );
+        let _ = writeln!(
+            out,
+            "gantry_scheduler_queue_length {}",
+            count(InstanceState::Pending) + count(InstanceState::Analyzing)
+        );
+    }
+    if let Some(workers) = &cluster.workers {
+        header(&mut out, "gantry_workers", "gauge", "Workers by state.");
+        for state in WORKER_STATES {
+            let n: u64 = workers
+                .iter()
+                .filter(|(s, _)| *s == state)
+                .map(|(_, n)| *n)
+                .sum();
+            let _ = writeln!(out, "gantry_workers{{state=\"{}\"}} {n}", state.as_str());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_shows_counters_histogram_and_cluster_gauges() {
+        let metrics = Metrics::default();
+        let tiny = metrics.model("tiny");
+        tiny.observe_request(200, Duration::from_millis(20));
+        tiny.observe_request(200, Duration::from_millis(200));
+        tiny.count_tokens(7, 3);
+        tiny.count_error(ErrorKind::UpstreamConnect);
+        metrics
+            .unrouted()
+            .observe_request(401, Duration::from_millis(1));
+        let text = render(
+            &metrics,
+            &RoutingTable::default(),
+            &ClusterCounts {
+                instances: Some(vec![
+                    (InstanceState::Pending, 2),
+                    (InstanceState::Analyzing, 1),
+                    (InstanceState::Running, 4),
+                ]),
+                workers: Some(vec![(WorkerState::Ready, 3)]),
+            },
+        );
+        for line in [
+            "gantry_gateway_requests_total{model=\"tiny\",code=\"200\"} 2",
+            "gantry_gateway_requests_total{model=\"\",code=\"401\"} 1",
+            "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_connect\"} 1",
+            "gantry_gateway_request_duration_seconds_bucket{model=\"tiny\",le=\"0.025\"} 1",
+            "gantry_gateway_request_duration_seconds_bucket{model=\"tiny\",le=\"0.25\"} 2",
+            "gantry_gateway_request_duration_seconds_bucket{model=\"tiny\",le=\"+Inf\"} 2",
+            "gantry_gateway_request_duration_seconds_count{model=\"tiny\"} 2",
+            "gantry_gateway_prompt_tokens_total{model=\"tiny\"} 7",
+            "gantry_gateway_completion_tokens_total{model=\"tiny\"} 3",
+            "gantry_gateway_requests_in_flight 0",
+            "gantry_instances{state=\"running\"} 4",
+            "gantry_instances{state=\"error\"} 0",
+            "gantry_scheduler_queue_length 3",
+            "gantry_workers{state=\"ready\"} 3",
+            "gantry_workers{state=\"unreachable\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        // Every sample line belongs to a family announced by a TYPE line.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            let family = name
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count");
+            assert!(
+                text.contains(&format!("# TYPE {family} ")),
+                "no TYPE for {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,266 @@
+//! The OpenAI-compatible gateway, served on the management API's port:
+//! `GET /v1/models`, `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! and the Prometheus `/metrics`.
+//!
+//! - `routing.rs`: model name → running instances, kept current from the store's
+//!   change feed and a periodic re-read;
+//! - `balance.rs`: the least-requests-in-flight pick, ties round-robin;
+//! - `proxy.rs`: one request: API key, body read once, retries on another instance,
+//!   streaming the answer back;
+//! - `upstream.rs`: keep-alive HTTP/1.1 connections to instances (hyper's client
+//!   connections), pooled per instance and driven by the request's own task;
+//! - `body.rs`: the response body on its way out: usage read as it passes, the
+//!   usage-only SSE chunk removed when the gateway asked for it, accounting on drop;
+//! - `credentials.rs`: API keys accepted a moment ago, re-checked by one request at a
+//!   time;
+//! - `usage.rs`: usage summed in memory and flushed to the store every second;
+//! - `metrics.rs`: counters and the text exposition;
+//! - `error.rs`: the OpenAI error shape.
+
+pub mod balance;
+pub mod body;
+pub mod credentials;
+pub mod error;
+pub mod metrics;
+pub mod proxy;
+pub mod routing;
+pub mod upstream;
+pub mod usage;
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use gantry_store::Change;
+use tokio::sync::broadcast::error::RecvError;
+
+use self::credentials::CredentialCache;
+use self::error::OpenAiError;
+use self::metrics::{ClusterCounts, Metrics};
+use self::proxy::Endpoint;
+use self::routing::RoutingTable;
+use self::usage::UsageAggregator;
+use crate::state::AppState;
+
+/// The gateway of one server. Cheap to clone.
+#[derive(Clone)]
+pub struct Gateway(Arc<GatewayInner>);
+
+/// What [`Gateway`] holds.
+pub struct GatewayInner {
+    pub state: AppState,
+    pub routes: Arc<RoutingTable>,
+    pub metrics: Arc<Metrics>,
+    pub usage: Arc<UsageAggregator>,
+    pub credentials: Arc<CredentialCache>,
+}
+
+impl Deref for Gateway {
+    type Target = GatewayInner;
+
+    fn deref(&self) -> &GatewayInner {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("in_flight", &self.metrics.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Loads the routing table from the store and starts the tasks that keep it current
+/// and flush usage; both are owned by the server's task tracker.
+pub async fn start(state: &AppState) -> Result<Gateway, gantry_store::StoreError> {
+    let routes = Arc::new(RoutingTable::default());
+    routing::start(state, Arc::clone(&routes)).await?;
+    let usage = Arc::new(UsageAggregator::default());
+    usage::spawn_flusher(state, Arc::clone(&usage));
+    let credentials = Arc::new(CredentialCache::default());
+    spawn_credential_invalidation(state, Arc::clone(&credentials));
+    Ok(Gateway(Arc::new(GatewayInner {
+        state: state.clone(),
+        routes,
+        metrics: Arc::new(Metrics::default()),
+        usage,
+        credentials,
+    })))
+}
+
+/// Forgets remembered API keys whenever a key or a user changes (or changes were
+/// missed), as the server's own key cache does.
+fn spawn_credential_invalidation(state: &AppState, credentials: Arc<CredentialCache>) {
+    let mut changes = state.store.subscribe();
+    let shutdown = state.shutdown.clone();
+    state.tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                change = changes.recv() => match change {
+                    Ok(change) => {
+                        if matches!(*change, Change::ApiKey(..) | Change::User(..)) {
+                            credentials.clear();
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => credentials.clear(),
+                    Err(RecvError::Closed) => return,
+                },
+            }
+        }
+    });
+}
+
+/// The gateway's routes, to merge into the server's router. Request bodies are read
+/// by the handlers themselves under `gateway_max_request_body`.
+pub fn router(gateway: &Gateway) -> Router {
+    Router::new()
+        .route("/v1/models", get(list_models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/{*rest}", any(unknown_endpoint))
+        .route("/metrics", get(prometheus_metrics))
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(gateway.clone())
+}
+
+/// One entry of `GET /v1/models`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiModel {
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: i64,
+    /// Always `gantry`.
+    pub owned_by: &'static str,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiModelList {
+    /// Always `list`.
+    pub object: &'static str,
+    pub data: Vec<OpenAiModel>,
+}
+
+/// Models with at least one running instance (OpenAI's list shape).
+#[utoipa::path(get, path = "/v1/models", tag = "gateway", security(("bearer" = [])),
+    responses((status = 200, body = OpenAiModelList), (status = 401, body = error::OpenAiErrorBody)))]
+pub async fn list_models(State(gateway): State<Gateway>, headers: HeaderMap) -> Response {
+    if let Err(e) = proxy::authenticate(&gateway, &headers).await {
+        return e.into_response();
+    }
+    let data = gateway
+        .routes
+        .all()
+        .iter()
+        .map(|route| OpenAiModel {
+            id: route.name.to_string(),
+            object: "model",
+            created: route.created,
+            owned_by: "gantry",
+        })
+        .collect();
+    Json(OpenAiModelList {
+        object: "list",
+        data,
+    })
+    .into_response()
+}
+
+/// Forwards an OpenAI chat completion (streaming with `"stream": true`) to a running
+/// instance of the model. The response names the instance in `x-gantry-instance`.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "gateway", security(("bearer" = [])),
+    request_body(content = Object, description = "An OpenAI chat completion request; `model` picks the model."),
+    responses((status = 200, description = "The backend's answer: JSON, or server-sent events when streaming"),
+        (status = 400, body = error::OpenAiErrorBody), (status = 401, body = error::OpenAiErrorBody),
+        (status = 404, body = error::OpenAiErrorBody), (status = 502, body = error::OpenAiErrorBody),
+        (status = 503, body = error::OpenAiErrorBody)))]
+pub async fn chat_completions(State(gateway): State<Gateway>, request: Request) -> Response {
+    proxy::forward(gateway, Endpoint::ChatCompletions, request).await
+}
+
+/// Forwards an OpenAI (legacy) completion to a running instance of the model.
+#[utoipa::path(post, path = "/v1/completions", tag = "gateway", security(("bearer" = [])),
+    request_body(content = Object, description = "An OpenAI completion request; `model` picks the model."),
+    responses((status = 200, description = "The backend's answer: JSON, or server-sent events when streaming"),
+        (status = 400, body = error::OpenAiErrorBody), (status = 404, body = error::OpenAiErrorBody),
+        (status = 503, body = error::OpenAiErrorBody)))]
+pub async fn completions(State(gateway): State<Gateway>, request: Request) -> Response {
+    proxy::forward(gateway, Endpoint::Completions, request).await
+}
+
+/// Forwards an OpenAI embeddings request to a running instance of the model.
+#[utoipa::path(post, path = "/v1/embeddings", tag = "gateway", security(("bearer" = [])),
+    request_body(content = Object, description = "An OpenAI embeddings request; `model` picks the model."),
+    responses((status = 200, description = "The backend's answer"),
+        (status = 400, body = error::OpenAiErrorBody), (status = 404, body = error::OpenAiErrorBody),
+        (status = 503, body = error::OpenAiErrorBody)))]
+pub async fn embeddings(State(gateway): State<Gateway>, request: Request) -> Response {
+    proxy::forward(gateway, Endpoint::Embeddings, request).await
+}
+
+async fn unknown_endpoint(request: Request) -> OpenAiError {
+    OpenAiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "unknown_url",
+        format!(
+            "the gateway has no endpoint {} {}; it serves /v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}
+
+async fn method_not_allowed(request: Request) -> OpenAiError {
+    OpenAiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}
+
+/// Prometheus metrics of the gateway and the cluster (text format, no
+/// authentication).
+#[utoipa::path(get, path = "/metrics", tag = "gateway",
+    responses((status = 200, content_type = "text/plain", body = String)))]
+pub async fn prometheus_metrics(State(gateway): State<Gateway>) -> Response {
+    let store = &gateway.state.store;
+    let (instances, workers) = tokio::join!(
+        store.count_instances_by_state(),
+        store.count_workers_by_state()
+    );
+    let cluster = ClusterCounts {
+        instances: instances
+            .map_err(|e| tracing::error!(error = %e, "count instances for /metrics"))
+            .ok(),
+        workers: workers
+            .map_err(|e| tracing::error!(error = %e, "count workers for /metrics"))
+            .ok(),
+    };
+    let text = metrics::render(&gateway.metrics, &gateway.routes, &cluster);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,605 @@
+//! One gateway request: authenticate, read the body once, find the model's route,
+//! forward to the least-loaded running instance over a pooled keep-alive connection
+//! (`upstream.rs`), retry elsewhere when an instance cannot answer, and stream the
+//! answer back.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use axum::body::Body as AxumBody;
+use axum::extract::Request;
+use axum::http::header::{self, HeaderMap, HeaderName};
+use axum::http::uri::PathAndQuery;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use gantry_store::StoreError;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::body::{Completion, Inspector, ObservedBody};
+use super::credentials::Lookup;
+use super::error::OpenAiError;
+use super::metrics::{ErrorKind, ModelMetrics};
+use super::routing::Backend;
+use super::upstream::{ConnectError, UpstreamConnection};
+use super::usage::Caller;
+use super::Gateway;
+use crate::auth::principal::authenticate_token;
+use crate::auth::Principal;
+
+/// Most instances one request is sent to.
+pub const MAX_TRIES: usize = 3;
+/// Wait before sending again to an instance that already failed this request (only
+/// when no other instance is left), times the number of tries so far.
+pub const RETRY_BACKOFF: Duration = Duration::from_millis(50);
+/// How long an instance that refused a connection is avoided.
+pub const FAILING_COOLDOWN: Duration = Duration::from_secs(5);
+
+/// Response header naming the instance that served the request.
+pub static INSTANCE_HEADER: HeaderName = HeaderName::from_static("x-gantry-instance");
+
+/// The OpenAI endpoints the gateway forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Embeddings => "/v1/embeddings",
+        }
+    }
+
+    fn streams(self) -> bool {
+        !matches!(self, Endpoint::Embeddings)
+    }
+}
+
+/// The few request fields the gateway needs; everything else passes through unread.
+#[derive(Debug, Deserialize)]
+struct RequestPeek<'a> {
+    #[serde(default, borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    /// Outer `None`: the key is absent; `Some(None)`: it is `null`.
+    #[serde(default, deserialize_with = "present")]
+    stream_options: Option<Option<StreamOptionsPeek>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptionsPeek {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+/// The bearer token of a request.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// The caller behind a request's bearer token: a person (API key or session). API
+/// keys are remembered for a moment (`credentials.rs`).
+pub async fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Caller, OpenAiError> {
+    let token = bearer(headers).ok_or_else(OpenAiError::missing_api_key)?;
+    let check = match gateway.credentials.lookup(token) {
+        Lookup::Hit(caller) => return Ok(caller),
+        Lookup::Check(check) => check,
+    };
+    let principal = match authenticate_token(&gateway.state, token).await {
+        Ok(principal) => principal,
+        Err(e) => {
+            check.rejected();
+            return Err(e.into());
+        }
+    };
+    match principal {
+        Principal::User {
+            user,
+            api_key_id: Some(api_key_id),
+        } => {
+            let caller = Caller {
+                user_id: user.id,
+                api_key_id: Some(api_key_id),
+            };
+            check.accepted(&caller);
+            Ok(caller)
+        }
+        Principal::User {
+            user,
+            api_key_id: None,
+        } => {
+            // Session tokens are not remembered (logout must end them at once).
+            check.rejected();
+            if user.require_password_change {
+                return Err(OpenAiError::new(
+                    StatusCode::FORBIDDEN,
+                    "permission_error",
+                    "password_change_required",
+                    "change your password first: POST /auth/change-password",
+                ));
+            }
+            Ok(Caller {
+                user_id: user.id,
+                api_key_id: None,
+            })
+        }
+        Principal::Worker { .. } => {
+            check.rejected();
+            Err(OpenAiError::new(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "forbidden",
+                "worker credentials cannot call the gateway; use an API key",
+            ))
+        }
+    }
+}
+
+/// Request headers that are not passed to the backend: hop-by-hop headers, the
+/// caller's gantry credentials, what hyper sets itself (host, length), and
+/// `accept-encoding`, so that backends answer uncompressed and usage can be read.
+fn forwarded(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "expect"
+            | "host"
+            | "content-length"
+            | "authorization"
+            | "cookie"
+            | "accept-encoding"
+    )
+}
+
+/// Response headers that are not passed back to the client (hop-by-hop).
+fn returned(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "connection" | "keep-alive" | "proxy-connection" | "te" | "trailer" | "upgrade"
+    )
+}
+
+/// Whether an error's chain contains the body-size limit.
+fn is_length_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+fn too_large(limit: usize) -> OpenAiError {
+    OpenAiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "request_too_large",
+        format!("request body is larger than the gateway's limit of {limit} bytes (gateway_max_request_body)"),
+    )
+}
+
+/// The request body with `stream_options.include_usage` set to true.
+fn with_include_usage(body: &Bytes, key_present: bool) -> Result<Bytes, OpenAiError> {
+    if !key_present {
+        // Splice the key in after the opening brace: no re-serialisation of a body
+        // that may be large. The body is known to be an object with a `model` key,
+        // so a comma always follows.
+        let open = body
+            .iter()
+            .position(|b| *b == b'{')
+            .ok_or_else(not_an_object)?;
+        const KEY: &[u8] = br#""stream_options":{"include_usage":true},"#;
+        let mut out = BytesMut::with_capacity(body.len() + KEY.len());
+        out.extend_from_slice(&body[..=open]);
+        out.extend_from_slice(KEY);
+        out.extend_from_slice(&body[open + 1..]);
+        return Ok(out.freeze());
+    }
+    let mut object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|_| not_an_object())?;
+    match object.get_mut("stream_options") {
+        Some(serde_json::Value::Object(options)) => {
+            options.insert("include_usage".into(), serde_json::Value::Bool(true));
+        }
+        _ => {
+            object.insert(
+                "stream_options".into(),
+                serde_json::json!({"include_usage": true}),
+            );
+        }
+    }
+    serde_json::to_vec(&object)
+        .map(Bytes::from)
+        .map_err(|e| OpenAiError::internal(format!("re-encode the request body: {e}")))
+}
+
+fn not_an_object() -> OpenAiError {
+    OpenAiError::bad_request("invalid_request", "the request body must be a JSON object")
+}
+
+/// A finished request that never reached a backend: count it and answer.
+fn reject(metrics: &ModelMetrics, started: Instant, error: OpenAiError) -> Response {
+    metrics.observe_request(error.status.as_u16(), started.elapsed());
+    error.into_response()
+}
+
+/// Forwards one request of an OpenAI endpoint.
+pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> Response {
+    let started = Instant::now();
+    let in_flight = gateway.metrics.start_request();
+    let (parts, body) = request.into_parts();
+    let unrouted = gateway.metrics.unrouted();
+
+    let caller = match authenticate(&gateway, &parts.headers).await {
+        Ok(caller) => caller,
+        Err(e) => return reject(&unrouted, started, e),
+    };
+
+    let limit = gateway.state.config.gateway_max_request_body;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return reject(&unrouted, started, too_large(limit));
+    }
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(body) => body,
+        Err(e) => {
+            let error = if is_length_limit(&e) {
+                too_large(limit)
+            } else {
+                OpenAiError::bad_request(
+                    "invalid_request",
+                    format!("could not read the request body: {e}"),
+                )
+            };
+            return reject(&unrouted, started, error);
+        }
+    };
+
+    let peek: RequestPeek<'_> = match serde_json::from_slice(&body) {
+        Ok(peek) if body.trim_ascii_start().starts_with(b"{") => peek,
+        Ok(_) => return reject(&unrouted, started, not_an_object()),
+        Err(e) => {
+            return reject(
+                &unrouted,
+                started,
+                OpenAiError::bad_request(
+                    "invalid_request",
+                    format!("the request body is not a JSON object with a string `model` (and an optional boolean `stream` and object `stream_options`): {e}"),
+                ),
+            )
+        }
+    };
+    let Some(model) = peek.model.as_deref().filter(|m| !m.is_empty()) else {
+        return reject(
+            &unrouted,
+            started,
+            OpenAiError::bad_request(
+                "missing_model",
+                "the request body has no `model`; GET /v1/models lists the models being served",
+            )
+            .with_param("model"),
+        );
+    };
+
+    let Some(route) = gateway.routes.get(model) else {
+        if gateway.routes.knows(model) {
+            let metrics = gateway.metrics.model(model);
+            metrics.count_error(ErrorKind::NoRunningInstance);
+            return reject(&metrics, started, OpenAiError::no_running_instance(model));
+        }
+        // Not among the models this server has seen: ask the store, in case the model
+        // was created a moment ago (elsewhere) and the change has not arrived yet.
+        return match gateway.state.store.get_model_by_name(model).await {
+            Ok(_) => {
+                let metrics = gateway.metrics.model(model);
+                metrics.count_error(ErrorKind::NoRunningInstance);
+                reject(&metrics, started, OpenAiError::no_running_instance(model))
+            }
+            Err(StoreError::NotFound { .. }) => {
+                reject(&unrouted, started, OpenAiError::model_not_found(model))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, model, "look up a model for the gateway");
+                reject(
+                    &unrouted,
+                    started,
+                    OpenAiError::internal("the database failed to answer; see the server log"),
+                )
+            }
+        };
+    };
+    let metrics = gateway.metrics.model(&route.name);
+
+    // Streams report usage only when asked; ask on the client's behalf and remove the
+    // extra chunk from what it receives.
+    let inject_usage = endpoint.streams()
+        && peek.stream == Some(true)
+        && !matches!(
+            peek.stream_options,
+            Some(Some(StreamOptionsPeek {
+                include_usage: Some(true)
+            }))
+        );
+    let key_present = peek.stream_options.is_some();
+    let upstream_body = if inject_usage {
+        match with_include_usage(&body, key_present) {
+            Ok(rewritten) => rewritten,
+            Err(e) => return reject(&metrics, started, e),
+        }
+    } else {
+        body.clone()
+    };
+    drop(peek);
+
+    let mut headers = HeaderMap::with_capacity(parts.headers.len());
+    for (name, value) in &parts.headers {
+        if forwarded(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let path_and_query = match parts.uri.query() {
+        None => PathAndQuery::from_static(endpoint.path()),
+        Some(query) => match format!("{}?{query}", endpoint.path()).parse() {
+            Ok(pq) => pq,
+            Err(_) => PathAndQuery::from_static(endpoint.path()),
+        },
+    };
+
+    let uri = Uri::from(path_and_query);
+    let mut tried: Vec<i64> = Vec::with_capacity(MAX_TRIES);
+    let mut failures: Vec<String> = Vec::new();
+    for attempt in 0..MAX_TRIES {
+        let Some(backend) = route.pick(&tried) else {
+            break;
+        };
+        if tried.contains(&backend.instance_id) {
+            // Only instances that already failed are left: give them a moment.
+            tokio::time::sleep(RETRY_BACKOFF * attempt as u32).await;
+        } else {
+            tried.push(backend.instance_id);
+        }
+        let guard = backend.start_request();
+        let build = || {
+            let mut request = hyper::Request::new(Full::new(upstream_body.clone()));
+            *request.method_mut() = Method::POST;
+            *request.uri_mut() = uri.clone();
+            *request.headers_mut() = headers.clone();
+            request
+                .headers_mut()
+                .insert(header::HOST, backend.host_header.clone());
+            request
+        };
+        match send_to(&backend, build).await {
+            Ok((response, _))
+                if matches!(
+                    response.status(),
+                    StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE
+                ) =>
+            {
+                metrics.count_error(ErrorKind::UpstreamUnavailable);
+                tracing::warn!(instance = %backend.instance_name, status = response.status().as_u16(), attempt, "instance cannot serve; trying another");
+                failures.push(format!(
+                    "{} answered {}",
+                    backend.instance_name,
+                    response.status()
+                ));
+            }
+            Ok((response, connection)) => {
+                backend.mark_healthy();
+                let (mut head, incoming) = response.into_parts();
+                head.headers.retain_returned();
+                head.headers
+                    .insert(INSTANCE_HEADER.clone(), backend.header_value.clone());
+                let status = head.status;
+                let is_sse = head
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                let inspector = if !status.is_success() {
+                    Inspector::None
+                } else if is_sse {
+                    Inspector::sse(inject_usage)
+                } else {
+                    Inspector::json()
+                };
+                if inspector.rewrites() {
+                    head.headers.remove(header::CONTENT_LENGTH);
+                }
+                let body = ObservedBody::new(
+                    incoming,
+                    connection,
+                    inspector,
+                    Completion {
+                        metrics,
+                        usage: gateway.usage.clone(),
+                        caller,
+                        model: route.name.clone(),
+                        status: status.as_u16(),
+                        started,
+                        backend: guard,
+                        gateway: in_flight,
+                    },
+                );
+                return Response::from_parts(head, AxumBody::new(body));
+            }
+            Err(TryError::Connect(e)) => {
+                // Nothing has reached the client yet, so another instance may answer
+                // instead; this one is avoided for a while.
+                backend.mark_failing(FAILING_COOLDOWN);
+                metrics.count_error(ErrorKind::UpstreamConnect);
+                tracing::warn!(instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "cannot connect to instance; trying another");
+                failures.push(format!("{}: {}", backend.instance_name, ErrorChain(&e)));
+            }
+            Err(TryError::Request(e)) => {
+                // The instance failed before answering (closed the connection, broke
+                // the protocol): nothing has reached the client, so another may answer.
+                metrics.count_error(ErrorKind::UpstreamRequest);
+                tracing::warn!(instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "request to instance failed; trying another");
+                failures.push(format!("{}: {}", backend.instance_name, ErrorChain(&e)));
+            }
+        }
+        drop(guard);
+    }
+    metrics.count_error(ErrorKind::AllTriesFailed);
+    reject(
+        &metrics,
+        started,
+        OpenAiError::bad_gateway(format!(
+            "no instance of `{}` could answer: {}",
+            route.name,
+            failures.join("; ")
+        )),
+    )
+}
+
+/// Why one try failed.
+enum TryError {
+    Connect(ConnectError),
+    Request(hyper::Error),
+}
+
+/// Sends a request to an instance over a pooled connection (or a new one), and
+/// returns the response head with the connection that carries its body.
+async fn send_to(
+    backend: &Backend,
+    build: impl Fn() -> hyper::Request<Full<Bytes>>,
+) -> Result<(hyper::Response<Incoming>, UpstreamConnection), TryError> {
+    let mut connection = backend.connection().await.map_err(TryError::Connect)?;
+    match connection.send(build()).await {
+        Ok(response) => Ok((response, connection)),
+        // An idle keep-alive connection that the instance closed just as it was
+        // reused: the request was not processed, so it goes once more on a new
+        // connection, without counting as a try.
+        Err(e) if connection.reused && (e.is_canceled() || e.is_incomplete_message()) => {
+            tracing::debug!(instance = %backend.instance_name, error = %e, "reused connection was closed; reconnecting");
+            drop(connection);
+            let mut fresh = backend.connect().await.map_err(TryError::Connect)?;
+            let response = fresh.send(build()).await.map_err(TryError::Request)?;
+            Ok((response, fresh))
+        }
+        Err(e) => Err(TryError::Request(e)),
+    }
+}
+
+/// An error with its sources, `a: b: c`.
+struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            write!(f, ": {e}")?;
+            source = e.source();
+        }
+        Ok(())
+    }
+}
+
+trait RetainReturned {
+    fn retain_returned(&mut self);
+}
+
+impl RetainReturned for HeaderMap {
+    fn retain_returned(&mut self) {
+        let hop_by_hop: Vec<HeaderName> = self.keys().filter(|n| !returned(n)).cloned().collect();
+        for name in hop_by_hop {
+            self.remove(&name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn include_usage_is_spliced_in_when_absent_and_set_when_present() {
+        let body = Bytes::from_static(br#" {"model":"m","stream":true}"#);
+        let out = with_include_usage(&body, false).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value["stream_options"]["include_usage"], true);
+        assert_eq!(value["model"], "m");
+
+        let body = Bytes::from_static(
+            br#"{"model":"m","stream":true,"stream_options":{"include_usage":false,"x":1}}"#,
+        );
+        let out = with_include_usage(&body, true).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value["stream_options"]["include_usage"], true);
+        assert_eq!(value["stream_options"]["x"], 1);
+
+        let body = Bytes::from_static(br#"{"model":"m","stream_options":null}"#);
+        let out = with_include_usage(&body, true).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value["stream_options"]["include_usage"], true);
+    }
+
+    #[test]
+    fn peek_reads_model_stream_and_whether_stream_options_is_present() {
+        let peek: RequestPeek<'_> = serde_json::from_slice(
+            br#"{"messages":[{"role":"user","content":"x"}],"model":"tiny","stream":true}"#,
+        )
+        .unwrap();
+        assert_eq!(peek.model.as_deref(), Some("tiny"));
+        assert_eq!(peek.stream, Some(true));
+        assert!(peek.stream_options.is_none());
+        let peek: RequestPeek<'_> =
+            serde_json::from_slice(br#"{"model":"t","stream_options":null}"#).unwrap();
+        assert!(matches!(peek.stream_options, Some(None)));
+    }
+
+    #[test]
+    fn credentials_and_hop_by_hop_headers_are_not_forwarded() {
+        for name in [
+            "authorization",
+            "cookie",
+            "connection",
+            "host",
+            "content-length",
+        ] {
+            assert!(!forwarded(&HeaderName::from_static(name)), "{name}");
+        }
+        for name in ["content-type", "accept", "user-agent", "x-request-id"] {
+            assert!(forwarded(&HeaderName::from_static(name)), "{name}");
+        }
+    }
+}

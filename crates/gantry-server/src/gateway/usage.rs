@@ -1,0 +1,195 @@
+//! Usage accounting off the request path: a finished request adds its tokens to an
+//! in-memory sum per (minute, user, API key, model) — one short lock, no IO — and a
+//! background task moves the sums to the store every [`FLUSH_INTERVAL`] in one
+//! transaction. At shutdown the task flushes once more before the store closes.
+//!
+//! The pending sums are bounded by [`MAX_PENDING_GROUPS`] distinct groups; beyond that
+//! new groups are dropped and counted (a flood of distinct callers while the database
+//! is down must not exhaust memory). A failed flush keeps its sums for the next one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gantry_store::{usage_minute_of, UsageIncrement, UsageSums};
+use gantry_types::Timestamp;
+use serde::Deserialize;
+
+use crate::state::AppState;
+
+/// How often pending usage is written to the store.
+pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Most distinct (minute, user, key, model) groups held between flushes.
+pub const MAX_PENDING_GROUPS: usize = 100_000;
+
+/// The `usage` object of an OpenAI-style response. Missing fields count as 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct TokenUsage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    #[serde(default)]
+    pub total_tokens: u64,
+}
+
+impl TokenUsage {
+    /// `total_tokens`, or prompt + completion when the backend left it out.
+    pub fn total(&self) -> u64 {
+        if self.total_tokens > 0 {
+            self.total_tokens
+        } else {
+            self.prompt_tokens.saturating_add(self.completion_tokens)
+        }
+    }
+}
+
+/// Who made a request: the usage is booked to them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Caller {
+    pub user_id: i64,
+    /// `None` for a session token.
+    pub api_key_id: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct GroupKey {
+    minute_start: i64,
+    caller: Caller,
+    model: Arc<str>,
+}
+
+/// Usage summed since the last flush.
+#[derive(Debug, Default)]
+pub struct UsageAggregator {
+    pending: Mutex<HashMap<GroupKey, UsageSums>>,
+    dropped: AtomicU64,
+}
+
+impl UsageAggregator {
+    /// Books one request (and its tokens, when the backend reported them).
+    pub fn record(&self, caller: &Caller, model: &Arc<str>, usage: Option<TokenUsage>) {
+        let usage = usage.unwrap_or_default();
+        let sums = UsageSums {
+            requests: 1,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            total_tokens: usage.total(),
+        };
+        let key = GroupKey {
+            minute_start: usage_minute_of(Timestamp::now()).as_millis(),
+            caller: caller.clone(),
+            model: Arc::clone(model),
+        };
+        self.add(key, &sums);
+    }
+
+    fn add(&self, key: GroupKey, sums: &UsageSums) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let full = pending.len() >= MAX_PENDING_GROUPS;
+        match pending.get_mut(&key) {
+            Some(existing) => existing.add(sums),
+            None if full => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                pending.insert(key, *sums);
+            }
+        }
+    }
+
+    /// Requests whose usage could not be held (too many distinct groups).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn take(&self) -> Vec<(GroupKey, UsageSums)> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *pending).into_iter().collect()
+    }
+
+    /// Writes what is pending; on failure keeps it for the next try.
+    pub async fn flush(&self, state: &AppState) {
+        let batch = self.take();
+        if batch.is_empty() {
+            return;
+        }
+        let increments: Vec<UsageIncrement> = batch
+            .iter()
+            .map(|(key, sums)| UsageIncrement {
+                minute_start: Timestamp::from_millis(key.minute_start),
+                user_id: key.caller.user_id,
+                api_key_id: key.caller.api_key_id,
+                model: key.model.to_string(),
+                sums: *sums,
+            })
+            .collect();
+        if let Err(e) = state.store.add_usage(&increments).await {
+            tracing::error!(error = %e, groups = batch.len(), "write gateway usage; keeping it for the next flush");
+            for (key, sums) in batch {
+                self.add(key, &sums);
+            }
+        }
+    }
+}
+
+/// Flushes usage every [`FLUSH_INTERVAL`] until shutdown, then once more.
+pub fn spawn_flusher(state: &AppState, usage: Arc<UsageAggregator>) {
+    let state_for_task = state.clone();
+    state.tasks.spawn(async move {
+        let state = state_for_task;
+        let mut tick = tokio::time::interval(FLUSH_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = state.shutdown.cancelled() => break,
+                _ = tick.tick() => usage.flush(&state).await,
+            }
+        }
+        usage.flush(&state).await;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_sums_requests_of_one_caller_and_model_into_one_group() {
+        let usage = UsageAggregator::default();
+        let caller = Caller {
+            user_id: 1,
+            api_key_id: Some(2),
+        };
+        let model: Arc<str> = Arc::from("tiny");
+        usage.record(
+            &caller,
+            &model,
+            Some(TokenUsage {
+                prompt_tokens: 5,
+                completion_tokens: 2,
+                total_tokens: 0,
+            }),
+        );
+        usage.record(&caller, &model, None);
+        let batch = usage.take();
+        // Both requests fall in one minute unless the test straddles a minute
+        // boundary, in which case they are two groups with the same totals.
+        let mut total = UsageSums::default();
+        for (_, sums) in &batch {
+            total.add(sums);
+        }
+        assert_eq!(
+            total,
+            UsageSums {
+                requests: 2,
+                prompt_tokens: 5,
+                completion_tokens: 2,
+                total_tokens: 7
+            }
+        );
+        assert!(usage.take().is_empty());
+    }
+}

@@ -1,0 +1,1126 @@
+//! The OpenAI-compatible gateway end to end, against SQLite and PostgreSQL: a real
+//! server, a worker registered through the API, instances placed by hand and reported
+//! `running` at the address of a real llama.cpp `llama-server` serving the tiny model
+//! this project writes — so every byte of the serving path is real.
+//!
+//! Needs `GANTRY_LLAMA_SERVER` (scripts/build-llama-server.sh prints it) and, for the
+//! OpenAI-client test, `GANTRY_PYTHON` (scripts/python-env.sh prints it). scripts/test.sh
+//! sets both. Without them the tests fail with a message saying so; they never skip.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Options, TestServer};
+use futures_util::StreamExt;
+use gantry_testkit::{test_both_engines, TestEngine};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long llama-server may take to load the tiny model.
+const READY_DEADLINE: Duration = Duration::from_secs(60);
+
+fn llama_server_binary() -> PathBuf {
+    let Some(path) = std::env::var_os("GANTRY_LLAMA_SERVER") else {
+        panic!(
+            "GANTRY_LLAMA_SERVER is not set. The gateway tests proxy to a real llama.cpp \
+             llama-server: run them with scripts/test.sh, or set \
+             GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -1)."
+        );
+    };
+    let path = PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "GANTRY_LLAMA_SERVER={} is not a file; run scripts/build-llama-server.sh and use the path it prints",
+        path.display()
+    );
+    path
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real llama-server serving the tiny model; killed when dropped.
+struct LlamaServer {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl LlamaServer {
+    /// Starts one and waits for `/health`. A port free a moment ago can be taken
+    /// before the server binds it, so a few ports are tried.
+    async fn start(dir: &Path, model: &Path) -> Self {
+        let binary = llama_server_binary();
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let log = dir.join(format!("llama-server-{port}.log"));
+            let child = Command::new(&binary)
+                .arg("-m")
+                .arg(model)
+                .args(["-c", "256", "-t", "1", "-tb", "1", "-np", "1"])
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn {}: {e}", binary.display()));
+            let mut server = Self { child, port, log };
+            match server.wait_healthy().await {
+                Ok(()) => return server,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("llama-server did not start: {failures:#?}");
+    }
+
+    async fn wait_healthy(&mut self) -> Result<(), String> {
+        let client = reqwest::Client::new();
+        let url = format!("http://127.0.0.1:{}/health", self.port);
+        let deadline = tokio::time::Instant::now() + READY_DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Err(format!("exited with {status}: {}", self.log_tail()));
+            }
+            if let Ok(response) = client.get(&url).send().await {
+                if response.status() == StatusCode::OK {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "not healthy after {READY_DEADLINE:?}: {}",
+                    self.log_tail()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// SIGKILL, and wait until the process is gone.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A server with an admin, an API key and a registered (simulated-GPU) worker.
+struct Cluster {
+    server: TestServer,
+    admin: String,
+    key: String,
+    worker_credential: String,
+    worker_id: i64,
+    dir: tempfile::TempDir,
+    model_file: PathBuf,
+}
+
+impl Cluster {
+    async fn start(engine: TestEngine) -> Self {
+        // No heartbeats are sent: keep the worker (and so its instances) healthy for
+        // the whole test.
+        let server = TestServer::start_with(
+            engine,
+            Options {
+                heartbeat_interval: Duration::from_secs(600),
+                server_timeout: Duration::from_secs(3600),
+                ..Default::default()
+            },
+        )
+        .await;
+        let admin = server.admin_token().await;
+        let (status, created) = server
+            .call(
+                Method::POST,
+                "/api/v1/api-keys",
+                Some(&admin),
+                Some(json!({"name": "gateway-test"})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        let key = created["key"].as_str().unwrap().to_string();
+
+        let token = server.registration_token();
+        let (status, registered) = server
+            .call(
+                Method::POST,
+                "/api/v1/workers/register",
+                Some(&token),
+                Some(json!({
+                    "name": "worker-1",
+                    "labels": {},
+                    "address": "127.0.0.1:1",
+                    "status": {"gpus": [{"index": 0, "name": "Simulated GPU", "uuid": "SIM-0",
+                        "memory_total": 85899345920u64, "memory_used": 0, "utilization": null,
+                        "temperature": null, "simulated": true}],
+                        "system": {"cpu_count": 2, "load_average": 0.1, "memory_total": 1,
+                        "memory_available": 1, "disk_free": 1, "os": "linux", "hostname": "w1"},
+                        "backends": ["llama.cpp"]},
+                })),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{registered}");
+        let dir = tempfile::tempdir().unwrap();
+        let model_file = dir.path().join("tiny-llama.gguf");
+        gantry_gguf::write_tiny_llama(&model_file).unwrap();
+        Self {
+            admin,
+            key,
+            worker_credential: registered["credential"].as_str().unwrap().to_string(),
+            worker_id: registered["worker"]["id"].as_i64().unwrap(),
+            server,
+            dir,
+            model_file,
+        }
+    }
+
+    async fn llama_server(&self) -> LlamaServer {
+        LlamaServer::start(self.dir.path(), &self.model_file).await
+    }
+
+    /// Creates a model with one replica per address, places each replica on the worker
+    /// and reports it `running` there. An empty list leaves one replica pending.
+    async fn deploy(&self, name: &str, addresses: &[String]) -> Vec<i64> {
+        let (status, model) = self
+            .server
+            .call(
+                Method::POST,
+                "/api/v1/models",
+                Some(&self.admin),
+                Some(json!({
+                    "name": name,
+                    "source": {"type": "local_path", "path": self.model_file.display().to_string()},
+                    "backend": "llama.cpp",
+                    "replicas": addresses.len().max(1),
+                })),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{model}");
+        let (_, instances) = self
+            .server
+            .call(
+                Method::GET,
+                &format!("/api/v1/model-instances?model_id={}", model["id"]),
+                Some(&self.admin),
+                None,
+            )
+            .await;
+        let ids: Vec<i64> = instances["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(ids.len(), addresses.len().max(1), "{instances}");
+        for (id, address) in ids.iter().zip(addresses) {
+            let (status, body) = self
+                .server
+                .call(
+                    Method::PATCH,
+                    &format!("/api/v1/model-instances/{id}"),
+                    Some(&self.admin),
+                    Some(json!({"worker_id": self.worker_id, "gpu_indexes": [0]})),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
+            let (status, body) = self
+                .server
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/worker/instances/{id}/state"),
+                    Some(&self.worker_credential),
+                    Some(json!({"state": "running", "port": port, "address": address})),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        if !addresses.is_empty() {
+            self.wait_routable(name, addresses.len()).await;
+        }
+        ids
+    }
+
+    /// Waits until the gateway routes to `count` instances of the model (the routing
+    /// table follows the store's change feed asynchronously).
+    async fn wait_routable(&self, model: &str, count: usize) {
+        let want = format!("gantry_gateway_routable_instances{{model=\"{model}\"}} {count}");
+        for _ in 0..200 {
+            if self.metrics().await.lines().any(|l| l == want) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the gateway never routed to {count} instances of {model}");
+    }
+
+    async fn metrics(&self) -> String {
+        let response = self
+            .server
+            .client
+            .get(format!("{}/metrics", self.server.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.text().await.unwrap()
+    }
+
+    /// POSTs to a gateway endpoint; returns status, `x-gantry-instance` and the JSON.
+    async fn post(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: Value,
+    ) -> (StatusCode, Option<String>, Value) {
+        let mut request = self
+            .server
+            .client
+            .post(format!("{}{path}", self.server.base))
+            .json(&body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let instance = response
+            .headers()
+            .get("x-gantry-instance")
+            .map(|v| v.to_str().unwrap().to_string());
+        let text = response.text().await.unwrap();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, instance, value)
+    }
+
+    async fn chat(&self, model: &str) -> (StatusCode, Option<String>, Value) {
+        self.post(
+            "/v1/chat/completions",
+            Some(&self.key),
+            json!({"model": model, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}),
+        )
+        .await
+    }
+
+    /// The usage report, polled until `done` holds (usage is flushed about once a
+    /// second).
+    async fn usage_until(&self, token: &str, query: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let mut last = Value::Null;
+        for _ in 0..100 {
+            let (status, report) = self
+                .server
+                .call(
+                    Method::GET,
+                    &format!("/api/v1/usage{query}"),
+                    Some(token),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{report}");
+            if done(&report) {
+                return report;
+            }
+            last = report;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("usage never reached the expected state; last report: {last}");
+    }
+}
+
+/// The sample value of a metric line, 0 when absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Asserts the OpenAI error shape and returns the error object.
+fn assert_openai_error(
+    status: StatusCode,
+    body: &Value,
+    want: u16,
+    kind: &str,
+    code: &str,
+) -> Value {
+    assert_eq!(status.as_u16(), want, "{body}");
+    let error = &body["error"];
+    assert_eq!(error["type"], kind, "{body}");
+    assert_eq!(error["code"], code, "{body}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(
+        error.get("param").is_some(),
+        "param must be present (null allowed): {body}"
+    );
+    error.clone()
+}
+
+async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngine) {
+    let cluster = Cluster::start(engine).await;
+    let backend = cluster.llama_server().await;
+    let instances = cluster.deploy("tiny", &[backend.address()]).await;
+    let (_, instance) = cluster
+        .server
+        .call(
+            Method::GET,
+            &format!("/api/v1/model-instances/{}", instances[0]),
+            Some(&cluster.admin),
+            None,
+        )
+        .await;
+    let instance_name = instance["name"].as_str().unwrap().to_string();
+
+    let mut prompt_tokens = 0;
+    let mut completion_tokens = 0;
+    for _ in 0..3 {
+        let (status, served_by, reply) = cluster.chat("tiny").await;
+        assert_eq!(status, StatusCode::OK, "{reply}\n{}", backend.log_tail());
+        assert_eq!(served_by.as_deref(), Some(instance_name.as_str()));
+        assert_eq!(reply["object"], "chat.completion", "{reply}");
+        assert_eq!(reply["choices"][0]["message"]["role"], "assistant");
+        prompt_tokens += reply["usage"]["prompt_tokens"].as_u64().unwrap();
+        completion_tokens += reply["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    assert!(prompt_tokens > 0 && completion_tokens > 0);
+
+    // The legacy completions endpoint.
+    let (status, _, reply) = cluster
+        .post(
+            "/v1/completions",
+            Some(&cluster.key),
+            json!({"model": "tiny", "prompt": "hello", "max_tokens": 3}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["object"], "text_completion", "{reply}");
+    prompt_tokens += reply["usage"]["prompt_tokens"].as_u64().unwrap();
+    completion_tokens += reply["usage"]["completion_tokens"].as_u64().unwrap();
+
+    // Usage per model and per key, exactly what the backend reported.
+    let (_, keys) = cluster
+        .server
+        .call(Method::GET, "/api/v1/api-keys", Some(&cluster.admin), None)
+        .await;
+    let key_id = keys["items"][0]["id"].as_i64().unwrap();
+    let report = cluster
+        .usage_until(&cluster.admin, "?model=tiny", |r| {
+            r["total"]["requests"] == 4
+        })
+        .await;
+    assert_eq!(report["total"]["prompt_tokens"], prompt_tokens, "{report}");
+    assert_eq!(
+        report["total"]["completion_tokens"], completion_tokens,
+        "{report}"
+    );
+    assert_eq!(
+        report["total"]["total_tokens"],
+        prompt_tokens + completion_tokens,
+        "{report}"
+    );
+    assert_eq!(report["models"][0]["model"], "tiny");
+    assert_eq!(report["api_keys"][0]["api_key_id"], key_id, "{report}");
+    assert_eq!(report["api_keys"][0]["requests"], 4, "{report}");
+
+    // A session token works too, booked without a key.
+    let (status, _, _) = cluster
+        .post(
+            "/v1/chat/completions",
+            Some(&cluster.admin),
+            json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let report = cluster
+        .usage_until(&cluster.admin, "", |r| r["total"]["requests"] == 5)
+        .await;
+    let session_row = report["api_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["api_key_id"].is_null())
+        .unwrap_or_else(|| panic!("no session-token row: {report}"));
+    assert_eq!(session_row["requests"], 1);
+
+    // A user sees only their own usage; filters by key and time narrow the report.
+    let (status, _) = cluster
+        .server
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            Some(&cluster.admin),
+            Some(json!({"username": "alice", "password": "alice-password-1"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let alice = cluster.server.login("alice", "alice-password-1").await;
+    let (_, alice_key) = cluster
+        .server
+        .call(
+            Method::POST,
+            "/api/v1/api-keys",
+            Some(&alice),
+            Some(json!({"name": "mine"})),
+        )
+        .await;
+    let alice_key = alice_key["key"].as_str().unwrap().to_string();
+    let (status, _, _) = cluster
+        .post(
+            "/v1/chat/completions",
+            Some(&alice_key),
+            json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let report = cluster
+        .usage_until(&alice, "", |r| r["total"]["requests"] == 1)
+        .await;
+    assert_eq!(report["api_keys"].as_array().unwrap().len(), 1, "{report}");
+    let (status, body) = cluster
+        .server
+        .call(Method::GET, "/api/v1/usage?user_id=1", Some(&alice), None)
+        .await;
+    common::assert_error(status, &body, 403, "forbidden");
+    let report = cluster
+        .usage_until(&cluster.admin, &format!("?api_key_id={key_id}"), |r| {
+            r["total"]["requests"] == 4
+        })
+        .await;
+    assert_eq!(report["api_keys"].as_array().unwrap().len(), 1, "{report}");
+    let report = cluster
+        .usage_until(
+            &cluster.admin,
+            "?from=2000-01-01T00:00:00Z&to=2000-01-02T00:00:00Z",
+            |_| true,
+        )
+        .await;
+    assert_eq!(report["total"]["requests"], 0, "{report}");
+    let (status, body) = cluster
+        .server
+        .call(
+            Method::GET,
+            "/api/v1/usage?from=yesterday",
+            Some(&cluster.admin),
+            None,
+        )
+        .await;
+    common::assert_error(status, &body, 400, "invalid_request");
+
+    // The counters moved.
+    let text = cluster.metrics().await;
+    assert!(
+        metric(
+            &text,
+            "gantry_gateway_requests_total{model=\"tiny\",code=\"200\"}"
+        ) >= 6.0,
+        "{text}"
+    );
+    assert!(
+        metric(&text, "gantry_gateway_prompt_tokens_total{model=\"tiny\"}") >= prompt_tokens as f64,
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            "gantry_gateway_completion_tokens_total{model=\"tiny\"}"
+        ) >= completion_tokens as f64,
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            "gantry_gateway_request_duration_seconds_count{model=\"tiny\"}"
+        ) >= 6.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "gantry_gateway_requests_in_flight"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "gantry_instances{state=\"running\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "gantry_workers{state=\"ready\"}"),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE gantry_scheduler_queue_length gauge"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE gantry_gateway_request_duration_seconds histogram"),
+        "{text}"
+    );
+
+    drop(backend);
+    cluster.server.shutdown().await;
+}
+
+/// Reads a whole SSE response into its events' data payloads.
+async fn sse_payloads(response: reqwest::Response) -> Vec<String> {
+    assert!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream")),
+        "{:?}",
+        response.headers()
+    );
+    let mut text = String::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    text.split("\n\n")
+        .filter(|event| !event.trim().is_empty())
+        .map(|event| {
+            event
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not a data event: {event:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+async fn streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked(engine: TestEngine) {
+    let cluster = Cluster::start(engine).await;
+    let backend = cluster.llama_server().await;
+    cluster.deploy("tiny", &[backend.address()]).await;
+    let stream = |include_usage: Option<bool>| {
+        let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 6, "stream": true});
+        if let Some(include_usage) = include_usage {
+            body["stream_options"] = json!({"include_usage": include_usage});
+        }
+        cluster
+            .server
+            .client
+            .post(format!("{}/v1/chat/completions", cluster.server.base))
+            .bearer_auth(&cluster.key)
+            .json(&body)
+            .send()
+    };
+
+    // Not asked: chunks end with [DONE] and none is a usage-only chunk, although the
+    // gateway asked the backend for usage to record it.
+    let response = stream(None).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers().get("x-gantry-instance").is_some());
+    let payloads = sse_payloads(response).await;
+    assert_eq!(
+        payloads.last().map(String::as_str),
+        Some("[DONE]"),
+        "{payloads:#?}"
+    );
+    let chunks: Vec<Value> = payloads[..payloads.len() - 1]
+        .iter()
+        .map(|p| serde_json::from_str(p).unwrap())
+        .collect();
+    assert!(chunks.len() >= 2, "{payloads:#?}");
+    for chunk in &chunks {
+        assert_eq!(chunk["object"], "chat.completion.chunk", "{chunk}");
+        assert!(
+            !chunk["choices"].as_array().unwrap().is_empty(),
+            "usage-only chunk leaked: {chunk}"
+        );
+        assert!(chunk.get("usage").is_none_or(Value::is_null), "{chunk}");
+    }
+    // …and the usage was still booked.
+    cluster
+        .usage_until(&cluster.admin, "", |r| {
+            r["total"]["requests"] == 1 && r["total"]["completion_tokens"].as_u64() > Some(0)
+        })
+        .await;
+
+    // Asked (also with include_usage explicitly false → treated as not asked).
+    let payloads = sse_payloads(stream(Some(false)).await.unwrap()).await;
+    assert!(
+        payloads.iter().all(|p| !p.contains("\"choices\":[]")),
+        "{payloads:#?}"
+    );
+
+    let payloads = sse_payloads(stream(Some(true)).await.unwrap()).await;
+    assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"));
+    let usage_chunk: Value = serde_json::from_str(&payloads[payloads.len() - 2]).unwrap();
+    assert_eq!(usage_chunk["choices"], json!([]), "{payloads:#?}");
+    let completion_tokens = usage_chunk["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(completion_tokens > 0);
+    cluster
+        .usage_until(&cluster.admin, "", |r| r["total"]["requests"] == 3)
+        .await;
+
+    drop(backend);
+    cluster.server.shutdown().await;
+}
+
+async fn requests_spread_over_instances_and_survive_a_killed_backend(engine: TestEngine) {
+    let cluster = Cluster::start(engine).await;
+    let mut first = cluster.llama_server().await;
+    let second = cluster.llama_server().await;
+    cluster
+        .deploy("tiny", &[first.address(), second.address()])
+        .await;
+
+    let mut served = std::collections::BTreeMap::<String, u32>::new();
+    for _ in 0..6 {
+        let (status, instance, reply) = cluster.chat("tiny").await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        *served.entry(instance.unwrap()).or_default() += 1;
+    }
+    assert_eq!(served.len(), 2, "requests were not spread: {served:?}");
+    assert!(
+        served.values().all(|n| *n == 3),
+        "ties should alternate: {served:?}"
+    );
+
+    // kill -9 one backend: every request still succeeds, on the other one.
+    first.kill();
+    let mut survivors = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        let (status, instance, reply) = cluster.chat("tiny").await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        survivors.insert(instance.unwrap());
+    }
+    assert_eq!(survivors.len(), 1, "{survivors:?}");
+    let text = cluster.metrics().await;
+    let failed_tries = metric(
+        &text,
+        "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_connect\"}",
+    ) + metric(
+        &text,
+        "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_request\"}",
+    );
+    assert!(
+        failed_tries >= 1.0,
+        "the dead backend was never tried:\n{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_errors_total{model=\"tiny\",kind=\"all_tries_failed\"}"
+        ),
+        0.0
+    );
+
+    drop(second);
+    cluster.server.shutdown().await;
+}
+
+async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
+    let cluster = Cluster::start(engine).await;
+    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]});
+
+    // No key, a wrong key, a worker credential.
+    let (status, _, body) = cluster
+        .post("/v1/chat/completions", None, chat.clone())
+        .await;
+    assert_openai_error(
+        status,
+        &body,
+        401,
+        "invalid_request_error",
+        "invalid_api_key",
+    );
+    let (status, _, body) = cluster
+        .post(
+            "/v1/chat/completions",
+            Some("gantry_nope_nope"),
+            chat.clone(),
+        )
+        .await;
+    assert_openai_error(
+        status,
+        &body,
+        401,
+        "invalid_request_error",
+        "invalid_api_key",
+    );
+    let (status, _, body) = cluster
+        .post(
+            "/v1/chat/completions",
+            Some(&cluster.worker_credential),
+            chat.clone(),
+        )
+        .await;
+    assert_openai_error(status, &body, 403, "permission_error", "forbidden");
+    let response = cluster
+        .server
+        .client
+        .get(format!("{}/v1/models", cluster.server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    // Bad bodies.
+    let (status, _, body) = cluster
+        .post(
+            "/v1/chat/completions",
+            Some(&cluster.key),
+            json!({"messages": []}),
+        )
+        .await;
+    let error = assert_openai_error(status, &body, 400, "invalid_request_error", "missing_model");
+    assert_eq!(error["param"], "model");
+    let (status, body) = cluster
+        .server
+        .call_raw(
+            Method::POST,
+            "/v1/chat/completions",
+            Some(&cluster.key),
+            "application/json",
+            b"{nope".to_vec(),
+        )
+        .await;
+    assert_openai_error(
+        status,
+        &body,
+        400,
+        "invalid_request_error",
+        "invalid_request",
+    );
+
+    // An unknown model (on every endpoint); a model without a running instance.
+    for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
+        let (status, _, body) = cluster
+            .post(
+                path,
+                Some(&cluster.key),
+                json!({"model": "no-such-model", "input": "x"}),
+            )
+            .await;
+        let error = assert_openai_error(
+            status,
+            &body,
+            404,
+            "invalid_request_error",
+            "model_not_found",
+        );
+        assert_eq!(error["param"], "model");
+    }
+    cluster.deploy("idle", &[]).await;
+    let (status, _, body) = cluster
+        .post(
+            "/v1/chat/completions",
+            Some(&cluster.key),
+            json!({"model": "idle", "messages": []}),
+        )
+        .await;
+    assert_openai_error(status, &body, 503, "server_error", "model_not_ready");
+
+    // A running instance nobody listens at: every try fails, 502.
+    let dead = format!("127.0.0.1:{}", free_port());
+    cluster.deploy("dead", &[dead]).await;
+    let (status, instance, body) = cluster
+        .post(
+            "/v1/chat/completions",
+            Some(&cluster.key),
+            json!({"model": "dead", "messages": []}),
+        )
+        .await;
+    let error = assert_openai_error(status, &body, 502, "server_error", "upstream_error");
+    assert!(
+        error["message"].as_str().unwrap().contains("dead-0"),
+        "{error}"
+    );
+    assert!(instance.is_none());
+
+    // /v1/models lists only models with a running instance.
+    let response = cluster
+        .server
+        .client
+        .get(format!("{}/v1/models", cluster.server.base))
+        .bearer_auth(&cluster.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let list: Value = response.json().await.unwrap();
+    assert_eq!(list["object"], "list");
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["dead"], "{list}");
+    assert_eq!(list["data"][0]["object"], "model");
+    assert_eq!(list["data"][0]["owned_by"], "gantry");
+    assert!(list["data"][0]["created"].as_i64().unwrap() > 1_600_000_000);
+
+    // Unknown gateway paths and wrong methods keep the shape too.
+    let (status, _, body) = cluster
+        .post("/v1/nothing-here", Some(&cluster.key), json!({}))
+        .await;
+    assert_openai_error(status, &body, 404, "invalid_request_error", "unknown_url");
+    let response = cluster
+        .server
+        .client
+        .get(format!("{}/v1/chat/completions", cluster.server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+
+    let text = cluster.metrics().await;
+    assert!(
+        metric(
+            &text,
+            "gantry_gateway_requests_total{model=\"\",code=\"401\"}"
+        ) >= 2.0,
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            "gantry_gateway_requests_total{model=\"\",code=\"404\"}"
+        ) >= 3.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_requests_total{model=\"idle\",code=\"503\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_requests_total{model=\"dead\",code=\"502\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_errors_total{model=\"dead\",kind=\"all_tries_failed\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    // The scheduler queue is the pending and analyzing instances (the idle model's
+    // replica, unless a scheduler has placed it meanwhile).
+    assert_eq!(
+        metric(&text, "gantry_scheduler_queue_length"),
+        metric(&text, "gantry_instances{state=\"pending\"}")
+            + metric(&text, "gantry_instances{state=\"analyzing\"}"),
+        "{text}"
+    );
+    cluster.server.shutdown().await;
+}
+
+/// A stand-in backend for the cancellation test (a test double, not a model server):
+/// it answers one request with SSE headers and one event, then keeps the connection
+/// open and reports when the gateway closes it.
+async fn hanging_sse_backend() -> (String, tokio::sync::oneshot::Receiver<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buffer).await.unwrap();
+            assert!(n > 0, "the gateway closed before sending a request");
+            request.extend_from_slice(&buffer[..n]);
+        }
+        let event = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+            event.len()
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        // Whatever else arrives is the rest of the request; EOF or a reset is the
+        // gateway letting go.
+        loop {
+            match socket.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        let _ = closed_tx.send(());
+    });
+    (address, closed_rx)
+}
+
+async fn a_client_disconnect_cancels_the_upstream_request(engine: TestEngine) {
+    let cluster = Cluster::start(engine).await;
+    let (address, closed) = hanging_sse_backend().await;
+    cluster.deploy("slow", &[address]).await;
+    let response = cluster
+        .server
+        .client
+        .post(format!("{}/v1/chat/completions", cluster.server.base))
+        .bearer_auth(&cluster.key)
+        .json(&json!({"model": "slow", "messages": [], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.bytes_stream();
+    let first = tokio::time::timeout(Duration::from_secs(10), body.next())
+        .await
+        .expect("the first event passes through without waiting for the rest")
+        .unwrap()
+        .unwrap();
+    assert!(std::str::from_utf8(&first).unwrap().starts_with("data: "));
+    let text = cluster.metrics().await;
+    assert_eq!(
+        metric(&text, "gantry_gateway_requests_in_flight"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_instance_requests_in_flight{model=\"slow\",instance=\"slow-0\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+
+    // The client goes away: the gateway drops the upstream body, which closes the
+    // connection to the backend.
+    drop(body);
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the backend connection is closed when the client disconnects")
+        .unwrap();
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = cluster.metrics().await;
+        if metric(&text, "gantry_gateway_requests_in_flight") == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        metric(&text, "gantry_gateway_requests_in_flight"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_instance_requests_in_flight{model=\"slow\",instance=\"slow-0\"}"
+        ),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_errors_total{model=\"slow\",kind=\"client_disconnected\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    cluster.server.shutdown().await;
+}
+
+const OPENAI_CLIENT_CHECK: &str = r#"
+import sys
+import openai
+
+base_url, api_key, model = sys.argv[1:4]
+client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
+messages = [{"role": "user", "content": "hello"}]
+
+reply = client.chat.completions.create(model=model, messages=messages, max_tokens=4)
+assert reply.choices[0].message.role == "assistant", reply
+assert reply.usage.total_tokens > 0, reply
+
+chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=4, stream=True))
+assert chunks, "no chunks"
+assert all(chunk.choices for chunk in chunks), "a usage-only chunk reached the client"
+
+chunks = list(client.chat.completions.create(
+    model=model, messages=messages, max_tokens=4, stream=True,
+    stream_options={"include_usage": True}))
+assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0, chunks[-1]
+
+assert model in [m.id for m in client.models.list().data]
+
+try:
+    client.chat.completions.create(model="no-such-model", messages=messages)
+    raise AssertionError("expected a 404")
+except openai.NotFoundError as e:
+    assert e.code == "model_not_found", e.body
+print("openai client ok")
+"#;
+
+async fn the_official_openai_python_client_works_against_the_gateway(engine: TestEngine) {
+    let Some(python) = std::env::var_os("GANTRY_PYTHON") else {
+        panic!(
+            "GANTRY_PYTHON is not set. This test runs the official openai Python client: run \
+             the tests with scripts/test.sh, or set GANTRY_PYTHON=$(scripts/python-env.sh | tail -1)."
+        );
+    };
+    let cluster = Cluster::start(engine).await;
+    let backend = cluster.llama_server().await;
+    cluster.deploy("tiny", &[backend.address()]).await;
+    let output = tokio::process::Command::new(&python)
+        .arg("-c")
+        .arg(OPENAI_CLIENT_CHECK)
+        .arg(format!("{}/v1", cluster.server.base))
+        .arg(&cluster.key)
+        .arg("tiny")
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {python:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "the openai client failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    drop(backend);
+    cluster.server.shutdown().await;
+}
+
+test_both_engines!(
+    chat_and_completions_are_proxied_and_usage_is_recorded,
+    streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked,
+    requests_spread_over_instances_and_survive_a_killed_backend,
+    gateway_errors_have_the_openai_shape,
+    a_client_disconnect_cancels_the_upstream_request,
+    the_official_openai_python_client_works_against_the_gateway,
+);

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Load benchmark of the gateway, run by hand (never by the tests): how many requests a
+# second it passes and what latency it adds, next to nginx doing the same job.
+#
+#   scripts/bench-gateway.sh                  # 10 s per measurement
+#   BENCH_DURATION=30 scripts/bench-gateway.sh
+#
+# What it does:
+#   1. builds gantry and the benchmark responder in release mode;
+#   2. installs nginx-light and wrk from Debian when they are missing (needs root);
+#   3. starts `openai-responder` (crates/gantry-bench): a TEST DOUBLE that answers every
+#      chat completion at once with a fixed small JSON (with usage), or a few SSE chunks
+#      for "stream": true — no model, so the proxies are what is measured;
+#   4. starts nginx as a reverse proxy to it (upstream keepalive, proxy_buffering off);
+#   5. starts `gantry server` on a fresh data directory, registers a fake worker through
+#      the API, creates a model and reports its one instance running at the responder's
+#      address, so the gateway routes to it;
+#   6. at concurrency 64 and 8, non-streaming and streaming, runs wrk against the
+#      responder directly, through nginx and through the gateway, and prints requests/s,
+#      the ratio to direct, and the p50/p99 latency each proxy adds.
+#
+# Everything runs on this machine, so the proxies share the CPUs with wrk and the
+# responder; compare the proxies with each other, not with other machines.
+#
+# Environment: BENCH_DURATION (seconds per run, default 10), BENCH_CONCURRENCY (default
+# "64 8"), BENCH_THREADS (wrk threads, default 2), CARGO_TARGET_DIR (as for cargo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION="${BENCH_DURATION:-10}"
+CONCURRENCY="${BENCH_CONCURRENCY:-64 8}"
+WRK_THREADS="${BENCH_THREADS:-2}"
+TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+
+log() { echo "bench-gateway: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# --- tools -----------------------------------------------------------------------------
+need=()
+command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]] || need+=(nginx-light)
+command -v wrk >/dev/null 2>&1 || need+=(wrk)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+if ((${#need[@]})); then
+  [[ $(id -u) -eq 0 ]] || die "missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root"
+  log "installing ${need[*]} from Debian"
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+log "building gantry and openai-responder (release)"
+cargo build --release -p gantry -p gantry-bench >&2
+GANTRY="$TARGET_DIR/release/gantry"
+RESPONDER="$TARGET_DIR/release/openai-responder"
+[[ -x "$GANTRY" && -x "$RESPONDER" ]] || die "release binaries not found under $TARGET_DIR/release"
+
+# --- processes -------------------------------------------------------------------------
+WORK=$(mktemp -d /tmp/gantry-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() { # wait_http URL
+  for _ in $(seq 1 200); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  die "$1 did not answer"
+}
+
+RESPONDER_PORT=$(free_port)
+"$RESPONDER" --port "$RESPONDER_PORT" --threads 2 2>"$WORK/responder.log" &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$RESPONDER_PORT/health"
+
+NGINX_PORT=$(free_port)
+mkdir -p "$WORK/nginx"
+cat >"$WORK/nginx/nginx.conf" <<EOF
+daemon off;
+worker_processes auto;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/client_body;
+  proxy_temp_path $WORK/nginx/proxy;
+  client_max_body_size 32m;
+  upstream responder {
+    server 127.0.0.1:$RESPONDER_PORT;
+    keepalive 256;
+  }
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    location / {
+      proxy_pass http://responder;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+EOF
+"$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$NGINX_PORT/health"
+
+GANTRY_PORT=$(free_port)
+ADMIN_PASSWORD="bench-password-1"
+"$GANTRY" server --data-dir "$WORK/gantry" --host 127.0.0.1 --port "$GANTRY_PORT" \
+  --bootstrap-password "$ADMIN_PASSWORD" --log-level warn 2>"$WORK/gantry.log" &
+PIDS+=($!)
+BASE="http://127.0.0.1:$GANTRY_PORT"
+wait_http "$BASE/healthz"
+
+# --- a fake worker and one running instance at the responder ---------------------------
+api() { # api METHOD PATH TOKEN [JSON]
+  local args=(-fsS -X "$1" "$BASE$2" -H "Authorization: Bearer $3")
+  [[ $# -ge 4 ]] && args+=(-H "Content-Type: application/json" -d "$4")
+  curl "${args[@]}" || die "$1 $2 failed"
+}
+field() { python3 -c "import json,sys; v=json.load(sys.stdin)$1; print(v)"; }
+
+ADMIN=$(curl -fsS "$BASE/auth/login" -H 'Content-Type: application/json' \
+  -d "{\"username\":\"admin\",\"password\":\"$ADMIN_PASSWORD\"}" | field "['token']")
+KEY=$(api POST /api/v1/api-keys "$ADMIN" '{"name":"bench"}' | field "['key']")
+REGISTRATION=$(cat "$WORK/gantry/registration_token")
+WORKER=$(api POST /api/v1/workers/register "$REGISTRATION" '{"name":"bench-worker","labels":{},"address":"127.0.0.1:1",
+  "status":{"gpus":[{"index":0,"name":"Simulated GPU","uuid":"SIM-0","memory_total":85899345920,"memory_used":0,
+  "utilization":null,"temperature":null,"simulated":true}],"system":{"cpu_count":2,"load_average":0,"memory_total":1,
+  "memory_available":1,"disk_free":1,"os":"linux","hostname":"bench"},"backends":["llama.cpp"]}}')
+WORKER_ID=$(echo "$WORKER" | field "['worker']['id']")
+CREDENTIAL=$(echo "$WORKER" | field "['credential']")
+MODEL_ID=$(api POST /api/v1/models "$ADMIN" \
+  '{"name":"bench","source":{"type":"local_path","path":"/dev/null"},"backend":"llama.cpp","replicas":1}' | field "['id']")
+INSTANCE_ID=$(api GET "/api/v1/model-instances?model_id=$MODEL_ID" "$ADMIN" | field "['items'][0]['id']")
+api PATCH "/api/v1/model-instances/$INSTANCE_ID" "$ADMIN" "{\"worker_id\":$WORKER_ID,\"gpu_indexes\":[0]}" >/dev/null
+api POST "/api/v1/worker/instances/$INSTANCE_ID/state" "$CREDENTIAL" \
+  "{\"state\":\"running\",\"port\":$RESPONDER_PORT,\"address\":\"127.0.0.1:$RESPONDER_PORT\"}" >/dev/null
+for _ in $(seq 1 100); do
+  api GET /v1/models "$KEY" | grep -q '"bench"' && break
+  sleep 0.05
+done
+api GET /v1/models "$KEY" | grep -q '"bench"' || die "the gateway does not route to the bench model"
+# The heartbeat that keeps the fake worker ready for the whole run.
+( while sleep 5; do curl -fsS -o /dev/null -X POST "$BASE/api/v1/worker/heartbeat" -H "Authorization: Bearer $CREDENTIAL" || true; done ) &
+PIDS+=($!)
+
+# --- measurements ----------------------------------------------------------------------
+for mode in plain stream; do
+  stream=false
+  [[ $mode == stream ]] && stream=true
+  cat >"$WORK/$mode.lua" <<EOF
+wrk.method = "POST"
+wrk.body = '{"model":"bench","messages":[{"role":"user","content":"Say something short."}],"max_tokens":16,"stream":$stream}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $KEY"
+EOF
+done
+
+# A request through each target must succeed before anything is measured.
+for url in "http://127.0.0.1:$RESPONDER_PORT" "http://127.0.0.1:$NGINX_PORT" "$BASE"; do
+  curl -fsS -o /dev/null "$url/v1/chat/completions" -H "Authorization: Bearer $KEY" \
+    -H 'Content-Type: application/json' -d '{"model":"bench","messages":[]}' || die "a test request to $url failed"
+done
+
+to_ms() { # wrk prints 812.00us, 1.23ms, 1.05s
+  python3 -c "import sys; v=sys.argv[1]; u=v.lstrip('0123456789.'); n=float(v[:len(v)-len(u)]); print(n*{'us':0.001,'ms':1,'s':1000,'m':60000}[u])" "$1"
+}
+
+run() { # run MODE CONCURRENCY URL -> "rps p50 p99 errors"
+  local out
+  out=$(wrk -t"$WRK_THREADS" -c"$2" -d"${DURATION}s" --latency -s "$WORK/$1.lua" "$3/v1/chat/completions")
+  local rps p50 p99 errors
+  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+  p50=$(to_ms "$(awk '$1 == "50%" {print $2}' <<<"$out")")
+  p99=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
+  errors=$(awk '/Non-2xx or 3xx responses:/ {print $NF} /Socket errors:/ {print "socket-errors"}' <<<"$out" | paste -sd, -)
+  echo "$rps $p50 $p99 ${errors:-0}"
+}
+
+log "measuring: ${DURATION}s per run, wrk with $WRK_THREADS threads, $(nproc) CPUs"
+printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' errors
+for conc in $CONCURRENCY; do
+  for mode in plain stream; do
+    # Warm every path (connection pools, caches) before timing it.
+    for url in "http://127.0.0.1:$RESPONDER_PORT" "http://127.0.0.1:$NGINX_PORT" "$BASE"; do
+      wrk -t1 -c"$conc" -d1s -s "$WORK/$mode.lua" "$url/v1/chat/completions" >/dev/null
+    done
+    read -r d_rps d_p50 d_p99 d_err <<<"$(run "$mode" "$conc" "http://127.0.0.1:$RESPONDER_PORT")"
+    printf '%-7s %5s %-8s %11.0f %7s %9.3f %9.3f %9s %9s %s\n' "$mode" "$conc" direct "$d_rps" 1.00 "$d_p50" "$d_p99" - - "$d_err"
+    for target in nginx gateway; do
+      if [[ $target == nginx ]]; then url="http://127.0.0.1:$NGINX_PORT"; else url="$BASE"; fi
+      read -r rps p50 p99 err <<<"$(run "$mode" "$conc" "$url")"
+      python3 - "$mode" "$conc" "$target" "$rps" "$d_rps" "$p50" "$p99" "$d_p50" "$d_p99" "$err" <<'EOF'
+import sys
+mode, conc, target, rps, d_rps, p50, p99, d_p50, d_p99, err = sys.argv[1:]
+rps, d_rps, p50, p99, d_p50, d_p99 = map(float, (rps, d_rps, p50, p99, d_p50, d_p99))
+print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {err}")
+EOF
+    done
+  done
+done
+log "gateway counters after the run:"
+curl -fsS "$BASE/metrics" | grep -E '^gantry_gateway_(requests_total|errors_total)' >&2 || true
