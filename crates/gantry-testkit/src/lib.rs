@@ -82,3 +82,31 @@ macro_rules! test_both_engines {
         }
     };
 }
+
+/// Reserves a block of `count` (at most 20) consecutive ports for backends started by
+/// one test, distinct from every other test process's block: each block is claimed by
+/// an exclusive lock on a file under the temporary directory, held until the process
+/// exits. The blocks lie in 20000–31999, below Linux's ephemeral range, so ports the
+/// kernel hands out for `bind(0)` and outgoing connections never land in them.
+pub fn reserve_ports(count: u16) -> std::ops::RangeInclusive<u16> {
+    use nix::fcntl::{Flock, FlockArg};
+    assert!((1..=20).contains(&count), "reserve 1 to 20 ports");
+    let dir = std::env::temp_dir().join("gantry-test-ports");
+    std::fs::create_dir_all(&dir).expect("create the port lock directory");
+    for block in 0..600u16 {
+        let path = dir.join(format!("block-{block}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .expect("open a port lock file");
+        if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            // Keep the lock (and so the descriptor) for the life of the process.
+            std::mem::forget(lock);
+            let start = 20000 + block * 20;
+            return start..=start + count - 1;
+        }
+    }
+    panic!("all 600 test port blocks are taken");
+}

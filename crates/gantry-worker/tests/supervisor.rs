@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use gantry_types::BackendKind;
@@ -88,11 +87,9 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Tests in this binary run in parallel, each with its own supervisor and so its own port
 /// allocator: give each a range of its own so two never race for one port.
+/// A port block no other test process uses at the same time.
 fn port_range() -> std::ops::RangeInclusive<u16> {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let block = NEXT.fetch_add(1, Ordering::Relaxed);
-    let start = 46000 + block * 20;
-    start..=start + 19
+    gantry_testkit::reserve_ports(20)
 }
 
 struct Harness {

@@ -6,6 +6,12 @@
 
 #![allow(clippy::unwrap_used)]
 
+/// Backend ports no other test process uses at the same time, as `--port-range` wants.
+fn port_block() -> String {
+    let ports = gantry_testkit::reserve_ports(20);
+    format!("{}-{}", ports.start(), ports.end())
+}
+
 mod common;
 
 use std::time::Duration;
@@ -43,7 +49,7 @@ async fn deploy_with_one_call_and_serve_through_the_gateway() {
         "--llama-server-path",
         &llama_server(),
         "--port-range",
-        &format!("{}-{}", port.saturating_add(1), port.saturating_add(40)),
+        &port_block(),
     ]
     .iter()
     .map(|s| s.to_string())

@@ -3,6 +3,12 @@
 
 #![allow(clippy::unwrap_used)]
 
+/// Backend ports no other test process uses at the same time, as `--port-range` wants.
+fn port_block() -> String {
+    let ports = gantry_testkit::reserve_ports(20);
+    format!("{}-{}", ports.start(), ports.end())
+}
+
 mod common;
 
 use std::time::Duration;
@@ -30,7 +36,7 @@ async fn gantry_start_serves_writes_bootstrap_files_and_runs_a_model() {
         "--llama-server-path",
         &llama_server(),
         "--port-range",
-        &format!("{}-{}", port.saturating_add(1), port.saturating_add(20)),
+        &port_block(),
     ]
     .iter()
     .map(|s| s.to_string())

@@ -256,6 +256,20 @@ impl InstanceTask {
                 () = probe => Ok(()),
             }
         };
+        // A probe can succeed against another program on the port if ours died in the
+        // meantime: make sure every process still runs before calling it ready.
+        let became_ready = match became_ready {
+            Ok(()) => match tokio::time::timeout(Duration::ZERO, processes.wait_any_exit()).await {
+                Ok((rank, pid, exit)) => Err(Some(format!(
+                    "{} (rank {rank}, pid {pid}) {} before it became ready (its health path \
+                     answered, so another program holds the port)",
+                    commands[rank].program,
+                    describe_exit(&exit)
+                ))),
+                Err(_) => Ok(()),
+            },
+            other => other,
+        };
         match became_ready {
             Ok(()) => {}
             Err(None) => {

@@ -190,10 +190,10 @@ impl Cluster {
             "--llama-server-path".into(),
             llama_server(),
             "--port-range".into(),
-            // Each worker gets its own slice so parallel tests do not collide.
+            // Each worker gets its own block so parallel tests do not collide.
             {
-                let base = 20000 + (free_port() % 20000);
-                format!("{base}-{}", base + 50)
+                let ports = gantry_testkit::reserve_ports(20);
+                format!("{}-{}", ports.start(), ports.end())
             },
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
