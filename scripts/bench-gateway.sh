@@ -50,10 +50,11 @@ fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 log "building gantry and openai-responder (release)"
-cargo build --release -p gantry -p gantry-bench >&2
+cargo build --release -p gantry -p gantry-bench -p gantry-gguf --example write-tiny-model >&2
 GANTRY="$TARGET_DIR/release/gantry"
 RESPONDER="$TARGET_DIR/release/openai-responder"
-[[ -x "$GANTRY" && -x "$RESPONDER" ]] || die "release binaries not found under $TARGET_DIR/release"
+WRITE_MODEL="$TARGET_DIR/release/examples/write-tiny-model"
+[[ -x "$GANTRY" && -x "$RESPONDER" && -x "$WRITE_MODEL" ]] || die "release binaries not found under $TARGET_DIR/release"
 
 # --- processes -------------------------------------------------------------------------
 WORK=$(mktemp -d /tmp/gantry-bench.XXXXXX)
@@ -137,8 +138,11 @@ WORKER=$(api POST /api/v1/workers/register "$REGISTRATION" '{"name":"bench-worke
   "memory_available":1,"disk_free":1,"os":"linux","hostname":"bench"},"backends":["llama.cpp"]}}')
 WORKER_ID=$(echo "$WORKER" | field "['worker']['id']")
 CREDENTIAL=$(echo "$WORKER" | field "['credential']")
+# A real (tiny) GGUF file as the model's source, so that the scheduler's analysis of it
+# succeeds and the scheduler leaves the model alone during the run.
+"$WRITE_MODEL" "$WORK/tiny.gguf" >&2
 MODEL_ID=$(api POST /api/v1/models "$ADMIN" \
-  '{"name":"bench","source":{"type":"local_path","path":"/dev/null"},"backend":"llama.cpp","replicas":1}' | field "['id']")
+  "{\"name\":\"bench\",\"source\":{\"type\":\"local_path\",\"path\":\"$WORK/tiny.gguf\"},\"backend\":\"llama.cpp\",\"replicas\":1}" | field "['id']")
 INSTANCE_ID=$(api GET "/api/v1/model-instances?model_id=$MODEL_ID" "$ADMIN" | field "['items'][0]['id']")
 api PATCH "/api/v1/model-instances/$INSTANCE_ID" "$ADMIN" "{\"worker_id\":$WORKER_ID,\"gpu_indexes\":[0]}" >/dev/null
 api POST "/api/v1/worker/instances/$INSTANCE_ID/state" "$CREDENTIAL" \
@@ -174,35 +178,58 @@ to_ms() { # wrk prints 812.00us, 1.23ms, 1.05s
   python3 -c "import sys; v=sys.argv[1]; u=v.lstrip('0123456789.'); n=float(v[:len(v)-len(u)]); print(n*{'us':0.001,'ms':1,'s':1000,'m':60000}[u])" "$1"
 }
 
-run() { # run MODE CONCURRENCY URL -> "rps p50 p99 errors"
-  local out
-  out=$(wrk -t"$WRK_THREADS" -c"$2" -d"${DURATION}s" --latency -s "$WORK/$1.lua" "$3/v1/chat/completions")
-  local rps p50 p99 errors
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-  p50=$(to_ms "$(awk '$1 == "50%" {print $2}' <<<"$out")")
-  p99=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
-  errors=$(awk '/Non-2xx or 3xx responses:/ {print $NF} /Socket errors:/ {print "socket-errors"}' <<<"$out" | paste -sd, -)
-  echo "$rps $p50 $p99 ${errors:-0}"
+CLK_TCK=$(getconf CLK_TCK)
+cpu_ticks() { # cpu_ticks PID... -> user+system clock ticks of every thread of the processes
+  local total=0 task fields
+  for pid in "$@"; do
+    for task in /proc/"$pid"/task/*; do
+      fields=($(sed 's/.*) //' "$task/stat" 2>/dev/null)) || continue
+      ((${#fields[@]} > 12)) && total=$((total + fields[11] + fields[12]))
+    done
+  done
+  echo "$total"
 }
 
+run() { # run MODE CONCURRENCY URL PID... -> "rps p50 p99 cpu-us-per-request errors"
+  local mode=$1 conc=$2 url=$3 out before after
+  shift 3
+  before=$(cpu_ticks "$@")
+  out=$(wrk -t"$WRK_THREADS" -c"$conc" -d"${DURATION}s" --latency -s "$WORK/$mode.lua" "$url/v1/chat/completions")
+  after=$(cpu_ticks "$@")
+  local rps requests p50 p99 cpu errors
+  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+  requests=$(awk '/requests in/ {print $1}' <<<"$out")
+  p50=$(to_ms "$(awk '$1 == "50%" {print $2}' <<<"$out")")
+  p99=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
+  cpu=$(python3 -c "print(f'{($after - $before) / $CLK_TCK * 1e6 / max($requests, 1):.1f}')")
+  errors=$(awk '/Non-2xx or 3xx responses:/ {print $NF} /Socket errors:/ {print "socket-errors"}' <<<"$out" | paste -sd, -)
+  echo "$rps $p50 $p99 $cpu ${errors:-0}"
+}
+
+NGINX_WORKERS=($(pgrep -P "${PIDS[1]}")) || die "no nginx worker processes"
+GANTRY_PID="${PIDS[2]}"
 log "measuring: ${DURATION}s per run, wrk with $WRK_THREADS threads, $(nproc) CPUs"
-printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' errors
+log "cpu us/req: user+system CPU time of the target (responder, nginx workers, gantry) per request"
+printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' errors
 for conc in $CONCURRENCY; do
   for mode in plain stream; do
     # Warm every path (connection pools, caches) before timing it.
     for url in "http://127.0.0.1:$RESPONDER_PORT" "http://127.0.0.1:$NGINX_PORT" "$BASE"; do
       wrk -t1 -c"$conc" -d1s -s "$WORK/$mode.lua" "$url/v1/chat/completions" >/dev/null
     done
-    read -r d_rps d_p50 d_p99 d_err <<<"$(run "$mode" "$conc" "http://127.0.0.1:$RESPONDER_PORT")"
-    printf '%-7s %5s %-8s %11.0f %7s %9.3f %9.3f %9s %9s %s\n' "$mode" "$conc" direct "$d_rps" 1.00 "$d_p50" "$d_p99" - - "$d_err"
+    read -r d_rps d_p50 d_p99 d_cpu d_err <<<"$(run "$mode" "$conc" "http://127.0.0.1:$RESPONDER_PORT" "${PIDS[0]}")"
+    printf '%-7s %5s %-8s %11.0f %7s %9.3f %9.3f %9s %9s %11s %s\n' "$mode" "$conc" direct "$d_rps" 1.00 "$d_p50" "$d_p99" - - "$d_cpu" "$d_err"
     for target in nginx gateway; do
-      if [[ $target == nginx ]]; then url="http://127.0.0.1:$NGINX_PORT"; else url="$BASE"; fi
-      read -r rps p50 p99 err <<<"$(run "$mode" "$conc" "$url")"
-      python3 - "$mode" "$conc" "$target" "$rps" "$d_rps" "$p50" "$p99" "$d_p50" "$d_p99" "$err" <<'EOF'
+      if [[ $target == nginx ]]; then
+        read -r rps p50 p99 cpu err <<<"$(run "$mode" "$conc" "http://127.0.0.1:$NGINX_PORT" "${NGINX_WORKERS[@]}")"
+      else
+        read -r rps p50 p99 cpu err <<<"$(run "$mode" "$conc" "$BASE" "$GANTRY_PID")"
+      fi
+      python3 - "$mode" "$conc" "$target" "$rps" "$d_rps" "$p50" "$p99" "$d_p50" "$d_p99" "$cpu" "$err" <<'EOF'
 import sys
-mode, conc, target, rps, d_rps, p50, p99, d_p50, d_p99, err = sys.argv[1:]
+mode, conc, target, rps, d_rps, p50, p99, d_p50, d_p99, cpu, err = sys.argv[1:]
 rps, d_rps, p50, p99, d_p50, d_p99 = map(float, (rps, d_rps, p50, p99, d_p50, d_p99))
-print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {err}")
+print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11} {err}")
 EOF
     done
   done

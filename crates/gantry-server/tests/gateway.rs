@@ -881,6 +881,47 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
     assert_eq!(list["data"][0]["owned_by"], "gantry");
     assert!(list["data"][0]["created"].as_i64().unwrap() > 1_600_000_000);
 
+    // A deleted API key stops working at once (the gateway remembers accepted keys
+    // for a moment, and forgets them on the change).
+    let (_, second) = cluster
+        .server
+        .call(
+            Method::POST,
+            "/api/v1/api-keys",
+            Some(&cluster.admin),
+            Some(json!({"name": "short-lived"})),
+        )
+        .await;
+    let second_key = second["key"].as_str().unwrap().to_string();
+    let models = |key: String| {
+        let request = cluster
+            .server
+            .client
+            .get(format!("{}/v1/models", cluster.server.base))
+            .bearer_auth(key);
+        async move { request.send().await.unwrap().status() }
+    };
+    assert_eq!(models(second_key.clone()).await, StatusCode::OK);
+    let (status, _) = cluster
+        .server
+        .call(
+            Method::DELETE,
+            &format!("/api/v1/api-keys/{}", second["id"]),
+            Some(&cluster.admin),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let mut after_delete = StatusCode::OK;
+    for _ in 0..50 {
+        after_delete = models(second_key.clone()).await;
+        if after_delete == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(after_delete, StatusCode::UNAUTHORIZED);
+
     // Unknown gateway paths and wrong methods keep the shape too.
     let (status, _, body) = cluster
         .post("/v1/nothing-here", Some(&cluster.key), json!({}))

@@ -3,6 +3,8 @@
 //! their own. Usage is recorded per minute and written about once a second, so the
 //! newest second of traffic may not show yet.
 
+use std::collections::BTreeMap;
+
 use axum::extract::State;
 use axum::Json;
 use gantry_store::{UsageFilter, UsageSums};
@@ -128,14 +130,28 @@ pub async fn report(
         from: query.from,
         to: query.to,
     };
-    let (by_model, by_key) = tokio::try_join!(
-        state.store.usage_by_model(&filter),
-        state.store.usage_by_api_key(&filter)
-    )?;
+    // One read, so that the totals, the models and the keys agree (a flush between two
+    // reads would make them differ).
+    let by_key = state.store.usage_by_api_key(&filter).await?;
     let mut total = UsageSums::default();
-    for row in &by_model {
+    let mut by_model: BTreeMap<&str, UsageSums> = BTreeMap::new();
+    for row in &by_key {
         total.add(&row.sums);
+        by_model
+            .entry(row.model.as_str())
+            .or_default()
+            .add(&row.sums);
     }
+    let models = by_model
+        .into_iter()
+        .map(|(model, sums)| ModelUsage {
+            model: model.to_string(),
+            requests: sums.requests,
+            prompt_tokens: sums.prompt_tokens,
+            completion_tokens: sums.completion_tokens,
+            total_tokens: sums.total_tokens,
+        })
+        .collect();
     Ok(Json(UsageReport {
         user_id,
         api_key_id: query.api_key_id,
@@ -143,16 +159,7 @@ pub async fn report(
         from: query.from,
         to: query.to,
         total: total.into(),
-        models: by_model
-            .into_iter()
-            .map(|row| ModelUsage {
-                model: row.model,
-                requests: row.sums.requests,
-                prompt_tokens: row.sums.prompt_tokens,
-                completion_tokens: row.sums.completion_tokens,
-                total_tokens: row.sums.total_tokens,
-            })
-            .collect(),
+        models,
         api_keys: by_key
             .into_iter()
             .map(|row| ApiKeyUsage {

@@ -140,7 +140,10 @@ impl JsonTail {
 /// Parses the value of the last `"usage"` key in a JSON text, skipping `null`s and
 /// values that are not a usage object.
 pub fn find_usage(json: &[u8]) -> Option<TokenUsage> {
-    for at in memmem::rfind_iter(json, b"\"usage\"") {
+    // Built once: setting a finder up costs more than searching a small body.
+    static FINDER: std::sync::LazyLock<memmem::FinderRev<'static>> =
+        std::sync::LazyLock::new(|| memmem::FinderRev::new(b"\"usage\""));
+    for at in FINDER.rfind_iter(json) {
         let rest = json[at + b"\"usage\"".len()..].trim_ascii_start();
         let Some(rest) = rest.strip_prefix(b":") else {
             continue;
@@ -199,7 +202,9 @@ impl SseScanner {
         let Some(payload) = trim_cr(line).strip_prefix(b"data:") else {
             return false;
         };
-        if memmem::find(payload, b"\"usage\"").is_none() {
+        static FINDER: std::sync::LazyLock<memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+        if FINDER.find(payload).is_none() {
             return false;
         }
         let Ok(chunk) = serde_json::from_slice::<ChunkPeek>(payload.trim_ascii()) else {

