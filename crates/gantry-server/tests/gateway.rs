@@ -739,6 +739,66 @@ async fn requests_spread_over_instances_and_survive_a_killed_backend(engine: Tes
     cluster.server.shutdown().await;
 }
 
+/// A stand-in backend (a test double, not a model server) that answers every request
+/// with 503, as llama-server does while it loads a model.
+async fn unavailable_backend() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                    // Good enough for the gateway's requests: headers, then a body of
+                    // the declared length arrives at once.
+                    if request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        request.clear();
+                        let answer = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 37\r\n\r\n{\"error\":{\"message\":\"Loading model\"}}";
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    address
+}
+
+async fn a_503_from_an_instance_is_retried_on_another(engine: TestEngine) {
+    let cluster = Cluster::start(engine).await;
+    let backend = cluster.llama_server().await;
+    let loading = unavailable_backend().await;
+    cluster.deploy("tiny", &[loading, backend.address()]).await;
+    for _ in 0..4 {
+        let (status, instance, reply) = cluster.chat("tiny").await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        assert_eq!(
+            instance.as_deref(),
+            Some("tiny-1"),
+            "served by the loading instance"
+        );
+    }
+    let text = cluster.metrics().await;
+    assert!(
+        metric(
+            &text,
+            "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_unavailable\"}"
+        ) >= 1.0,
+        "{text}"
+    );
+    drop(backend);
+    cluster.server.shutdown().await;
+}
+
 async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
     let cluster = Cluster::start(engine).await;
     let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]});
@@ -990,6 +1050,11 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
 /// it answers one request with SSE headers and one event, then keeps the connection
 /// open and reports when the gateway closes it.
 async fn hanging_sse_backend() -> (String, tokio::sync::oneshot::Receiver<()>) {
+    hanging_backend(true).await
+}
+
+/// Like [`hanging_sse_backend`]; with `answer: false` it never answers at all.
+async fn hanging_backend(answer: bool) -> (String, tokio::sync::oneshot::Receiver<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
@@ -1007,7 +1072,9 @@ async fn hanging_sse_backend() -> (String, tokio::sync::oneshot::Receiver<()>) {
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
             event.len()
         );
-        socket.write_all(head.as_bytes()).await.unwrap();
+        if answer {
+            socket.write_all(head.as_bytes()).await.unwrap();
+        }
         // Whatever else arrives is the rest of the request; EOF or a reset is the
         // gateway letting go.
         loop {
@@ -1096,6 +1163,49 @@ async fn a_client_disconnect_cancels_the_upstream_request(engine: TestEngine) {
     cluster.server.shutdown().await;
 }
 
+async fn a_client_disconnect_before_the_answer_cancels_the_upstream_request(engine: TestEngine) {
+    let cluster = Cluster::start(engine).await;
+    let (address, closed) = hanging_backend(false).await;
+    cluster.deploy("mute", &[address]).await;
+    // The client gives up while the gateway still waits for the response head.
+    let result = cluster
+        .server
+        .client
+        .post(format!("{}/v1/chat/completions", cluster.server.base))
+        .bearer_auth(&cluster.key)
+        .timeout(Duration::from_millis(500))
+        .json(&json!({"model": "mute", "messages": []}))
+        .send()
+        .await;
+    assert!(result.unwrap_err().is_timeout());
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the backend connection is closed when the client gives up")
+        .unwrap();
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = cluster.metrics().await;
+        if metric(&text, "gantry_gateway_requests_in_flight") == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        metric(&text, "gantry_gateway_requests_in_flight"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_instance_requests_in_flight{model=\"mute\",instance=\"mute-0\"}"
+        ),
+        0.0,
+        "{text}"
+    );
+    cluster.server.shutdown().await;
+}
+
 const OPENAI_CLIENT_CHECK: &str = r#"
 import sys
 import openai
@@ -1161,7 +1271,9 @@ test_both_engines!(
     chat_and_completions_are_proxied_and_usage_is_recorded,
     streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked,
     requests_spread_over_instances_and_survive_a_killed_backend,
+    a_503_from_an_instance_is_retried_on_another,
     gateway_errors_have_the_openai_shape,
     a_client_disconnect_cancels_the_upstream_request,
+    a_client_disconnect_before_the_answer_cancels_the_upstream_request,
     the_official_openai_python_client_works_against_the_gateway,
 );
