@@ -45,6 +45,7 @@ pub const KEYS: &[&str] = &[
     "distributed_scheduling",
     "schedule_lock_timeout",
     "max_request_body",
+    "gateway_max_request_body",
     "log_level",
     "log_format",
     "token",
@@ -99,6 +100,7 @@ pub struct Config {
     pub distributed_scheduling: bool,
     pub schedule_lock_timeout: Duration,
     pub max_request_body: usize,
+    pub gateway_max_request_body: usize,
     pub log_level: String,
     pub log_format: LogFormat,
     /// Worker settings (used by `gantry worker` and `gantry start`).
@@ -302,6 +304,11 @@ impl Layers {
                 parse_duration,
             )?,
             max_request_body: self.parse("max_request_body", || 1024 * 1024, parse_size)?,
+            gateway_max_request_body: self.parse(
+                "gateway_max_request_body",
+                || 32 * 1024 * 1024,
+                parse_size,
+            )?,
             log_level: self.parse("log_level", || "info".to_string(), |s| Ok(s.to_string()))?,
             log_format: self.parse(
                 "log_format",

@@ -191,6 +191,9 @@ struct ServerArgs {
     /// Largest management-API request body [default: 1MiB]
     #[arg(long)]
     max_request_body: Option<String>,
+    /// Largest request body of the OpenAI-compatible gateway [default: 32MiB]
+    #[arg(long)]
+    gateway_max_request_body: Option<String>,
 }
 
 impl ServerArgs {
@@ -209,6 +212,7 @@ impl ServerArgs {
             ("distributed_scheduling", self.distributed_scheduling),
             ("schedule_lock_timeout", self.schedule_lock_timeout),
             ("max_request_body", self.max_request_body),
+            ("gateway_max_request_body", self.gateway_max_request_body),
         ];
         for (key, value) in pairs {
             if let Some(value) = value {
@@ -307,6 +311,7 @@ fn server_config(config: &Config) -> gantry_server::ServerConfig {
     server.bootstrap_password = config.bootstrap_password.clone();
     server.server_id = config.server_id.clone();
     server.max_request_body = config.max_request_body;
+    server.gateway_max_request_body = config.gateway_max_request_body;
     server.heartbeat_interval = config.heartbeat_interval;
     server.server_timeout = config.server_timeout;
     server.server_urls = config.server_urls.clone();

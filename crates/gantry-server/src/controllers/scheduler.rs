@@ -297,7 +297,8 @@ impl Scheduler {
         let candidate_ids: HashSet<i64> = candidates.iter().map(|i| i.id).collect();
         self.avoid_worker.retain(|id, _| candidate_ids.contains(id));
         if candidates.is_empty() {
-            return Ok(self.analyses.next_retry());
+            // Cached failures matter only to instances waiting for placement.
+            return Ok(None);
         }
 
         // Analysis, once per model version.
@@ -368,7 +369,12 @@ impl Scheduler {
                 }
             }
         }
-        Ok(self.analyses.next_retry())
+        // A retry time already past belongs to a model that had no instance to place
+        // this pass; waking for it would spin. The periodic pass picks it up.
+        Ok(self
+            .analyses
+            .next_retry()
+            .filter(|at| *at > tokio::time::Instant::now()))
     }
 
     /// The model's analysis, from the cache or from its files. Reading happens on a
