@@ -6,17 +6,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-/// Backend ports no other test process uses at the same time, as `--port-range` wants.
-fn port_block() -> String {
-    let ports = gantry_testkit::reserve_ports(20);
-    format!("{}-{}", ports.start(), ports.end())
-}
-
 mod common;
 
 use std::time::Duration;
 
-use common::{alive, free_port, llama_server, tail, tiny_model, tiny_model_body, Process};
+use common::{alive, tail, tiny_model, tiny_model_body};
 use serde_json::{json, Value};
 
 fn python() -> String {
@@ -32,49 +26,17 @@ fn python() -> String {
 async fn deploy_with_one_call_and_serve_through_the_gateway() {
     let python = python();
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let port = free_port();
-    let args: Vec<String> = [
-        "start",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--bootstrap-password",
-        "admin-password-1",
-        "--simulate-gpus",
-        "2x8GiB",
-        "--llama-server-path",
-        &llama_server(),
-        "--port-range",
-        &port_block(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let gantry = Process::spawn("gantry start", &args, &dir.path().join("start.log"), &[]);
-    let base = format!("http://127.0.0.1:{port}");
+    let (gantry, base) = common::start_gantry(
+        dir.path(),
+        &[
+            "--bootstrap-password",
+            "admin-password-1",
+            "--simulate-gpus",
+            "2x8GiB",
+        ],
+    )
+    .await;
     let http = reqwest::Client::new();
-    let mut up = false;
-    for _ in 0..300 {
-        if http
-            .get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        up,
-        "gantry start never became ready:\n{}",
-        gantry.log_text()
-    );
     let login: Value = http
         .post(format!("{base}/auth/login"))
         .json(&json!({"username": "admin", "password": "admin-password-1"}))

@@ -3,61 +3,19 @@
 
 #![allow(clippy::unwrap_used)]
 
-/// Backend ports no other test process uses at the same time, as `--port-range` wants.
-fn port_block() -> String {
-    let ports = gantry_testkit::reserve_ports(20);
-    format!("{}-{}", ports.start(), ports.end())
-}
-
 mod common;
 
 use std::time::Duration;
 
-use common::{
-    chat, descendants, free_port, llama_server, manual_model_body, tail, tiny_model, Process,
-};
+use common::{chat, descendants, manual_model_body, tail, tiny_model};
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gantry_start_serves_writes_bootstrap_files_and_runs_a_model() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let port = free_port();
-    let args: Vec<String> = [
-        "start",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--simulate-gpus",
-        "1x8GiB",
-        "--llama-server-path",
-        &llama_server(),
-        "--port-range",
-        &port_block(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut gantry = Process::spawn("gantry start", &args, &dir.path().join("start.log"), &[]);
-    let base = format!("http://127.0.0.1:{port}");
+    let (mut gantry, base) = common::start_gantry(dir.path(), &["--simulate-gpus", "1x8GiB"]).await;
     let http = reqwest::Client::new();
-    let mut healthy = false;
-    for _ in 0..300 {
-        if http
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            healthy = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(healthy, "no /healthz; log:\n{}", gantry.log_text());
 
     // The bootstrap files, private to the owner.
     use std::os::unix::fs::PermissionsExt;

@@ -103,6 +103,46 @@ impl Drop for Process {
     }
 }
 
+/// `gantry start` (server and embedded worker) on a free port, with the test
+/// llama-server and a reserved block of backend ports, plus `extra` arguments; returns
+/// the process and its base URL once `/healthz` answers.
+pub async fn start_gantry(dir: &Path, extra: &[&str]) -> (Process, String) {
+    let port = free_port();
+    let ports = gantry_testkit::reserve_ports(20);
+    let mut args: Vec<String> = vec![
+        "start".into(),
+        "--data-dir".into(),
+        dir.join("data").display().to_string(),
+        "--host".into(),
+        "127.0.0.1".into(),
+        "--port".into(),
+        port.to_string(),
+        "--llama-server-path".into(),
+        llama_server(),
+        "--port-range".into(),
+        format!("{}-{}", ports.start(), ports.end()),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let gantry = Process::spawn("gantry start", &args, &dir.join("start.log"), &[]);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..300 {
+        let healthy = http
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if healthy {
+            return (gantry, base);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "gantry start never served /healthz; log:\n{}",
+        gantry.log_text()
+    );
+}
+
 /// A server process and an admin session.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
