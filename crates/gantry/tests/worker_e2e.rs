@@ -167,11 +167,16 @@ async fn worker_keeps_its_identity_across_restarts() {
         all["pagination"]["total"], 1,
         "re-registration made a second worker"
     );
-    assert!(
-        second.log_text().contains("registered again"),
-        "{}",
-        second.log_text()
-    );
+    // The server answers the re-registration before the worker logs it: wait for it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !second.log_text().contains("registered again") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}",
+            second.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
