@@ -2,7 +2,7 @@
 
 use gantry_types::{InstanceState, ModelInstance, Timestamp};
 use sqlx::any::AnyRow;
-use sqlx::{Any, Transaction};
+use sqlx::Any;
 
 use crate::changes::{Change, ChangeKind};
 use crate::query::{Arg, Filter, Page};
@@ -52,14 +52,17 @@ fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
     })
 }
 
-/// Instances of a model, read inside a transaction.
-pub(crate) async fn of_model_in(
-    tx: &mut Transaction<'static, Any>,
+/// Instances of a model, read through the pool or inside a transaction.
+pub(crate) async fn of_model<'e, E>(
+    executor: E,
     model_id: i64,
-) -> Result<Vec<ModelInstance>, StoreError> {
+) -> Result<Vec<ModelInstance>, StoreError>
+where
+    E: sqlx::Executor<'e, Database = Any>,
+{
     let rows = sqlx::query(&format!("{SELECT} WHERE i.model_id = $1 ORDER BY i.id"))
         .bind(model_id)
-        .fetch_all(&mut **tx)
+        .fetch_all(executor)
         .await?;
     rows.iter().map(decode).collect()
 }
@@ -79,17 +82,7 @@ impl Store {
         filter: &InstanceFilter,
         page: Page,
     ) -> Result<(Vec<ModelInstance>, u64), StoreError> {
-        let mut f = Filter::default();
-        if let Some(model_id) = filter.model_id {
-            f.eq("model_id", Arg::Int(model_id));
-        }
-        if let Some(worker_id) = filter.worker_id {
-            f.eq("worker_id", Arg::Int(worker_id));
-        }
-        if let Some(state) = filter.state {
-            f.eq("state", Arg::Text(state.as_str().to_string()));
-        }
-        let total = self.count("model_instances", &f).await?;
+        // Columns qualified with the alias, so one filter serves the count and the join.
         let mut qualified = Filter::default();
         if let Some(model_id) = filter.model_id {
             qualified.eq("i.model_id", Arg::Int(model_id));
@@ -100,6 +93,7 @@ impl Store {
         if let Some(state) = filter.state {
             qualified.eq("i.state", Arg::Text(state.as_str().to_string()));
         }
+        let total = self.count("model_instances i", &qualified).await?;
         let rows = sqlx::query_with(
             &format!(
                 "{SELECT}{} ORDER BY i.id{}",
@@ -112,17 +106,6 @@ impl Store {
         .await?;
         let instances = rows.iter().map(decode).collect::<Result<_, _>>()?;
         Ok((instances, total))
-    }
-
-    pub(crate) async fn instances_of_model(
-        &self,
-        model_id: i64,
-    ) -> Result<Vec<ModelInstance>, StoreError> {
-        let rows = sqlx::query(&format!("{SELECT} WHERE i.model_id = $1 ORDER BY i.id"))
-            .bind(model_id)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(decode).collect()
     }
 
     /// Deletes one instance. The model's replica count is not changed, so the model

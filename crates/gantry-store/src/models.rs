@@ -215,7 +215,7 @@ impl Store {
     /// Deletes a model and all its instances.
     pub async fn delete_model(&self, id: i64) -> Result<Model, StoreError> {
         let model = self.get_model(id).await?;
-        let instances = self.instances_of_model(id).await?;
+        let instances = crate::instances::of_model(&self.pool, id).await?;
         let result = sqlx::query("DELETE FROM models WHERE id = $1")
             .bind(id)
             .execute(&self.pool)
@@ -272,7 +272,7 @@ async fn reconcile_replicas(
     tx: &mut Transaction<'static, Any>,
     model: &Model,
 ) -> Result<ReplicaDiff, StoreError> {
-    let existing = crate::instances::of_model_in(tx, model.id).await?;
+    let existing = crate::instances::of_model(&mut **tx, model.id).await?;
     let wanted = model.replicas as usize;
     let mut diff = ReplicaDiff::default();
     if existing.len() < wanted {

@@ -11,7 +11,7 @@ use gantry_types::{
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::{check_page, created, page_of, watch};
+use super::{check_page, created, page_of};
 use crate::auth::secrets::{digest, GeneratedApiKey};
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
@@ -56,24 +56,19 @@ pub async fn list(
             ))
         }
     };
-    if query.watch == Some(true) {
-        let changes = state.store.subscribe();
-        let initial = super::watch_all(|page| state.store.list_api_keys(owner, page)).await?;
-        return Ok(watch::respond(
-            &state,
-            changes,
-            initial,
-            move |change| match change {
-                Change::ApiKey(kind, key) if owner.is_none_or(|o| o == key.user_id) => {
-                    Some((*kind, key.clone()))
-                }
-                _ => None,
-            },
-        ));
-    }
-    let page = page_of(query.page, query.per_page);
-    let (items, total) = state.store.list_api_keys(owner, page).await?;
-    Ok(super::list_response(items, page, total))
+    super::list_or_watch(
+        &state,
+        query.watch,
+        page_of(query.page, query.per_page),
+        |page| state.store.list_api_keys(owner, page),
+        move |change| match change {
+            Change::ApiKey(kind, key) if owner.is_none_or(|o| o == key.user_id) => {
+                Some((*kind, key.clone()))
+            }
+            _ => None,
+        },
+    )
+    .await
 }
 
 /// Creates a key for the caller. The answer is the only time the full key is shown.

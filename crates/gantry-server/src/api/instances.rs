@@ -12,7 +12,7 @@ use gantry_types::{
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::{check_page, page_of, watch};
+use super::{check_page, page_of};
 use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -51,30 +51,26 @@ pub async fn list(
         worker_id: query.worker_id,
         state: query.state,
     };
-    if query.watch == Some(true) {
-        let changes = state.store.subscribe();
-        let initial = super::watch_all(|page| state.store.list_instances(&filter, page)).await?;
-        return Ok(watch::respond(
-            &state,
-            changes,
-            initial,
-            move |change| match change {
-                Change::Instance(kind, instance)
-                    if filter.model_id.is_none_or(|m| m == instance.model_id)
-                        && filter
-                            .worker_id
-                            .is_none_or(|w| Some(w) == instance.worker_id)
-                        && filter.state.is_none_or(|s| s == instance.state) =>
-                {
-                    Some((*kind, instance.clone()))
-                }
-                _ => None,
-            },
-        ));
-    }
-    let page = page_of(query.page, query.per_page);
-    let (items, total) = state.store.list_instances(&filter, page).await?;
-    Ok(super::list_response(items, page, total))
+    let watched = filter.clone();
+    super::list_or_watch(
+        &state,
+        query.watch,
+        page_of(query.page, query.per_page),
+        |page| state.store.list_instances(&filter, page),
+        move |change| match change {
+            Change::Instance(kind, instance)
+                if watched.model_id.is_none_or(|m| m == instance.model_id)
+                    && watched
+                        .worker_id
+                        .is_none_or(|w| Some(w) == instance.worker_id)
+                    && watched.state.is_none_or(|s| s == instance.state) =>
+            {
+                Some((*kind, instance.clone()))
+            }
+            _ => None,
+        },
+    )
+    .await
 }
 
 /// Shows an instance.

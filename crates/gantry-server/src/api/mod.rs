@@ -174,6 +174,31 @@ pub fn list_response<T: serde::Serialize>(items: Vec<T>, page: Page, total: u64)
     .into_response()
 }
 
+/// The answer of a list endpoint: one page, or with `watch=true` the whole list as
+/// `CREATED` events followed by the live changes `select` picks.
+pub async fn list_or_watch<T, L, Fut, S>(
+    state: &crate::state::AppState,
+    watch: Option<bool>,
+    page: Page,
+    list: L,
+    select: S,
+) -> Result<Response, ApiError>
+where
+    T: serde::Serialize + Send + 'static,
+    L: Fn(Page) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, u64), gantry_store::StoreError>>,
+    S: Fn(&gantry_store::Change) -> Option<(gantry_store::ChangeKind, T)> + Send + 'static,
+{
+    if watch == Some(true) {
+        // Subscribe before reading, so no change between the two is lost.
+        let changes = state.store.subscribe();
+        let initial = watch_all(&list).await?;
+        return Ok(watch::respond(state, changes, initial, select));
+    }
+    let (items, total) = list(page).await?;
+    Ok(list_response(items, page, total))
+}
+
 /// Every item of a list, page by page: the initial snapshot of a watch stream.
 pub async fn watch_all<T, F, Fut>(mut list: F) -> Result<Vec<T>, ApiError>
 where

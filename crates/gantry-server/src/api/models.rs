@@ -11,7 +11,7 @@ use gantry_types::{
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::{check_page, created, page_of, watch};
+use super::{check_page, created, page_of};
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -52,31 +52,27 @@ pub async fn list(
         backend: query.backend,
         search: query.search.clone(),
     };
-    if query.watch == Some(true) {
-        let changes = state.store.subscribe();
-        let initial = super::watch_all(|page| state.store.list_models(&filter, page)).await?;
-        return Ok(watch::respond(
-            &state,
-            changes,
-            initial,
-            move |change| match change {
-                Change::Model(kind, model)
-                    if filter.name.as_ref().is_none_or(|n| *n == model.name)
-                        && filter.backend.is_none_or(|b| b == model.backend)
-                        && filter
-                            .search
-                            .as_ref()
-                            .is_none_or(|s| model.name.contains(&s.to_lowercase())) =>
-                {
-                    Some((*kind, model.clone()))
-                }
-                _ => None,
-            },
-        ));
-    }
-    let page = page_of(query.page, query.per_page);
-    let (items, total) = state.store.list_models(&filter, page).await?;
-    Ok(super::list_response(items, page, total))
+    let watched = filter.clone();
+    super::list_or_watch(
+        &state,
+        query.watch,
+        page_of(query.page, query.per_page),
+        |page| state.store.list_models(&filter, page),
+        move |change| match change {
+            Change::Model(kind, model)
+                if watched.name.as_ref().is_none_or(|n| *n == model.name)
+                    && watched.backend.is_none_or(|b| b == model.backend)
+                    && watched
+                        .search
+                        .as_ref()
+                        .is_none_or(|s| model.name.contains(&s.to_lowercase())) =>
+            {
+                Some((*kind, model.clone()))
+            }
+            _ => None,
+        },
+    )
+    .await
 }
 
 /// Declares a model; `replicas` instances are created in state `pending`.

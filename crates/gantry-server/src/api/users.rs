@@ -9,7 +9,7 @@ use gantry_types::{FieldError, ListResponse, Role, User, UserCreate, UserUpdate,
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::{check_page, created, page_of, watch};
+use super::{check_page, created, page_of};
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -48,29 +48,26 @@ pub async fn list(
         role: query.role,
         search: query.search.clone(),
     };
-    if query.watch == Some(true) {
-        let changes = state.store.subscribe();
-        let initial = super::watch_all(|page| state.store.list_users(&filter, page)).await?;
-        let matches = move |user: &User| {
-            filter.role.is_none_or(|r| r == user.role)
-                && filter
-                    .search
-                    .as_ref()
-                    .is_none_or(|s| user.username.contains(&s.to_lowercase()))
-        };
-        return Ok(watch::respond(
-            &state,
-            changes,
-            initial,
-            move |change| match change {
-                Change::User(kind, user) if matches(user) => Some((*kind, user.clone())),
-                _ => None,
-            },
-        ));
-    }
-    let page = page_of(query.page, query.per_page);
-    let (items, total) = state.store.list_users(&filter, page).await?;
-    Ok(super::list_response(items, page, total))
+    let watched = filter.clone();
+    super::list_or_watch(
+        &state,
+        query.watch,
+        page_of(query.page, query.per_page),
+        |page| state.store.list_users(&filter, page),
+        move |change| match change {
+            Change::User(kind, user)
+                if watched.role.is_none_or(|r| r == user.role)
+                    && watched
+                        .search
+                        .as_ref()
+                        .is_none_or(|s| user.username.contains(&s.to_lowercase())) =>
+            {
+                Some((*kind, user.clone()))
+            }
+            _ => None,
+        },
+    )
+    .await
 }
 
 /// Creates a user.

@@ -9,7 +9,7 @@ use gantry_types::{FieldError, ListResponse, Validate, Worker, WorkerLabelsUpdat
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::{check_page, page_of, watch};
+use super::{check_page, page_of};
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -46,27 +46,23 @@ pub async fn list(
         state: query.state,
         name: query.name.clone(),
     };
-    if query.watch == Some(true) {
-        let changes = state.store.subscribe();
-        let initial = super::watch_all(|page| state.store.list_workers(&filter, page)).await?;
-        return Ok(watch::respond(
-            &state,
-            changes,
-            initial,
-            move |change| match change {
-                Change::Worker(kind, worker)
-                    if filter.state.is_none_or(|s| s == worker.state)
-                        && filter.name.as_ref().is_none_or(|n| *n == worker.name) =>
-                {
-                    Some((*kind, worker.clone()))
-                }
-                _ => None,
-            },
-        ));
-    }
-    let page = page_of(query.page, query.per_page);
-    let (items, total) = state.store.list_workers(&filter, page).await?;
-    Ok(super::list_response(items, page, total))
+    let watched = filter.clone();
+    super::list_or_watch(
+        &state,
+        query.watch,
+        page_of(query.page, query.per_page),
+        |page| state.store.list_workers(&filter, page),
+        move |change| match change {
+            Change::Worker(kind, worker)
+                if watched.state.is_none_or(|s| s == worker.state)
+                    && watched.name.as_ref().is_none_or(|n| *n == worker.name) =>
+            {
+                Some((*kind, worker.clone()))
+            }
+            _ => None,
+        },
+    )
+    .await
 }
 
 /// Shows a worker with its last reported hardware.
