@@ -1,12 +1,13 @@
 //! The gateway's memory of API keys it has just accepted, in front of the server's own
 //! API-key check (`auth::principal::authenticate_token`).
 //!
-//! Two reasons. First, a busy key must not stall: the server's cache forgets a key
-//! every `API_KEY_CACHE_TTL` and then verifies it with argon2 again, and every request
-//! that arrives meanwhile does the same — with 64 concurrent requests on one key that
-//! was 64 argon2 runs and a p99 of over half a second once a minute (measured with
-//! `scripts/bench-gateway.sh`). Here one request re-checks an entry while the others
-//! keep using it. Second, a hit is one hash and one map lookup.
+//! It was added because the server's cache re-ran argon2 for every concurrent request
+//! when an entry expired (a p99 of over half a second once a minute in
+//! `scripts/bench-gateway.sh`). The server's cache now re-checks stale keys by digest
+//! only, so that reason is gone; what remains is a cheaper hit (one hash and one map
+//! lookup, no clone of the user, no bookkeeping) and one request re-checking a stale
+//! entry while the others keep using it. Whether the gateway still needs its own layer
+//! has not been measured since; fold it into the server's cache if it does not.
 //!
 //! An entry is trusted for [`FRESH_FOR`], then re-checked by the next request (served
 //! to others for at most [`STALE_LIMIT`] while that runs). Every entry is dropped when
