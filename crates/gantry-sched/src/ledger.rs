@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::place::Placement;
 use crate::snapshot::{ClusterSnapshot, PlacedClaim, WorkerView};
+use gantry_types::placement::Placement;
 
 /// One worker and what is left on it.
 #[derive(Debug, Clone)]

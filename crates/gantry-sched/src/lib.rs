@@ -12,8 +12,6 @@
 //!   `filter`, `shape` and `score` modules: choosing a worker and GPUs, or saying in
 //!   [`explain`] why none fits.
 
-pub mod args;
-pub mod claim;
 pub mod estimate;
 pub mod explain;
 mod filter;
@@ -28,10 +26,6 @@ pub mod units;
 #[cfg(test)]
 mod testkit;
 
-pub use args::ArgsError;
-pub use claim::{
-    EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
-};
 pub use estimate::engine::{estimate_engine, EngineOptions, ServingEngine};
 pub use estimate::gguf::{estimate_llama_cpp, GgufModelFacts, LlamaCppEstimate, LlamaCppOptions};
 pub use estimate::hf_config::{HfConfigError, HfModelConfig};
@@ -39,10 +33,14 @@ pub use estimate::kv_type::KvCacheType;
 pub use estimate::safetensors::{SafetensorsError, SafetensorsHeader};
 pub use estimate::EstimateError;
 pub use explain::Unschedulable;
+pub use gantry_types::claim::{
+    EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
+};
+pub use gantry_types::placement::{GpuShare, LlamaLayout, Placement, PlacementKind};
 pub use ledger::SnapshotState;
-pub use place::{place, place_many, LlamaLayout, Placement, PlacementKind};
+pub use place::{place, place_many};
 pub use request::{ManualGpuSelection, PlacementRequest, Strategy};
-pub use snapshot::{ClusterSnapshot, GpuShare, GpuView, PlacedClaim, SystemReserve, WorkerView};
+pub use snapshot::{ClusterSnapshot, GpuView, PlacedClaim, SystemReserve, WorkerView};
 
 #[cfg(test)]
 mod tests;

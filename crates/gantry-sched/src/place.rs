@@ -18,7 +18,7 @@
 //! [`place_many`] book each placement in the ledger before the next one, so a batch never
 //! double-books.
 
-use serde::{Deserialize, Serialize};
+use gantry_types::placement::{GpuShare, LlamaLayout, Placement, PlacementKind};
 
 use crate::explain::{explain, Unschedulable};
 use crate::filter::{eligible, format_selector, matches_selector, runs_backend};
@@ -26,74 +26,8 @@ use crate::ledger::{SnapshotState, WorkerSlot};
 use crate::request::{ManualGpuSelection, PlacementRequest, Strategy};
 use crate::score::{choose_gpus, scan_rank, FittingGpu};
 use crate::shape::{full_fit_shapes, PartialOffload, Shape};
-use crate::snapshot::{ClusterSnapshot, GpuShare, PlacedClaim};
+use crate::snapshot::ClusterSnapshot;
 use crate::units::format_gib;
-
-/// Where one instance goes, and what it holds there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Placement {
-    /// The instance placed.
-    pub instance_id: i64,
-    /// The chosen worker.
-    pub worker_id: i64,
-    /// Its name.
-    pub worker_name: String,
-    /// Chosen GPUs in device-index order, with the bytes claimed on each; empty for CPU-only.
-    pub gpus: Vec<GpuShare>,
-    /// RAM claimed.
-    pub ram_bytes: u64,
-    /// Which tier the placement came from.
-    pub kind: PlacementKind,
-    /// GPUs per replica: pass as `--tensor-parallel-size` (vLLM) / `--tp` (SGLang) when
-    /// above 1. For llama.cpp, the number of GPUs the blocks are split over.
-    pub tensor_parallel_size: u32,
-    /// Replicas of the tensor-parallel group (`--data-parallel-size`); 1 without data
-    /// parallelism.
-    pub data_parallel_size: u32,
-    /// For llama.cpp, the layer layout to start it with.
-    pub llama: Option<LlamaLayout>,
-}
-
-/// How llama.cpp must be started to match the placement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LlamaLayout {
-    /// Pass as `--n-gpu-layers`. The output layer counts as one layer here, as in llama.cpp:
-    /// `blocks + 1` means full offload.
-    pub n_gpu_layers: u32,
-    /// Layers per chosen GPU in device-index order, the output layer counted on the last;
-    /// pass as `--tensor-split` when there are several GPUs.
-    pub tensor_split: Vec<u32>,
-}
-
-/// Which tier a placement came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum PlacementKind {
-    /// The whole model on one GPU.
-    SingleGpu,
-    /// The whole model over several GPUs of one worker.
-    MultiGpu,
-    /// llama.cpp with some layers on GPUs and the rest in RAM.
-    PartialOffload,
-    /// Everything in RAM.
-    CpuOnly,
-}
-
-impl Placement {
-    /// Device indexes of the chosen GPUs (for `CUDA_VISIBLE_DEVICES`).
-    pub fn gpu_indexes(&self) -> Vec<u32> {
-        self.gpus.iter().map(|gpu| gpu.index).collect()
-    }
-
-    /// The claim this placement holds, as the next snapshot will list it.
-    pub fn to_placed_claim(&self) -> PlacedClaim {
-        PlacedClaim {
-            instance_id: self.instance_id,
-            worker_id: self.worker_id,
-            gpus: self.gpus.clone(),
-            ram_bytes: self.ram_bytes,
-        }
-    }
-}
 
 /// Places one request on `snapshot`; pure, books nothing.
 pub fn place(
@@ -169,7 +103,7 @@ impl SnapshotState {
     fn finish(&self, request: &PlacementRequest, candidate: Candidate) -> Placement {
         let slot = &self.workers[candidate.position];
         let block_count = match &request.claim.memory {
-            crate::claim::ModelMemory::Layers(layers) => Some(layers.block_count()),
+            gantry_types::claim::ModelMemory::Layers(layers) => Some(layers.block_count()),
             _ => None,
         };
         let kind = match (&candidate.llama, block_count) {

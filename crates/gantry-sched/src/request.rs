@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::claim::ResourceClaim;
+use gantry_types::claim::ResourceClaim;
 
 /// How to choose among workers and GPUs that all fit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

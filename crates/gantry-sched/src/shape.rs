@@ -6,10 +6,10 @@
 //! looks for the best worker offering it. Partial offload is not a fixed shape (how many
 //! blocks fit depends on the GPU), so it has its own [`PartialOffload`] helper.
 
-use crate::claim::{LayerBreakdown, ModelMemory, ResourceClaim};
 use crate::explain::Unschedulable;
-use crate::place::LlamaLayout;
 use crate::request::PlacementRequest;
+use gantry_types::claim::{LayerBreakdown, ModelMemory, ResourceClaim};
+use gantry_types::placement::LlamaLayout;
 
 /// What one GPU of a shape needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -325,8 +325,8 @@ impl PartialOffload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::claim::{EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction};
     use crate::units::GIB;
+    use gantry_types::claim::{EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction};
 
     fn layered(blocks: Vec<u64>, output: u64, fixed: Option<u32>) -> PlacementRequest {
         let claim = ResourceClaim {

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gantry_types::placement::{GpuShare, Placement};
 use serde::{Deserialize, Serialize};
 
 /// Every worker and every placed claim at one moment.
@@ -63,15 +64,6 @@ pub struct SystemReserve {
     pub ram_bytes: u64,
 }
 
-/// Bytes claimed on one GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct GpuShare {
-    /// Device index on the worker.
-    pub index: u32,
-    /// Bytes claimed on it.
-    pub bytes: u64,
-}
-
 /// What one placed instance holds on its worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacedClaim {
@@ -105,6 +97,18 @@ impl PlacedClaim {
                 })
                 .collect(),
             ram_bytes,
+        }
+    }
+}
+
+impl From<&Placement> for PlacedClaim {
+    /// The claim a placement holds, as the next snapshot will list it.
+    fn from(placement: &Placement) -> Self {
+        PlacedClaim {
+            instance_id: placement.instance_id,
+            worker_id: placement.worker_id,
+            gpus: placement.gpus.clone(),
+            ram_bytes: placement.ram_bytes,
         }
     }
 }

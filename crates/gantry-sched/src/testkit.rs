@@ -3,12 +3,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::claim::{
-    EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
-};
 use crate::request::PlacementRequest;
 use crate::snapshot::{GpuView, SystemReserve, WorkerView};
 use crate::units::GIB;
+use gantry_types::claim::{
+    EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
+};
 
 /// Builds a [`WorkerView`]: ready, 256 GiB of RAM, 32 CPUs, no GPUs, no reserve, running
 /// every backend the tests use.

@@ -6,7 +6,7 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use gantry_types::Validate;
+use gantry_types::{ErrorCode, Validate};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -44,16 +44,14 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
             detail.replace("Failed to parse the request body as JSON: ", "")
         )),
         JsonRejection::MissingJsonContentType(_) => ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             "send the body as JSON with Content-Type: application/json",
         ),
         _ if status == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            ErrorCode::PayloadTooLarge,
             "request body is larger than the server's limit (max_request_body)",
         ),
-        _ => ApiError::new(status, "invalid_request", detail),
+        _ => ApiError::bad_request(detail),
     }
 }
 

@@ -12,6 +12,7 @@ pub mod controllers;
 pub mod error;
 pub mod extract;
 pub mod gateway;
+pub mod service;
 pub mod state;
 pub mod ui;
 
@@ -84,6 +85,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         api_keys: ApiKeyCache::default(),
         shutdown: CancellationToken::new(),
         tasks: TaskTracker::new(),
+        worker_http: state::worker_http_client(),
     });
     spawn_cache_invalidation(&state);
     controllers::worker_health::spawn(&state);
@@ -92,7 +94,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     let coordinator: std::sync::Arc<dyn gantry_coord::Coordinator> = std::sync::Arc::new(
         gantry_coord::LocalCoordinator::new(state.config.server_id.clone()),
     );
-    controllers::scheduler::spawn(&state, coordinator);
+    controllers::spawn(&state, coordinator);
 
     let gateway = gateway::start(&state)
         .await

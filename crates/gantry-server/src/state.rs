@@ -26,6 +26,16 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     /// Every task the server spawns, awaited at shutdown.
     pub tasks: TaskTracker,
+    /// Calls the workers' own API (logs): one pooled client with a connect timeout.
+    pub worker_http: reqwest::Client,
+}
+
+/// The client for the workers' own API.
+pub fn worker_http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .build()
+        .expect("a reqwest client without TLS settings builds")
 }
 
 impl AppState {

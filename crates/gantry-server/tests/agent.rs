@@ -143,13 +143,8 @@ async fn silent_workers_become_not_ready_then_unreachable_and_recover(engine: Te
             Some(tiny_model("tiny", 1)),
         )
         .await;
-    let (_, instances) = server
-        .call(
-            Method::GET,
-            &format!("/api/v1/model-instances?model_id={}", model["id"]),
-            Some(&admin),
-            None,
-        )
+    let instances = server
+        .instances_of(&admin, model["id"].as_i64().unwrap(), 1)
         .await;
     let instance_id = instances["items"][0]["id"].as_i64().unwrap();
     server
@@ -255,8 +250,8 @@ async fn assignment_stream_is_scoped_to_the_calling_worker(engine: TestEngine) {
             Some(tiny_model("tiny", 2)),
         )
         .await;
-    let (_, instances) = server
-        .call(Method::GET, "/api/v1/model-instances", Some(&admin), None)
+    let instances = server
+        .instances_of(&admin, model["id"].as_i64().unwrap(), 2)
         .await;
     let a = instances["items"][0]["id"].as_i64().unwrap();
     let b = instances["items"][1]["id"].as_i64().unwrap();
@@ -278,7 +273,7 @@ async fn assignment_stream_is_scoped_to_the_calling_worker(engine: TestEngine) {
     place(a, Some(w1)).await;
     place(b, Some(w2)).await;
 
-    // The plain list shows only this worker's instance, with its model.
+    // The plain list shows only this worker's instance, with what it runs.
     let (status, list) = server
         .call(
             Method::GET,
@@ -289,8 +284,9 @@ async fn assignment_stream_is_scoped_to_the_calling_worker(engine: TestEngine) {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(list.as_array().unwrap().len(), 1);
-    assert_eq!(list[0]["instance"]["id"].as_i64().unwrap(), a);
-    assert_eq!(list[0]["model"]["name"], "tiny");
+    assert_eq!(list[0]["id"].as_i64().unwrap(), a);
+    assert_eq!(list[0]["model_name"], "tiny");
+    assert_eq!(list[0]["placement"]["launch"]["backend"], "llama.cpp");
 
     // A worker cannot report on another worker's instance, nor list all instances.
     let (status, body) = server
@@ -329,9 +325,10 @@ async fn assignment_stream_is_scoped_to_the_calling_worker(engine: TestEngine) {
     let mut lines = ndjson_lines(response);
     let first = next_non_heartbeat(&mut lines).await;
     assert_eq!(first["type"], "CREATED");
-    assert_eq!(first["object"]["instance"]["id"].as_i64().unwrap(), a);
+    assert_eq!(first["object"]["id"].as_i64().unwrap(), a);
 
-    // Changes to the other worker's instance are not sent; a model change is.
+    // Changes to the other worker's instance are not sent; a model change reaches this
+    // worker's instance as a new launch (placed by hand, it restarts where it is).
     server
         .call(
             Method::POST,
@@ -350,21 +347,21 @@ async fn assignment_stream_is_scoped_to_the_calling_worker(engine: TestEngine) {
         .await;
     let event = next_non_heartbeat(&mut lines).await;
     assert_eq!(event["type"], "UPDATED");
-    assert_eq!(event["object"]["instance"]["id"].as_i64().unwrap(), a);
+    assert_eq!(event["object"]["id"].as_i64().unwrap(), a);
     assert_eq!(
-        event["object"]["model"]["backend_args"],
+        event["object"]["placement"]["launch"]["backend_args"],
         json!(["-c", "256"])
     );
 
-    // Moving the instance away is a DELETED for this worker; moving one here a new one.
+    // Moving the instance away is a DELETED for this worker; moving one here a CREATED.
     place(a, Some(w2)).await;
     let event = next_non_heartbeat(&mut lines).await;
     assert_eq!(event["type"], "DELETED");
-    assert_eq!(event["object"]["instance"]["id"].as_i64().unwrap(), a);
+    assert_eq!(event["object"]["id"].as_i64().unwrap(), a);
     place(b, Some(w1)).await;
     let event = next_non_heartbeat(&mut lines).await;
-    assert_eq!(event["type"], "UPDATED");
-    assert_eq!(event["object"]["instance"]["id"].as_i64().unwrap(), b);
+    assert_eq!(event["type"], "CREATED");
+    assert_eq!(event["object"]["id"].as_i64().unwrap(), b);
     server.shutdown().await;
 }
 

@@ -65,16 +65,7 @@ async fn tour_login_keys_users_models_instances(engine: TestEngine) {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{model}");
     let model_id = model["id"].as_i64().unwrap();
-    let (status, instances) = server
-        .call(
-            Method::GET,
-            &format!("/api/v1/model-instances?model_id={model_id}"),
-            Some(&full_key),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(instances["pagination"]["total"], 2);
+    let instances = server.instances_of(&full_key, model_id, 2).await;
     assert_eq!(instances["items"][0]["state"], "pending");
     assert_eq!(instances["items"][1]["name"], "tiny-1");
 
@@ -96,10 +87,7 @@ async fn tour_login_keys_users_models_instances(engine: TestEngine) {
         .await;
     assert_eq!(status, StatusCode::OK, "{model}");
     assert_eq!(model["description"], "the tiny one");
-    let (_, instances) = server
-        .call(Method::GET, "/api/v1/model-instances", Some(&admin), None)
-        .await;
-    assert_eq!(instances["pagination"]["total"], 1);
+    let instances = server.instances_of(&admin, model_id, 1).await;
 
     // Deleting an instance replaces it (a restart of that replica).
     let instance_id = instances["items"][0]["id"].as_i64().unwrap();
@@ -112,10 +100,11 @@ async fn tour_login_keys_users_models_instances(engine: TestEngine) {
         )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
-    let (_, instances) = server
-        .call(Method::GET, "/api/v1/model-instances", Some(&admin), None)
+    let instances = server
+        .wait_for("/api/v1/model-instances", &admin, |list| {
+            list["pagination"]["total"] == 1 && list["items"][0]["id"] != instance_id
+        })
         .await;
-    assert_eq!(instances["pagination"]["total"], 1);
     assert_ne!(instances["items"][0]["id"].as_i64().unwrap(), instance_id);
 
     let (status, _) = server

@@ -223,14 +223,10 @@ impl Cluster {
             )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{model}");
-        let (_, instances) = self
+        let count = u64::try_from(addresses.len().max(1)).unwrap();
+        let instances = self
             .server
-            .call(
-                Method::GET,
-                &format!("/api/v1/model-instances?model_id={}", model["id"]),
-                Some(&self.admin),
-                None,
-            )
+            .instances_of(&self.admin, model["id"].as_i64().unwrap(), count)
             .await;
         let ids: Vec<i64> = instances["items"]
             .as_array()

@@ -211,13 +211,21 @@ async fn replicas_are_scheduled_on_simulated_gpus_spread_over_workers(engine: Te
             message.contains("simulated GPU 0"),
             "the message says where, and that the GPU is simulated: {message}"
         );
-        let record = &instance["computed_resource_claim"];
-        assert!(record["claim"]["memory"]["Layers"].is_object(), "{record}");
-        assert_eq!(record["placement"]["worker_name"], instance["worker_name"]);
-        assert_eq!(record["placement"]["kind"], "SingleGpu");
+        let record = &instance["placement"];
+        let reservation = &record["reservation"];
+        assert!(
+            reservation["claim"]["memory"]["Layers"].is_object(),
+            "{record}"
+        );
+        assert_eq!(
+            reservation["placement"]["worker_name"],
+            instance["worker_name"]
+        );
+        assert_eq!(reservation["placement"]["kind"], "SingleGpu");
+        assert_eq!(record["launch"]["backend"], "llama.cpp");
         // The tiny model has 2 blocks (3 layers with the output) and a 256-token context.
         assert_eq!(
-            record["extra_backend_args"],
+            record["placement_args"],
             json!(["--ctx-size", "256", "-ngl", "3"]),
             "{record}"
         );
@@ -469,7 +477,7 @@ async fn instances_of_an_unreachable_worker_move_to_another(engine: TestEngine) 
         "{message}"
     );
     assert_eq!(
-        instances[0]["computed_resource_claim"]["placement"]["worker_name"],
+        instances[0]["placement"]["reservation"]["placement"]["worker_name"],
         "w2"
     );
     server.shutdown().await;

@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use gantry_store::{NewPlacement, Store};
+use gantry_store::{ManualPlacement, NewPlacement, Store, StoredPlacement};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
 use gantry_types::{
-    GpuDevice, InstanceState, InstanceStateReport, Model, ModelCreate, ModelInstance, WorkerState,
-    WorkerStatus,
+    GpuDevice, InstanceState, InstanceStateReport, Model, ModelCreate, ModelInstance,
+    PlacementRecord, WorkerState, WorkerStatus,
 };
 use serde_json::json;
 
@@ -45,6 +45,8 @@ async fn setup(store: &Store, replicas: u32) -> (Model, Vec<ModelInstance>, i64)
         .create_model(&model_create("m", replicas))
         .await
         .unwrap();
+    let numbers: Vec<u32> = (0..replicas).collect();
+    store.create_instances(&model, &numbers).await.unwrap();
     let worker = store
         .create_worker(
             "w1",
@@ -71,15 +73,17 @@ async fn setup(store: &Store, replicas: u32) -> (Model, Vec<ModelInstance>, i64)
     (model, instances, worker.id)
 }
 
-fn record() -> serde_json::Value {
-    json!({"claim": {}, "placement": {"worker_id": 0}, "extra_backend_args": ["-ngl", "3"]})
+fn record(model: &Model) -> PlacementRecord {
+    let mut record = PlacementRecord::by_hand(model);
+    record.placement_args = vec!["-ngl".into(), "3".into()];
+    record
 }
 
 fn placement<'a>(
     instance: &ModelInstance,
     model: &Model,
     worker_id: i64,
-    record: &'a serde_json::Value,
+    record: &'a PlacementRecord,
 ) -> NewPlacement<'a> {
     NewPlacement {
         instance_id: instance.id,
@@ -87,7 +91,7 @@ fn placement<'a>(
         worker_id,
         gpu_indexes: &[0],
         state_message: "scheduled on w1",
-        resource_claim: record,
+        record,
     }
 }
 
@@ -95,7 +99,7 @@ async fn placements_apply_only_to_unplaced_instances_of_the_same_model_version(e
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
     let (model, instances, worker_id) = setup(&store, 3).await;
-    let record = record();
+    let record = record(&model);
     let mut changes = store.subscribe();
 
     // Pending → scheduled, with worker, GPUs, message and claim, published.
@@ -108,7 +112,7 @@ async fn placements_apply_only_to_unplaced_instances_of_the_same_model_version(e
     assert_eq!(placed.worker_id, Some(worker_id));
     assert_eq!(placed.gpu_indexes, vec![0]);
     assert_eq!(placed.state_message, "scheduled on w1");
-    assert_eq!(placed.computed_resource_claim, Some(record.clone()));
+    assert_eq!(placed.placement, Some(record.clone()));
     let change = changes.try_recv().unwrap();
     assert!(matches!(&*change, gantry_store::Change::Instance(_, i) if i.id == placed.id));
 
@@ -170,7 +174,10 @@ async fn placements_apply_only_to_unplaced_instances_of_the_same_model_version(e
     assert_eq!(ids, vec![instances[0].id, instances[2].id]);
     assert_eq!(claims[0].worker_id, worker_id);
     assert_eq!(claims[0].gpu_indexes, vec![0]);
-    assert_eq!(claims[0].resource_claim, record);
+    assert_eq!(
+        claims[0].placement,
+        StoredPlacement::Record(Box::new(record))
+    );
 }
 
 async fn pending_reasons_are_written_only_when_they_change(engine: TestEngine) {
@@ -210,8 +217,17 @@ async fn pending_reasons_are_written_only_when_they_change(engine: TestEngine) {
         .is_some());
 
     // Placed by hand meanwhile: the scheduler's reason does not overwrite it.
+    let by_hand = PlacementRecord::by_hand(&model);
     store
-        .place_instance_manually(instances[1].id, Some(worker_id), &[0])
+        .place_instance_manually(
+            instances[1].id,
+            Some(ManualPlacement {
+                worker_id,
+                gpu_indexes: &[0],
+                state_message: "placed by hand",
+                record: &by_hand,
+            }),
+        )
         .await
         .unwrap();
     assert!(store
@@ -232,7 +248,7 @@ async fn unplacing_applies_only_to_the_lost_state_on_the_same_worker(engine: Tes
     let store = db.open().await;
     let (model, instances, worker_id) = setup(&store, 1).await;
     let id = instances[0].id;
-    let record = record();
+    let record = record(&model);
     store
         .record_placement(&placement(&instances[0], &model, worker_id, &record))
         .await
@@ -279,7 +295,7 @@ async fn unplacing_applies_only_to_the_lost_state_on_the_same_worker(engine: Tes
     assert_eq!(unplaced.worker_id, None);
     assert!(unplaced.gpu_indexes.is_empty());
     assert_eq!(unplaced.port, None);
-    assert_eq!(unplaced.computed_resource_claim, None);
+    assert_eq!(unplaced.placement, None);
     assert_eq!(unplaced.restart_count, 0);
     assert_eq!(unplaced.state_message, "rescheduling after: exited 5 times");
     assert!(store.placed_instance_claims().await.unwrap().is_empty());

@@ -19,7 +19,7 @@ pub struct InstanceFilter {
 
 const SELECT: &str = "SELECT i.id, i.name, i.model_id, m.name AS model_name, i.replica, \
      i.worker_id, w.name AS worker_name, i.gpu_indexes, i.port, i.address, i.state, \
-     i.state_message, i.resource_claim, i.restart_count, i.created_at, i.updated_at \
+     i.state_message, i.placement, i.restart_count, i.created_at, i.updated_at \
      FROM model_instances i JOIN models m ON m.id = i.model_id \
      LEFT JOIN workers w ON w.id = i.worker_id";
 
@@ -28,12 +28,10 @@ fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
     let port = opt_int(row, T, "port")?
         .map(|p| u16::try_from(p).map_err(|_| StoreError::corrupt(T, format!("port {p}"))))
         .transpose()?;
-    let claim = opt_text(row, T, "resource_claim")?
-        .map(|raw| serde_json::from_str(&raw))
-        .transpose()
-        .map_err(|e| StoreError::corrupt(T, format!("column resource_claim: {e}")))?;
+    let id = int(row, T, "id")?;
+    let placement = crate::placement_record::decode(id, opt_text(row, T, "placement")?.as_deref());
     Ok(ModelInstance {
-        id: int(row, T, "id")?,
+        id,
         name: text(row, T, "name")?,
         model_id: int(row, T, "model_id")?,
         model_name: text(row, T, "model_name")?,
@@ -45,7 +43,7 @@ fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
         address: opt_text(row, T, "address")?,
         state: parse_enum(&text(row, T, "state")?, InstanceState::parse, T, "state")?,
         state_message: text(row, T, "state_message")?,
-        computed_resource_claim: claim,
+        placement: placement.into_record(),
         restart_count: u32_of(int(row, T, "restart_count")?, T, "restart_count")?,
         created_at: Timestamp::from_millis(int(row, T, "created_at")?),
         updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
@@ -123,59 +121,54 @@ impl Store {
         Ok(instance)
     }
 
-    /// Places an instance by hand on a worker and GPUs (state `scheduled`), or takes
-    /// its placement away (`worker_id = None`, state `pending`). GPU indexes must be
-    /// ones the worker reported. A claim the scheduler stored for another placement is
-    /// cleared, so its extra backend arguments do not follow the instance.
+    /// Deletes an instance only if it has not changed since `seen` was read (same
+    /// `updated_at`); `None` otherwise. For decisions taken from a read, such as which
+    /// replica goes when a model shrinks.
+    pub async fn delete_instance_if_unchanged(
+        &self,
+        seen: &ModelInstance,
+    ) -> Result<Option<ModelInstance>, StoreError> {
+        let result = sqlx::query("DELETE FROM model_instances WHERE id = $1 AND updated_at = $2")
+            .bind(seen.id)
+            .bind(seen.updated_at.as_millis())
+            .execute(&self.pool)
+            .await?;
+        if result.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.publish(Change::Instance(ChangeKind::Deleted, seen.clone()));
+        Ok(Some(seen.clone()))
+    }
+
+    /// Places an instance by hand on a worker and GPUs (state `scheduled`, with `record`),
+    /// or takes its placement away (`worker_id = None`, state `pending`, no record). The
+    /// caller has checked the worker and the GPUs (see the server's service layer).
     pub async fn place_instance_manually(
         &self,
         id: i64,
-        worker_id: Option<i64>,
-        gpu_indexes: &[u32],
+        placement: Option<ManualPlacement<'_>>,
     ) -> Result<ModelInstance, StoreError> {
-        let current = self.get_instance(id).await?;
-        let (state, message) = match worker_id {
-            Some(worker_id) => {
-                let worker = match self.get_worker(worker_id).await {
-                    Ok(worker) => worker,
-                    Err(StoreError::NotFound { .. }) => {
-                        return Err(StoreError::Invalid(format!(
-                            "worker_id: no worker has id {worker_id}"
-                        )))
-                    }
-                    Err(e) => return Err(e),
-                };
-                for index in gpu_indexes {
-                    if !worker.status.gpus.iter().any(|g| g.index == *index) {
-                        return Err(StoreError::Invalid(format!(
-                            "gpu_indexes: worker {} has no GPU {index} (it has {})",
-                            worker.name,
-                            worker.status.gpus.len()
-                        )));
-                    }
-                }
-                (
-                    InstanceState::Scheduled,
-                    format!("placed by hand on {}", worker.name),
-                )
-            }
-            None => (InstanceState::Pending, String::new()),
-        };
-        let gpu_indexes = if worker_id.is_some() {
-            gpu_indexes
-        } else {
-            &[]
+        let (worker_id, gpu_indexes, state, message, record) = match &placement {
+            Some(p) => (
+                Some(p.worker_id),
+                p.gpu_indexes,
+                InstanceState::Scheduled,
+                p.state_message,
+                Some(to_json(p.record)),
+            ),
+            None => (None, &[][..], InstanceState::Pending, "", None),
         };
         let result = sqlx::query(
             "UPDATE model_instances SET worker_id = $2, gpu_indexes = $3, port = NULL, \
-             address = NULL, state = $4, state_message = $5, resource_claim = NULL, \
-             updated_at = $6 WHERE id = $1",
+             address = NULL, state = $4, state_message = $5, placement = $6, \
+             restart_count = 0, updated_at = $7 WHERE id = $1",
         )
-        .bind(current.id)
+        .bind(id)
         .bind(worker_id)
         .bind(to_json(&gpu_indexes))
         .bind(state.as_str())
         .bind(message)
+        .bind(record)
         .bind(Timestamp::now().as_millis())
         .execute(&self.pool)
         .await?;
@@ -186,6 +179,15 @@ impl Store {
         self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
         Ok(instance)
     }
+}
+
+/// A placement made by hand: see [`Store::place_instance_manually`].
+#[derive(Debug, Clone, Copy)]
+pub struct ManualPlacement<'a> {
+    pub worker_id: i64,
+    pub gpu_indexes: &'a [u32],
+    pub state_message: &'a str,
+    pub record: &'a gantry_types::PlacementRecord,
 }
 
 impl Store {
@@ -223,24 +225,15 @@ impl Store {
         Ok(instance)
     }
 
-    /// Every instance placed on a worker, with its model.
+    /// Every instance placed on a worker: what it must run.
     pub async fn worker_assignments(
         &self,
         worker_id: i64,
-    ) -> Result<Vec<gantry_types::WorkerAssignment>, StoreError> {
+    ) -> Result<Vec<ModelInstance>, StoreError> {
         let rows = sqlx::query(&format!("{SELECT} WHERE i.worker_id = $1 ORDER BY i.id"))
             .bind(worker_id)
             .fetch_all(&self.pool)
             .await?;
-        let mut assignments = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let instance = decode(row)?;
-            let model = self.get_model(instance.model_id).await?;
-            assignments.push(gantry_types::WorkerAssignment {
-                instance,
-                model: Some(model),
-            });
-        }
-        Ok(assignments)
+        rows.iter().map(decode).collect()
     }
 }

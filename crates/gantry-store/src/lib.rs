@@ -27,6 +27,7 @@ mod instances;
 mod migrations;
 mod models;
 mod notify;
+mod placement_record;
 mod query;
 mod rows;
 mod scheduling;
@@ -47,8 +48,9 @@ use tokio::sync::broadcast;
 pub use api_keys::{ApiKeyRecord, NewApiKey};
 pub use changes::{Change, ChangeKind};
 pub use error::StoreError;
-pub use instances::InstanceFilter;
+pub use instances::{InstanceFilter, ManualPlacement};
 pub use models::ModelFilter;
+pub use placement_record::{undecodable_placement_records, StoredPlacement};
 pub use query::Page;
 pub use scheduling::{NewPlacement, PlacedInstanceClaim};
 pub use settings::REGISTRATION_TOKEN_DIGEST;
@@ -57,7 +59,7 @@ pub use usage::{
     USAGE_BUCKET_MILLIS,
 };
 pub use users::{NewUser, UserFilter, UserRecord};
-pub use workers::WorkerFilter;
+pub use workers::{WorkerFilter, WorkerRegistration};
 
 /// Which database engine backs the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

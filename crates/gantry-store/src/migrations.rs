@@ -115,6 +115,15 @@ const MIGRATIONS: &[Migration] = &[Migration {
         "CREATE INDEX usage_records_user ON usage_records (user_id, minute_start)",
         "CREATE INDEX usage_records_model ON usage_records (model_name, minute_start)",
     ],
+}, Migration {
+    version: 3,
+    name: "typed placement records",
+    statements: &[
+        // The column holds a gantry_types::PlacementRecord now. Records of the older,
+        // untyped shape do not decode: their instances keep their GPUs booked and are
+        // placed afresh by the scheduler's roll (see placement_record.rs).
+        "ALTER TABLE model_instances RENAME COLUMN resource_claim TO placement",
+    ],
 }];
 
 /// The newest schema version this build knows.

@@ -1,14 +1,13 @@
-//! The `models` table, and keeping each model's instance count equal to its replicas.
+//! The `models` table, and creating the instances of a model.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use gantry_types::{
-    BackendKind, GpuSelector, InstanceState, Model, ModelCreate, ModelInstance, ModelSource,
-    PlacementStrategy, Timestamp,
+    BackendKind, GpuSelector, Model, ModelCreate, ModelInstance, ModelSource, PlacementStrategy,
+    Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
-use sqlx::{Any, Transaction};
 
 use crate::changes::{Change, ChangeKind};
 use crate::query::{Arg, Filter, Page};
@@ -88,16 +87,9 @@ fn decode(row: &AnyRow) -> Result<Model, StoreError> {
     })
 }
 
-/// Instance ids created and instances removed by a replica reconciliation.
-#[derive(Debug, Default)]
-struct ReplicaDiff {
-    created: Vec<i64>,
-    deleted: Vec<ModelInstance>,
-}
-
 impl Store {
-    /// Inserts a model and its `replicas` instances in state `pending`, in one
-    /// transaction. `Conflict` if the name is taken.
+    /// Inserts a model. `Conflict` if the name is taken. Its instances are created by the
+    /// model controller (see the server's `service::replicas`).
     pub async fn create_model(&self, create: &ModelCreate) -> Result<Model, StoreError> {
         let now = Timestamp::now();
         let model = Model {
@@ -134,10 +126,8 @@ impl Store {
         .await
         .map_err(|e| StoreError::conflict_on_unique(e, "model", &model.name))?;
         let model = decode(&row)?;
-        let diff = reconcile_replicas(&mut tx, &model).await?;
         tx.commit().await?;
         self.publish(Change::Model(ChangeKind::Created, model.clone()));
-        self.publish_replica_diff(diff).await;
         Ok(model)
     }
 
@@ -189,10 +179,8 @@ impl Store {
         Ok((models, total))
     }
 
-    /// Writes an updated model (name, id and creation time are kept) and brings its
-    /// instance count to the new replica count in the same transaction.
+    /// Writes an updated model (name, id and creation time are kept).
     pub async fn update_model(&self, model: &Model) -> Result<Model, StoreError> {
-        let mut tx = self.pool.begin().await?;
         let row = sqlx::query(&format!(
             "UPDATE models SET replicas = $2, spec = $3, updated_at = $4 WHERE id = $1 \
              RETURNING {COLUMNS}"
@@ -201,14 +189,11 @@ impl Store {
         .bind(i64::from(model.replicas))
         .bind(to_json(&ModelSpec::of(model)))
         .bind(Timestamp::now().as_millis())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?
         .ok_or_else(|| StoreError::not_found("model", model.id))?;
         let updated = decode(&row)?;
-        let diff = reconcile_replicas(&mut tx, &updated).await?;
-        tx.commit().await?;
         self.publish(Change::Model(ChangeKind::Updated, updated.clone()));
-        self.publish_replica_diff(diff).await;
         Ok(updated)
     }
 
@@ -230,94 +215,40 @@ impl Store {
         Ok(model)
     }
 
-    /// Brings a model's instance count back to its replica count (after an instance
-    /// was deleted, say). A model that no longer exists is left alone.
-    pub async fn reconcile_model_replicas(&self, model_id: i64) -> Result<(), StoreError> {
-        let model = match self.get_model(model_id).await {
-            Ok(model) => model,
-            Err(StoreError::NotFound { .. }) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let mut tx = self.pool.begin().await?;
-        let diff = reconcile_replicas(&mut tx, &model).await?;
-        tx.commit().await?;
-        self.publish_replica_diff(diff).await;
-        Ok(())
-    }
-
-    async fn publish_replica_diff(&self, diff: ReplicaDiff) {
-        for instance in diff.deleted {
-            self.publish(Change::Instance(ChangeKind::Deleted, instance));
-        }
-        for id in diff.created {
-            if let Ok(instance) = self.get_instance(id).await {
-                self.publish(Change::Instance(ChangeKind::Created, instance));
-            }
-        }
-    }
-}
-
-/// How keepable an instance is when scaling down: lower goes first. Errored ones go
-/// first, then any that is not running, then running ones, newest first.
-fn keep_rank(state: InstanceState) -> u8 {
-    match state {
-        InstanceState::Error => 0,
-        InstanceState::Running => 2,
-        _ => 1,
-    }
-}
-
-/// Creates or deletes instances inside `tx` until the model has exactly `replicas`.
-async fn reconcile_replicas(
-    tx: &mut Transaction<'static, Any>,
-    model: &Model,
-) -> Result<ReplicaDiff, StoreError> {
-    let existing = crate::instances::of_model(&mut **tx, model.id).await?;
-    let wanted = model.replicas as usize;
-    let mut diff = ReplicaDiff::default();
-    if existing.len() < wanted {
-        let taken: BTreeSet<u32> = existing.iter().map(|i| i.replica).collect();
-        let free = (0u32..).filter(|r| !taken.contains(r));
+    /// Creates instances of `model` with the given replica numbers, in state `pending`.
+    /// A replica number already taken (another writer was first) is skipped; returns the
+    /// instances created.
+    pub async fn create_instances(
+        &self,
+        model: &Model,
+        replicas: &[u32],
+    ) -> Result<Vec<ModelInstance>, StoreError> {
         let now = Timestamp::now().as_millis();
-        for replica in free.take(wanted - existing.len()) {
+        let mut created = Vec::with_capacity(replicas.len());
+        for &replica in replicas {
+            let name = format!("{}-{replica}", model.name);
             let row = sqlx::query(
                 "INSERT INTO model_instances (name, model_id, replica, worker_id, gpu_indexes, \
-                 port, address, state, state_message, resource_claim, restart_count, created_at, \
-                 updated_at) VALUES ($1, $2, $3, NULL, '[]', NULL, NULL, 'pending', '', NULL, 0, \
-                 $4, $4) RETURNING id",
+                 port, address, state, state_message, placement, restart_count, created_at, \
+                 updated_at) SELECT $1, $2, $3, NULL, '[]', NULL, NULL, 'pending', '', NULL, 0, \
+                 $4, $4 WHERE EXISTS (SELECT 1 FROM models WHERE id = $2) \
+                 ON CONFLICT DO NOTHING RETURNING id",
             )
-            .bind(format!("{}-{replica}", model.name))
+            .bind(&name)
             .bind(model.id)
             .bind(i64::from(replica))
             .bind(now)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(|e| {
-                StoreError::conflict_on_unique(
-                    e,
-                    "model instance",
-                    format!("{}-{replica}", model.name),
-                )
-            })?;
-            diff.created.push(int(&row, "model_instances", "id")?);
+            .fetch_optional(&self.pool)
+            .await?;
+            let Some(row) = row else {
+                continue;
+            };
+            let id = int(&row, "model_instances", "id")?;
+            if let Ok(instance) = self.get_instance(id).await {
+                self.publish(Change::Instance(ChangeKind::Created, instance.clone()));
+                created.push(instance);
+            }
         }
-    } else if existing.len() > wanted {
-        let mut victims = existing;
-        // Least useful first: by rank, then newest first.
-        victims.sort_by(|a, b| {
-            keep_rank(a.state)
-                .cmp(&keep_rank(b.state))
-                .then(b.created_at.cmp(&a.created_at))
-                .then(b.id.cmp(&a.id))
-        });
-        victims.truncate(victims.len() - wanted);
-        for victim in victims {
-            sqlx::query("DELETE FROM model_instances WHERE id = $1")
-                .bind(victim.id)
-                .execute(&mut **tx)
-                .await?;
-            diff.deleted.push(victim);
-        }
+        Ok(created)
     }
-    Ok(diff)
 }

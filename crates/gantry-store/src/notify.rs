@@ -110,7 +110,7 @@ fn slim(change: &Change) -> Change {
         }
         Change::Instance(_, instance) => {
             instance.state_message.clear();
-            instance.computed_resource_claim = None;
+            instance.placement = None;
         }
         Change::Worker(_, worker) => {
             worker.status = Default::default();

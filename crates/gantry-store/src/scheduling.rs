@@ -11,13 +11,14 @@
 //! (see `gantry-coord`). A write that changes nothing publishes nothing, so a scheduler
 //! pass that finds nothing to do does not wake anyone, itself included.
 
-use gantry_types::{InstanceState, ModelInstance, Timestamp};
+use gantry_types::{InstanceState, ModelInstance, PlacementRecord, Timestamp};
 
 use crate::changes::{Change, ChangeKind};
+use crate::placement_record::StoredPlacement;
 use crate::rows::{int, json, opt_text, parse_enum, text, to_json};
 use crate::{Store, StoreError};
 
-/// An instance that holds a worker and a stored resource claim: what the scheduler
+/// An instance that holds a worker and a stored placement record: what the scheduler
 /// subtracts from the worker's memory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlacedInstanceClaim {
@@ -25,8 +26,8 @@ pub struct PlacedInstanceClaim {
     pub worker_id: i64,
     pub state: InstanceState,
     pub gpu_indexes: Vec<u32>,
-    /// The `resource_claim` JSON the scheduler wrote with the placement.
-    pub resource_claim: serde_json::Value,
+    /// The record written with the placement, or why it cannot be read.
+    pub placement: StoredPlacement,
 }
 
 /// A placement to record: see [`Store::record_placement`].
@@ -39,30 +40,33 @@ pub struct NewPlacement<'a> {
     pub worker_id: i64,
     pub gpu_indexes: &'a [u32],
     pub state_message: &'a str,
-    /// `{"claim", "placement", "extra_backend_args"}`, as built by the scheduler.
-    pub resource_claim: &'a serde_json::Value,
+    /// What the worker runs and what the scheduler reserved.
+    pub record: &'a PlacementRecord,
 }
 
 impl Store {
-    /// Every instance that holds a worker and a stored claim, whatever its state.
+    /// Every instance that holds a worker and a stored placement record, whatever its
+    /// state.
     pub async fn placed_instance_claims(&self) -> Result<Vec<PlacedInstanceClaim>, StoreError> {
         const T: &str = "model_instances";
         let rows = sqlx::query(
-            "SELECT id, worker_id, state, gpu_indexes, resource_claim FROM model_instances \
-             WHERE worker_id IS NOT NULL AND resource_claim IS NOT NULL ORDER BY id",
+            "SELECT id, worker_id, state, gpu_indexes, placement FROM model_instances \
+             WHERE worker_id IS NOT NULL AND placement IS NOT NULL ORDER BY id",
         )
         .fetch_all(&self.pool)
         .await?;
         let mut claims = Vec::with_capacity(rows.len());
         for row in &rows {
-            let raw = opt_text(row, T, "resource_claim")?.unwrap_or_default();
+            let instance_id = int(row, T, "id")?;
             claims.push(PlacedInstanceClaim {
-                instance_id: int(row, T, "id")?,
+                instance_id,
                 worker_id: int(row, T, "worker_id")?,
                 state: parse_enum(&text(row, T, "state")?, InstanceState::parse, T, "state")?,
                 gpu_indexes: json(row, T, "gpu_indexes")?,
-                resource_claim: serde_json::from_str(&raw)
-                    .map_err(|e| StoreError::corrupt(T, format!("column resource_claim: {e}")))?,
+                placement: crate::placement_record::decode(
+                    instance_id,
+                    opt_text(row, T, "placement")?.as_deref(),
+                ),
             });
         }
         Ok(claims)
@@ -128,7 +132,7 @@ impl Store {
     ) -> Result<Option<ModelInstance>, StoreError> {
         let result = sqlx::query(
             "UPDATE model_instances SET worker_id = $2, gpu_indexes = $3, port = NULL, \
-             address = NULL, state = 'scheduled', state_message = $4, resource_claim = $5, \
+             address = NULL, state = 'scheduled', state_message = $4, placement = $5, \
              restart_count = 0, updated_at = $6 \
              WHERE id = $1 AND worker_id IS NULL AND state IN ('pending', 'analyzing') \
              AND EXISTS (SELECT 1 FROM models m WHERE m.id = model_instances.model_id \
@@ -139,7 +143,7 @@ impl Store {
         .bind(placement.worker_id)
         .bind(to_json(&placement.gpu_indexes))
         .bind(placement.state_message)
-        .bind(to_json(placement.resource_claim))
+        .bind(to_json(placement.record))
         .bind(Timestamp::now().as_millis())
         .bind(placement.model_updated_at.as_millis())
         .execute(&self.pool)
@@ -162,7 +166,7 @@ impl Store {
     ) -> Result<Option<ModelInstance>, StoreError> {
         let result = sqlx::query(
             "UPDATE model_instances SET worker_id = NULL, gpu_indexes = '[]', port = NULL, \
-             address = NULL, state = 'pending', state_message = $4, resource_claim = NULL, \
+             address = NULL, state = 'pending', state_message = $4, placement = NULL, \
              restart_count = 0, updated_at = $5 WHERE id = $1 AND state = $2 AND worker_id = $3",
         )
         .bind(id)
@@ -176,6 +180,35 @@ impl Store {
             return Ok(None);
         }
         self.publish_instance_update(id).await
+    }
+
+    /// Starts an instance placed by hand anew on the same worker and GPUs with `record`
+    /// (state `scheduled`): how a model change reaches an instance the scheduler did not
+    /// place. Applies only while the instance is as `seen` (same `updated_at` and worker);
+    /// `None` otherwise.
+    pub async fn relaunch_instance(
+        &self,
+        seen: &ModelInstance,
+        record: &PlacementRecord,
+        message: &str,
+    ) -> Result<Option<ModelInstance>, StoreError> {
+        let result = sqlx::query(
+            "UPDATE model_instances SET placement = $2, state = 'scheduled', state_message = $3, \
+             port = NULL, address = NULL, restart_count = 0, updated_at = $4 \
+             WHERE id = $1 AND updated_at = $5 AND worker_id = $6",
+        )
+        .bind(seen.id)
+        .bind(to_json(record))
+        .bind(message)
+        .bind(Timestamp::now().as_millis())
+        .bind(seen.updated_at.as_millis())
+        .bind(seen.worker_id)
+        .execute(&self.pool)
+        .await?;
+        if result.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.publish_instance_update(seen.id).await
     }
 
     /// Re-reads an instance after a write and publishes it; `None` when it was deleted in

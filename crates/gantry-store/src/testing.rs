@@ -1,4 +1,7 @@
-//! Support for tests that run against PostgreSQL: each test gets a database of its
+//! Support for tests: a fresh PostgreSQL database per test, and writes no product code
+//! makes (a damaged placement record).
+//!
+//! Each PostgreSQL test gets a database of its
 //! own on the throwaway server that `scripts/with-postgres.sh` starts, so tests run in
 //! parallel without seeing each other's rows.
 
@@ -26,4 +29,22 @@ pub async fn fresh_postgres_database(base_url: &str) -> Result<String, StoreErro
         .rsplit_once('/')
         .ok_or_else(|| StoreError::Config(format!("no database name in {base_url}")))?;
     Ok(format!("{prefix}/{name}"))
+}
+
+impl crate::Store {
+    /// Overwrites the stored placement record of an instance with `raw` text, as a damaged
+    /// row or a record written by another version would read. For tests of what happens
+    /// to records that do not decode; nothing in gantry writes such a record.
+    pub async fn overwrite_placement_record_for_tests(
+        &self,
+        instance_id: i64,
+        raw: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE model_instances SET placement = $2 WHERE id = $1")
+            .bind(instance_id)
+            .bind(raw)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
 }

@@ -10,6 +10,15 @@ use crate::query::{Arg, Filter, Page};
 use crate::rows::{int, json, opt_int, parse_enum, text, to_json};
 use crate::{Store, StoreError};
 
+/// What a worker reports about itself when it registers.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerRegistration<'a> {
+    pub labels: &'a BTreeMap<String, String>,
+    /// `host:port` of the worker's own API.
+    pub address: &'a str,
+    pub status: &'a WorkerStatus,
+}
+
 /// List filters for workers.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerFilter {
@@ -160,33 +169,38 @@ impl Store {
         Ok(worker)
     }
 
-    /// Updates what a registering worker reports about itself (a re-registration),
-    /// and counts it as a heartbeat.
+    /// Updates what a registering worker reports about itself (a re-registration) and
+    /// counts it as a heartbeat. The state moves to `state` only while it is still
+    /// `expected` (the caller decided from it); `None` when it moved meanwhile.
     pub async fn update_worker_registration(
         &self,
         id: i64,
-        labels: &BTreeMap<String, String>,
-        address: &str,
-        status: &WorkerStatus,
-    ) -> Result<Worker, StoreError> {
+        registration: &WorkerRegistration<'_>,
+        expected: WorkerState,
+        state: (WorkerState, &str),
+    ) -> Result<Option<Worker>, StoreError> {
         let now = Timestamp::now().as_millis();
         let row = sqlx::query(&format!(
             "UPDATE workers SET labels = $2, address = $3, status = $4, last_heartbeat_at = $5, \
-             state = CASE WHEN state = 'maintenance' THEN state ELSE 'ready' END, \
-             state_message = CASE WHEN state = 'maintenance' THEN state_message ELSE '' END, \
-             updated_at = $5 WHERE id = $1 RETURNING {COLUMNS}"
+             state = $6, state_message = $7, updated_at = $5 WHERE id = $1 AND state = $8 \
+             RETURNING {COLUMNS}"
         ))
         .bind(id)
-        .bind(to_json(labels))
-        .bind(address)
-        .bind(to_json(status))
+        .bind(to_json(registration.labels))
+        .bind(registration.address)
+        .bind(to_json(registration.status))
         .bind(now)
+        .bind(state.0.as_str())
+        .bind(state.1)
+        .bind(expected.as_str())
         .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| StoreError::not_found("worker", id))?;
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
         let worker = decode(&row)?;
         self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
-        Ok(worker)
+        Ok(Some(worker))
     }
 
     /// The token servers present to the worker's own API.
@@ -199,28 +213,37 @@ impl Store {
         text(&row, "workers", "api_token")
     }
 
-    /// Records a heartbeat. A worker that was `not_ready` or `unreachable` is `ready`
-    /// again; `maintenance` stays. Publishes a change only when the state moved, so
-    /// watchers are not woken every heartbeat.
-    pub async fn worker_heartbeat(&self, id: i64) -> Result<Worker, StoreError> {
+    /// Records a heartbeat, and sets the worker's state and message to `state` while its
+    /// state is still `expected` (the caller decided from it); `None` when the state moved
+    /// meanwhile. A caller keeping the state passes the current message. Publishes a
+    /// change only when the state moved, so watchers are not woken every heartbeat.
+    pub async fn record_heartbeat(
+        &self,
+        id: i64,
+        expected: WorkerState,
+        state: (WorkerState, &str),
+    ) -> Result<Option<Worker>, StoreError> {
         let now = Timestamp::now().as_millis();
-        let before = self.get_worker(id).await?;
+        let moves = state.0 != expected;
         let row = sqlx::query(&format!(
-            "UPDATE workers SET last_heartbeat_at = $2, \
-             state = CASE WHEN state = 'maintenance' THEN state ELSE 'ready' END, \
-             state_message = CASE WHEN state = 'maintenance' THEN state_message ELSE '' END \
-             WHERE id = $1 RETURNING {COLUMNS}"
+            "UPDATE workers SET last_heartbeat_at = $2, state = $3, state_message = $4 \
+             WHERE id = $1 AND state = $5 RETURNING {COLUMNS}"
         ))
         .bind(id)
         .bind(now)
+        .bind(state.0.as_str())
+        .bind(state.1)
+        .bind(expected.as_str())
         .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| StoreError::not_found("worker", id))?;
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
         let worker = decode(&row)?;
-        if worker.state != before.state {
+        if moves {
             self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
         }
-        Ok(worker)
+        Ok(Some(worker))
     }
 
     /// Stores a worker's hardware report.
@@ -346,7 +369,8 @@ impl Store {
             .collect::<Result<_, _>>()?;
         sqlx::query(
             "UPDATE model_instances SET worker_id = NULL, gpu_indexes = '[]', port = NULL, \
-             address = NULL, state = $2, state_message = $3, updated_at = $4 WHERE worker_id = $1",
+             address = NULL, state = $2, state_message = $3, placement = NULL, \
+             restart_count = 0, updated_at = $4 WHERE worker_id = $1",
         )
         .bind(id)
         .bind(InstanceState::Pending.as_str())

@@ -36,6 +36,7 @@ async fn changes_made_through_one_store_reach_the_other() {
     let mut seen_by_a = a.subscribe();
 
     let created = a.create_model(&model("tiny")).await.unwrap();
+    a.create_instances(&created, &[0]).await.unwrap();
     match &*next(&mut seen_by_b).await {
         Change::Model(ChangeKind::Created, m) => assert_eq!(m.id, created.id),
         other => panic!("unexpected {other:?}"),

@@ -9,9 +9,7 @@ use gantry_store::{
     UserFilter, WorkerFilter,
 };
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
-use gantry_types::{
-    BackendKind, GpuDevice, InstanceState, ModelCreate, ModelUpdate, Role, WorkerStatus,
-};
+use gantry_types::{BackendKind, GpuDevice, InstanceState, ModelCreate, Role, WorkerStatus};
 
 fn new_user(name: &str, role: Role) -> NewUser {
     NewUser {
@@ -174,20 +172,19 @@ async fn api_keys_are_found_by_digest_and_cascade_with_their_user(engine: TestEn
     assert!(store.api_key_by_digest("digest-1").await.is_err());
 }
 
-async fn creating_a_model_creates_pending_replicas(engine: TestEngine) {
+async fn instances_are_created_pending_and_a_taken_replica_is_skipped(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
-    let model = store.create_model(&model_create("tiny", 3)).await.unwrap();
-    let filter = InstanceFilter {
-        model_id: Some(model.id),
-        ..Default::default()
-    };
-    let (instances, total) = store.list_instances(&filter, ALL).await.unwrap();
-    assert_eq!(total, 3);
+    let (model, instances) = model_with_instances(&store, "tiny", 3).await;
     let names: Vec<_> = instances.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(names, ["tiny-0", "tiny-1", "tiny-2"]);
     assert!(instances.iter().all(|i| i.state == InstanceState::Pending));
     assert!(instances.iter().all(|i| i.model_name == "tiny"));
+
+    // Another writer was first with replica 1: it is skipped, 3 is created.
+    let created = store.create_instances(&model, &[1, 3]).await.unwrap();
+    let names: Vec<_> = created.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["tiny-3"]);
 
     let err = store
         .create_model(&model_create("tiny", 1))
@@ -195,10 +192,22 @@ async fn creating_a_model_creates_pending_replicas(engine: TestEngine) {
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict { .. }));
     // The failed create left the first model and its instances untouched.
-    assert_eq!(store.list_instances(&filter, ALL).await.unwrap().1, 3);
+    let filter = InstanceFilter {
+        model_id: Some(model.id),
+        ..Default::default()
+    };
+    assert_eq!(store.list_instances(&filter, ALL).await.unwrap().1, 4);
+
+    // A model deleted meanwhile gets no instances.
+    store.delete_model(model.id).await.unwrap();
+    assert!(store
+        .create_instances(&model, &[7])
+        .await
+        .unwrap()
+        .is_empty());
 }
 
-async fn scaling_a_model_adds_and_removes_the_least_useful_replicas(engine: TestEngine) {
+async fn an_instance_is_deleted_only_as_it_was_read(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
     let worker = store
@@ -211,42 +220,30 @@ async fn scaling_a_model_adds_and_removes_the_least_useful_replicas(engine: Test
         )
         .await
         .unwrap();
-    let mut model = store.create_model(&model_create("tiny", 3)).await.unwrap();
-    let filter = InstanceFilter {
-        model_id: Some(model.id),
-        ..Default::default()
-    };
-    let (instances, _) = store.list_instances(&filter, ALL).await.unwrap();
-    // tiny-0 scheduled on a worker, tiny-1 and tiny-2 pending: scaling to 1 removes
-    // the pending ones, newest first, and keeps the placed one.
-    store
-        .place_instance_manually(instances[0].id, Some(worker.id), &[1])
+    let (_, instances) = model_with_instances(&store, "tiny", 2).await;
+    // Placed since it was read: the decision to delete it was taken from a stale view.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    place_by_hand(&store, instances[0].id, worker.id, &[1]).await;
+    assert!(store
+        .delete_instance_if_unchanged(&instances[0])
         .await
-        .unwrap();
-
-    model.apply(ModelUpdate {
-        replicas: Some(1),
-        ..Default::default()
-    });
-    store.update_model(&model).await.unwrap();
-    let (left, _) = store.list_instances(&filter, ALL).await.unwrap();
-    assert_eq!(left.len(), 1);
-    assert_eq!(left[0].name, "tiny-0");
-    assert_eq!(left[0].worker_name.as_deref(), Some("w1"));
-    assert_eq!(left[0].gpu_indexes, vec![1]);
-
-    model.replicas = 3;
-    store.update_model(&model).await.unwrap();
-    let (grown, _) = store.list_instances(&filter, ALL).await.unwrap();
-    let names: Vec<_> = grown.iter().map(|i| i.name.as_str()).collect();
-    assert_eq!(names, ["tiny-0", "tiny-1", "tiny-2"]);
+        .unwrap()
+        .is_none());
+    assert!(store.get_instance(instances[0].id).await.is_ok());
+    let deleted = store
+        .delete_instance_if_unchanged(&instances[1])
+        .await
+        .unwrap()
+        .expect("unchanged since read");
+    assert_eq!(deleted.id, instances[1].id);
+    assert!(store.get_instance(instances[1].id).await.is_err());
 }
 
 async fn deleting_a_model_deletes_its_instances(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
-    let keep = store.create_model(&model_create("keep", 1)).await.unwrap();
-    let gone = store.create_model(&model_create("gone", 2)).await.unwrap();
+    let (keep, _) = model_with_instances(&store, "keep", 1).await;
+    let (gone, _) = model_with_instances(&store, "gone", 2).await;
     store.delete_model(gone.id).await.unwrap();
     let (all, total) = store
         .list_instances(&InstanceFilter::default(), ALL)
@@ -257,7 +254,7 @@ async fn deleting_a_model_deletes_its_instances(engine: TestEngine) {
     assert!(store.get_model(gone.id).await.is_err());
 }
 
-async fn manual_placement_checks_the_worker_and_its_gpus(engine: TestEngine) {
+async fn a_placement_by_hand_records_the_launch_and_a_deleted_worker_unplaces(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
     let worker = store
@@ -270,34 +267,18 @@ async fn manual_placement_checks_the_worker_and_its_gpus(engine: TestEngine) {
         )
         .await
         .unwrap();
-    store.create_model(&model_create("tiny", 1)).await.unwrap();
-    let (instances, _) = store
-        .list_instances(&InstanceFilter::default(), ALL)
-        .await
-        .unwrap();
+    let (_, instances) = model_with_instances(&store, "tiny", 1).await;
     let id = instances[0].id;
 
-    let err = store
-        .place_instance_manually(id, Some(worker.id), &[5])
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("has no GPU 5"), "{err}");
-    let err = store
-        .place_instance_manually(id, Some(9999), &[0])
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("no worker has id 9999"), "{err}");
-    assert_eq!(
-        store.get_instance(id).await.unwrap().state,
-        InstanceState::Pending
-    );
-
-    let placed = store
-        .place_instance_manually(id, Some(worker.id), &[0, 1])
-        .await
-        .unwrap();
+    let placed = place_by_hand(&store, id, worker.id, &[0, 1]).await;
     assert_eq!(placed.state, InstanceState::Scheduled);
     assert_eq!(placed.gpu_indexes, vec![0, 1]);
+    let record = placed.placement.expect("a record");
+    assert_eq!(
+        record.launch.backend_args,
+        model_create("tiny", 1).backend_args
+    );
+    assert!(record.reservation.is_none(), "nothing was estimated");
 
     // Deleting the worker sends the instance back to pending.
     store.delete_worker(worker.id).await.unwrap();
@@ -366,7 +347,7 @@ async fn committed_writes_are_published_as_changes(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
     let mut changes = store.subscribe();
-    let model = store.create_model(&model_create("tiny", 1)).await.unwrap();
+    let (model, _) = model_with_instances(&store, "tiny", 1).await;
     let mut seen = Vec::new();
     for _ in 0..2 {
         match &*changes.recv().await.unwrap() {
@@ -404,11 +385,50 @@ test_both_engines!(
     users_are_created_listed_updated_and_deleted,
     duplicate_usernames_conflict_and_keep_the_original,
     api_keys_are_found_by_digest_and_cascade_with_their_user,
-    creating_a_model_creates_pending_replicas,
-    scaling_a_model_adds_and_removes_the_least_useful_replicas,
+    instances_are_created_pending_and_a_taken_replica_is_skipped,
+    an_instance_is_deleted_only_as_it_was_read,
     deleting_a_model_deletes_its_instances,
-    manual_placement_checks_the_worker_and_its_gpus,
+    a_placement_by_hand_records_the_launch_and_a_deleted_worker_unplaces,
     lists_paginate_and_filter,
     committed_writes_are_published_as_changes,
     reopening_a_database_keeps_data_and_skips_applied_migrations,
 );
+
+/// Places an instance by hand with the record the service layer would write.
+async fn place_by_hand(
+    store: &gantry_store::Store,
+    id: i64,
+    worker_id: i64,
+    gpus: &[u32],
+) -> gantry_types::ModelInstance {
+    let instance = store.get_instance(id).await.unwrap();
+    let model = store.get_model(instance.model_id).await.unwrap();
+    let record = gantry_types::PlacementRecord::by_hand(&model);
+    store
+        .place_instance_manually(
+            id,
+            Some(gantry_store::ManualPlacement {
+                worker_id,
+                gpu_indexes: gpus,
+                state_message: "placed by hand",
+                record: &record,
+            }),
+        )
+        .await
+        .unwrap()
+}
+
+/// A model and its `replicas` instances, as the model controller would create them.
+async fn model_with_instances(
+    store: &gantry_store::Store,
+    name: &str,
+    replicas: u32,
+) -> (gantry_types::Model, Vec<gantry_types::ModelInstance>) {
+    let model = store
+        .create_model(&model_create(name, replicas))
+        .await
+        .unwrap();
+    let numbers: Vec<u32> = (0..replicas).collect();
+    let instances = store.create_instances(&model, &numbers).await.unwrap();
+    (model, instances)
+}

@@ -70,9 +70,12 @@ pub struct ModelInstance {
     /// Why the instance is in its state: the scheduler's reason while pending, the
     /// backend's last stderr lines on error.
     pub state_message: String,
-    /// The resources the scheduler reserved for this instance (memory per GPU, RAM).
-    #[schema(value_type = Option<Object>)]
-    pub computed_resource_claim: Option<serde_json::Value>,
+    /// How the instance was placed: what its worker runs (the model's launch settings
+    /// when it was placed, plus the flags the placement adds) and what the scheduler
+    /// reserved for it. `None` while unplaced, and when the stored record cannot be read
+    /// (the server logs that; the scheduler keeps the instance's GPUs booked and rolls it
+    /// onto a fresh placement).
+    pub placement: Option<crate::placement::PlacementRecord>,
     pub restart_count: u32,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,

@@ -7,10 +7,12 @@
 
 pub mod api_key;
 pub mod auth;
+pub mod claim;
 pub mod error;
 pub mod instance;
 pub mod list;
 pub mod model;
+pub mod placement;
 pub mod time;
 pub mod user;
 pub mod validate;
@@ -18,16 +20,22 @@ pub mod worker;
 
 pub use api_key::{ApiKey, ApiKeyCreate, ApiKeyCreated};
 pub use auth::{ChangePasswordRequest, LoginRequest, LoginResponse};
-pub use error::{ErrorBody, ErrorDetail};
+pub use claim::{
+    EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
+};
+pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use instance::{InstancePatch, InstanceState, InstanceStateReport, ModelInstance};
-pub use list::{ListResponse, Pagination, WatchEvent, WatchEventType};
+pub use list::{ChangeKind, ListResponse, Pagination, WatchEvent};
 pub use model::{
     BackendKind, GpuSelector, Model, ModelCreate, ModelSource, ModelUpdate, PlacementStrategy,
+};
+pub use placement::{
+    GpuShare, LaunchTemplate, LlamaLayout, Placement, PlacementKind, PlacementRecord, Reservation,
 };
 pub use time::Timestamp;
 pub use user::{Role, User, UserCreate, UserUpdate};
 pub use validate::{FieldError, Validate};
 pub use worker::{
-    GpuDevice, SystemInfo, Worker, WorkerAssignment, WorkerLabelsUpdate, WorkerRegister,
-    WorkerRegistered, WorkerState, WorkerStatus,
+    GpuDevice, SystemInfo, Worker, WorkerLabelsUpdate, WorkerRegister, WorkerRegistered,
+    WorkerState, WorkerStatus,
 };

@@ -150,15 +150,6 @@ pub struct WorkerRegistered {
     pub api_token: Option<String>,
 }
 
-/// One instance placed on a worker, with the model it runs: everything the worker
-/// needs to start it.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
-pub struct WorkerAssignment {
-    pub instance: crate::instance::ModelInstance,
-    /// Always present, except on a `DELETED` event whose model was deleted too.
-    pub model: Option<crate::model::Model>,
-}
-
 impl Validate for WorkerStatus {
     fn validate(&self) -> Result<(), FieldError> {
         if self.gpus.len() > 1024 {

@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use gantry_backends::LaunchSpec;
 use gantry_types::BackendKind;
 use gantry_worker::supervisor::{
-    BackendState, EnsureOutcome, InstanceEvent, InstanceOverrides, InstanceSpec, RestartPolicy,
-    Supervisor, SupervisorConfig, SupervisorError,
+    BackendState, EnsureOutcome, InstanceEvent, InstanceSpec, RestartPolicy, Supervisor,
+    SupervisorConfig, SupervisorError,
 };
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
@@ -131,19 +132,20 @@ impl Harness {
         InstanceSpec {
             instance_id,
             key: format!("test-model#{instance_id}"),
-            backend: BackendKind::Custom,
-            model_path: self.model.clone(),
-            backend_args: vec!["--mode".into(), mode.into()],
-            env: BTreeMap::new(),
-            gpu_indexes: Vec::new(),
-            data_parallel_size: None,
-            overrides: InstanceOverrides {
+            launch: LaunchSpec {
+                backend: BackendKind::Custom,
+                model_path: self.model.clone(),
+                args: vec!["--mode".into(), mode.into()],
+                env: BTreeMap::new(),
+                gpu_indexes: Vec::new(),
+                data_parallel_size: None,
                 custom_command: Some(format!(
                     "python3 {} --host {{host}} --port {{port}} --model {{model_path}}",
                     self.script.display()
                 )),
-                ..InstanceOverrides::default()
+                health_path: None,
             },
+            ready_deadline: None,
         }
     }
 
@@ -371,7 +373,7 @@ async fn a_backend_that_exits_at_once_reports_its_stderr() {
 async fn a_backend_that_never_gets_healthy_fails_at_the_deadline() {
     let mut h = Harness::new(|_| {});
     let mut spec = h.spec(3, "never-healthy");
-    spec.overrides.ready_deadline = Some(Duration::from_secs(2));
+    spec.ready_deadline = Some(Duration::from_secs(2));
     let started = Instant::now();
     h.supervisor.ensure(spec).await.unwrap();
     h.expect_starting(3).await;
@@ -461,8 +463,8 @@ async fn a_grandchild_dies_with_the_group() {
 async fn a_data_parallel_group_runs_one_child_per_gpu_and_restarts_together() {
     let mut h = Harness::new(|_| {});
     let mut spec = h.spec(7, "ok");
-    spec.gpu_indexes = vec![0, 1];
-    spec.data_parallel_size = Some(2);
+    spec.launch.gpu_indexes = vec![0, 1];
+    spec.launch.data_parallel_size = Some(2);
     h.supervisor.ensure(spec).await.unwrap();
     let (address, ports, pids) = h.expect_start(7).await;
     assert_eq!(ports.len(), 2);
@@ -512,7 +514,7 @@ async fn a_changed_spec_restarts_the_instance() {
     h.supervisor.ensure(h.spec(8, "ok")).await.unwrap();
     let (_, _, pids) = h.expect_start(8).await;
     let mut changed = h.spec(8, "ok");
-    changed.env.insert("EXTRA".into(), "1".into());
+    changed.launch.env.insert("EXTRA".into(), "1".into());
     assert_eq!(
         h.supervisor.ensure(changed).await.unwrap(),
         EnsureOutcome::Restarted
@@ -528,11 +530,14 @@ async fn a_changed_spec_restarts_the_instance() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_executable_is_an_error_naming_it() {
     let mut h = Harness::new(|config| {
-        config.backends.executables.vllm = vec!["/nonexistent/bin/vllm".into()];
+        config
+            .backends
+            .executables
+            .insert(BackendKind::Vllm, vec!["/nonexistent/bin/vllm".into()]);
     });
     let mut spec = h.spec(9, "ok");
-    spec.backend = BackendKind::Vllm;
-    spec.backend_args.clear();
+    spec.launch.backend = BackendKind::Vllm;
+    spec.launch.args.clear();
     h.supervisor.ensure(spec).await.unwrap();
     h.expect_starting(9).await;
     let message = h.expect_error(9).await;

@@ -17,9 +17,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
+use gantry_backends::LaunchSpec;
 use gantry_types::BackendKind;
 use gantry_worker::supervisor::{
-    BackendState, InstanceEvent, InstanceOverrides, InstanceSpec, Supervisor, SupervisorConfig,
+    BackendState, InstanceEvent, InstanceSpec, Supervisor, SupervisorConfig,
 };
 use nix::errno::Errno;
 use nix::sys::signal::kill;
@@ -65,7 +66,10 @@ impl Harness {
         let temp = tempfile::tempdir().unwrap();
         let mut config = SupervisorConfig::new(temp.path().join("data"));
         config.port_range = port_range();
-        config.backends.executables.llama_cpp = vec![binary.to_str().unwrap().to_owned()];
+        config.backends.executables.insert(
+            BackendKind::LlamaCpp,
+            vec![binary.to_str().unwrap().to_owned()],
+        );
         config.stop_grace_period = Duration::from_secs(5);
         let (events_tx, events) = mpsc::channel(64);
         let supervisor = Supervisor::new(config, events_tx).unwrap();
@@ -80,29 +84,30 @@ impl Harness {
         InstanceSpec {
             instance_id,
             key: format!("tiny-llama#{instance_id}"),
-            backend: BackendKind::LlamaCpp,
-            model_path,
-            // One slot over the model's whole context, one thread: on a small shared
-            // machine spinning OpenMP threads make every token far slower.
-            backend_args: [
-                "--ctx-size",
-                "256",
-                "--parallel",
-                "1",
-                "--threads",
-                "1",
-                "--threads-batch",
-                "1",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-            env: BTreeMap::new(),
-            gpu_indexes: Vec::new(),
-            data_parallel_size: None,
-            overrides: InstanceOverrides {
-                ready_deadline: Some(Duration::from_secs(20)),
-                ..InstanceOverrides::default()
+            launch: LaunchSpec {
+                backend: BackendKind::LlamaCpp,
+                model_path,
+                // One slot over the model's whole context, one thread: on a small shared
+                // machine spinning OpenMP threads make every token far slower.
+                args: [
+                    "--ctx-size",
+                    "256",
+                    "--parallel",
+                    "1",
+                    "--threads",
+                    "1",
+                    "--threads-batch",
+                    "1",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
+                env: BTreeMap::new(),
+                gpu_indexes: Vec::new(),
+                data_parallel_size: None,
+                custom_command: None,
+                health_path: None,
             },
+            ready_deadline: Some(Duration::from_secs(20)),
         }
     }
 

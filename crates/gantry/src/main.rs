@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use config::{Config, Layers, LogFormat};
+use gantry_types::BackendKind;
 use gantry_worker::agent::WorkerConfig;
 use gantry_worker::gpu::SimulatedGpus;
 use gantry_worker::supervisor::SupervisorConfig;
@@ -344,23 +345,19 @@ fn worker_config(
     });
     supervisor.advertise_host = advertise_host.clone();
     supervisor.stop_grace_period = settings.stop_grace_period;
-    if let Some(timeout) = settings.backend_ready_timeout {
-        supervisor.readiness_deadlines = gantry_worker::supervisor::ReadinessDeadlines {
-            llama_cpp: timeout,
-            vllm: timeout,
-            sglang: timeout,
-            custom: timeout,
-        };
-    }
+    supervisor.readiness_deadline = settings.backend_ready_timeout;
+    let executables = &mut supervisor.backends.executables;
     if let Some(path) = &settings.llama_server_path {
-        supervisor.backends.executables.llama_cpp = vec![path.clone()];
+        executables.insert(BackendKind::LlamaCpp, vec![path.clone()]);
     }
     if let Some(path) = &settings.vllm_path {
-        supervisor.backends.executables.vllm = vec![path.clone()];
+        executables.insert(BackendKind::Vllm, vec![path.clone()]);
     }
     if let Some(python) = &settings.sglang_python {
-        supervisor.backends.executables.sglang =
-            vec![python.clone(), "-m".into(), "sglang.launch_server".into()];
+        executables.insert(
+            BackendKind::Sglang,
+            vec![python.clone(), "-m".into(), "sglang.launch_server".into()],
+        );
     }
     let (server_urls, registration_token) = match (role, server_port) {
         (Role::Both, Some(port)) => {

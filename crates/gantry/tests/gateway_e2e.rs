@@ -102,7 +102,7 @@ async fn deploy_with_one_call_and_serve_through_the_gateway() {
     );
     assert!(items
         .iter()
-        .all(|i| i["computed_resource_claim"].is_object()));
+        .all(|i| i["placement"]["reservation"].is_object()));
 
     // The official openai client, plain and streaming.
     let script = format!(

@@ -89,11 +89,19 @@ async fn gantry_start_serves_writes_bootstrap_files_and_runs_a_model() {
         .json()
         .await
         .unwrap();
-    let instances = get(format!(
-        "/api/v1/model-instances?model_id={}",
-        created["id"]
-    ))
-    .await;
+    // The model controller creates the instance a moment after the model.
+    let mut instances = Value::Null;
+    for _ in 0..100 {
+        instances = get(format!(
+            "/api/v1/model-instances?model_id={}",
+            created["id"]
+        ))
+        .await;
+        if instances["pagination"]["total"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let id = instances["items"][0]["id"].as_i64().unwrap();
     let placed = http
         .patch(format!("{base}/api/v1/model-instances/{id}"))

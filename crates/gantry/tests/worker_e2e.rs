@@ -96,7 +96,14 @@ async fn worker_runs_restarts_logs_and_stops_a_real_llama_server() {
     std::net::TcpListener::bind(("127.0.0.1", again_port)).expect("port is free again");
 
     // Place the replacement, then stop the worker: it exits 0 and leaves no child.
-    let replacement = cluster.get("/api/v1/model-instances").await["items"][0]["id"]
+    let replacement = cluster
+        .wait_for(
+            "the replacement instance",
+            "/api/v1/model-instances",
+            Duration::from_secs(10),
+            |list| list["pagination"]["total"] == 1 && list["items"][0]["id"] != id,
+        )
+        .await["items"][0]["id"]
         .as_i64()
         .unwrap();
     cluster.place(replacement, worker_id, &[0]).await;

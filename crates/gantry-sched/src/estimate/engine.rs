@@ -25,8 +25,7 @@ use super::hf_config::HfModelConfig;
 use super::{
     EstimateError, DEFAULT_CONTEXT_CAP, ENGINE_GPU_OVERHEAD_BYTES, ENGINE_PROCESS_RAM_BYTES,
 };
-use crate::args::{flag_value, parse_flag, ArgsError};
-use crate::claim::{EngineMemory, MemoryFraction, ModelMemory, ResourceClaim};
+use gantry_types::claim::{EngineMemory, MemoryFraction, ModelMemory, ResourceClaim};
 
 /// vLLM's default `--gpu-memory-utilization`.
 pub const VLLM_DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
@@ -71,111 +70,6 @@ impl EngineOptions {
             data_parallel_size: None,
         }
     }
-
-    /// Reads the options from the engine's arguments (`--flag value` or `--flag=value`).
-    pub fn from_args(engine: ServingEngine, args: &[String]) -> Result<Self, ArgsError> {
-        let (fraction_flags, length_flags, tp_flags, dp_flags): (
-            &[&str],
-            &[&str],
-            &[&str],
-            &[&str],
-        ) = match engine {
-            ServingEngine::Vllm => (
-                &["--gpu-memory-utilization"],
-                &["--max-model-len"],
-                &["--tensor-parallel-size", "-tp"],
-                &["--data-parallel-size", "-dp"],
-            ),
-            ServingEngine::Sglang => (
-                &["--mem-fraction-static"],
-                &["--context-length"],
-                // SGLang spells both sizes two ways; `--tp`/`--dp` are argparse
-                // abbreviations of the short forms that its documentation uses.
-                &["--tp-size", "--tensor-parallel-size", "--tp"],
-                &["--dp-size", "--data-parallel-size", "--dp"],
-            ),
-        };
-        let memory_fraction = match flag_value(args, fraction_flags) {
-            None => None,
-            Some((flag, value)) => Some(parse_fraction(flag, value)?),
-        };
-        let max_model_len = match flag_value(args, length_flags) {
-            None => None,
-            Some((flag, value)) => Some(parse_token_count(flag, value)?),
-        };
-        let kv_cache_element_bits = match flag_value(args, &["--kv-cache-dtype"]) {
-            None => 16,
-            Some((flag, value)) => kv_dtype_bits(value).ok_or_else(|| ArgsError {
-                flag: flag.to_owned(),
-                value: value.to_owned(),
-                reason: "unknown KV cache dtype".to_owned(),
-            })?,
-        };
-        let nonzero = |value: Option<u32>, flag: &str| match value {
-            Some(0) => Err(ArgsError {
-                flag: flag.to_owned(),
-                value: "0".to_owned(),
-                reason: "must be at least 1".to_owned(),
-            }),
-            other => Ok(other),
-        };
-        Ok(EngineOptions {
-            engine,
-            memory_fraction,
-            max_model_len,
-            kv_cache_element_bits,
-            tensor_parallel_size: nonzero(parse_flag(args, tp_flags)?, tp_flags[0])?,
-            data_parallel_size: nonzero(parse_flag(args, dp_flags)?, dp_flags[0])?,
-        })
-    }
-}
-
-fn parse_fraction(flag: &str, value: &str) -> Result<f64, ArgsError> {
-    let error = |reason: String| ArgsError {
-        flag: flag.to_owned(),
-        value: value.to_owned(),
-        reason,
-    };
-    let fraction: f64 = value.trim().parse().map_err(|e| error(format!("{e}")))?;
-    if fraction > 0.0 && fraction <= 1.0 {
-        Ok(fraction)
-    } else {
-        Err(error("must be in (0, 1]".to_owned()))
-    }
-}
-
-/// A token count, optionally with vLLM's suffixes: `k`/`m` for powers of 1000, `K`/`M` for
-/// powers of 1024.
-fn parse_token_count(flag: &str, value: &str) -> Result<u64, ArgsError> {
-    let trimmed = value.trim();
-    let (digits, scale) = match trimmed.chars().last() {
-        Some('k') => (&trimmed[..trimmed.len() - 1], 1_000),
-        Some('K') => (&trimmed[..trimmed.len() - 1], 1_024),
-        Some('m') => (&trimmed[..trimmed.len() - 1], 1_000_000),
-        Some('M') => (&trimmed[..trimmed.len() - 1], 1_048_576),
-        _ => (trimmed, 1),
-    };
-    let error = |reason: String| ArgsError {
-        flag: flag.to_owned(),
-        value: value.to_owned(),
-        reason,
-    };
-    let count: u64 = digits.parse().map_err(|e| error(format!("{e}")))?;
-    match count.checked_mul(scale) {
-        Some(0) => Err(error("must be at least 1".to_owned())),
-        Some(tokens) => Ok(tokens),
-        None => Err(error("too large".to_owned())),
-    }
-}
-
-fn kv_dtype_bits(value: &str) -> Option<u32> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "auto" | "bfloat16" | "bf16" | "float16" | "fp16" | "half" => Some(16),
-        "float32" | "float" | "fp32" => Some(32),
-        v if v.starts_with("fp8") => Some(8),
-        v if v.starts_with("fp4") => Some(4),
-        _ => None,
-    }
 }
 
 /// Estimates what vLLM or SGLang needs for a model with `weight_bytes` of weights (the sum
@@ -209,14 +103,14 @@ pub fn estimate_engine(
     };
     if let Some(tp) = options.tensor_parallel_size {
         if !memory.accepts_tensor_parallel(tp) {
-            return Err(EstimateError::Args(ArgsError {
-                flag: "tensor parallel size".to_owned(),
+            return Err(EstimateError::InvalidOption {
+                option: "tensor parallel size",
                 value: tp.to_string(),
                 reason: format!(
                     "must divide {} attention heads and divide or be a multiple of {} KV heads",
                     config.num_attention_heads, config.num_key_value_heads
                 ),
-            }));
+            });
         }
     }
     Ok(ResourceClaim {
@@ -230,10 +124,6 @@ pub fn estimate_engine(
 mod tests {
     use super::*;
     use crate::units::GIB;
-
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
-    }
 
     fn llama3_8b_config() -> HfModelConfig {
         HfModelConfig {
@@ -257,7 +147,7 @@ mod tests {
     #[test]
     fn vllm_defaults_to_ninety_percent_and_the_trained_length() {
         let weights = 16_060_522_496; // Llama-3.1-8B in bf16
-        let options = EngineOptions::from_args(ServingEngine::Vllm, &[]).expect("no args");
+        let options = EngineOptions::defaults(ServingEngine::Vllm);
         let claim = estimate_engine(weights, &llama3_8b_config(), &options).expect("valid");
         let memory = engine_memory(&claim);
         assert_eq!(memory.memory_fraction, MemoryFraction::Fixed(0.9));
@@ -273,26 +163,17 @@ mod tests {
     }
 
     #[test]
-    fn vllm_arguments_set_fraction_length_dtype_and_parallelism() {
-        let options = EngineOptions::from_args(
-            ServingEngine::Vllm,
-            &args(&[
-                "--gpu-memory-utilization=0.8",
-                "--max-model-len",
-                "8k",
-                "--kv-cache-dtype",
-                "fp8",
-                "-tp",
-                "2",
-                "--data-parallel-size=2",
-            ]),
-        )
-        .expect("valid args");
-        assert_eq!(options.memory_fraction, Some(0.8));
-        assert_eq!(options.max_model_len, Some(8000));
-        assert_eq!(options.kv_cache_element_bits, 8);
-        assert_eq!(options.tensor_parallel_size, Some(2));
-        assert_eq!(options.data_parallel_size, Some(2));
+    fn fraction_length_dtype_and_parallelism_change_the_claim() {
+        // vLLM `--gpu-memory-utilization=0.8 --max-model-len 8k --kv-cache-dtype fp8 -tp 2
+        // --data-parallel-size=2`
+        let options = EngineOptions {
+            memory_fraction: Some(0.8),
+            max_model_len: Some(8000),
+            kv_cache_element_bits: 8,
+            tensor_parallel_size: Some(2),
+            data_parallel_size: Some(2),
+            ..EngineOptions::defaults(ServingEngine::Vllm)
+        };
         let claim = estimate_engine(16 * GIB, &llama3_8b_config(), &options).expect("valid");
         let memory = engine_memory(&claim);
         // fp8: 2 × 32 × 128 × 1 B = 8192 B per token and KV head.
@@ -300,54 +181,28 @@ mod tests {
         // tp 2: 8 GiB weights + 8000 × 4 heads × 8192 B (= 262_144_000 B) + 2 GiB.
         assert_eq!(memory.minimum_per_gpu(2, 2 * GIB), 10 * GIB + 262_144_000);
         assert_eq!(memory.fixed_tensor_parallel_size, Some(2));
+        assert_eq!(memory.memory_fraction, MemoryFraction::Fixed(0.8));
     }
 
     #[test]
-    fn sglang_reads_its_own_flags_and_defaults_by_group_size() {
-        let options = EngineOptions::from_args(
-            ServingEngine::Sglang,
-            &args(&["--context-length", "4096", "--tp", "4"]),
-        )
-        .expect("valid args");
+    fn sglang_defaults_its_fraction_by_group_size() {
+        let options = EngineOptions {
+            max_model_len: Some(4096),
+            tensor_parallel_size: Some(4),
+            ..EngineOptions::defaults(ServingEngine::Sglang)
+        };
         let claim = estimate_engine(16 * GIB, &llama3_8b_config(), &options).expect("valid");
         let memory = engine_memory(&claim);
         assert_eq!(memory.memory_fraction, MemoryFraction::SglangDefault);
         assert_eq!(memory.minimum_kv_tokens, 4096);
-        let options = EngineOptions::from_args(
-            ServingEngine::Sglang,
-            &args(&["--mem-fraction-static", "0.7"]),
-        )
-        .expect("valid args");
-        assert_eq!(options.memory_fraction, Some(0.7));
-        // vLLM's flag means nothing to SGLang.
-        let options = EngineOptions::from_args(
-            ServingEngine::Sglang,
-            &args(&["--gpu-memory-utilization", "0.5"]),
-        )
-        .expect("valid args");
-        assert_eq!(options.memory_fraction, None);
     }
 
     #[test]
-    fn sglang_long_parallelism_flags_are_read_too() {
-        let options = EngineOptions::from_args(
-            ServingEngine::Sglang,
-            &args(&["--tensor-parallel-size", "2", "--data-parallel-size=3"]),
-        )
-        .expect("valid args");
-        assert_eq!(options.tensor_parallel_size, Some(2));
-        assert_eq!(options.data_parallel_size, Some(3));
-    }
-
-    #[test]
-    fn invalid_engine_arguments_are_rejected() {
-        let vllm = |list: &[&str]| EngineOptions::from_args(ServingEngine::Vllm, &args(list));
-        assert!(vllm(&["--gpu-memory-utilization", "1.5"]).is_err());
-        assert!(vllm(&["--gpu-memory-utilization", "0"]).is_err());
-        assert!(vllm(&["--max-model-len", "lots"]).is_err());
-        assert!(vllm(&["--kv-cache-dtype", "int3"]).is_err());
-        assert!(vllm(&["-tp", "0"]).is_err());
-        let options = vllm(&["-tp", "3"]).expect("parses");
+    fn a_tensor_parallel_size_must_divide_the_heads() {
+        let options = EngineOptions {
+            tensor_parallel_size: Some(3),
+            ..EngineOptions::defaults(ServingEngine::Vllm)
+        };
         let e = estimate_engine(GIB, &llama3_8b_config(), &options).expect_err("3 ∤ 32");
         assert!(e.to_string().contains("32 attention heads"), "{e}");
     }

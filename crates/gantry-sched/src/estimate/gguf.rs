@@ -34,8 +34,7 @@ use super::{
     EstimateError, CONTEXT_PADDING, CUDA_CONTEXT_BYTES, DEFAULT_CONTEXT_CAP,
     LLAMA_CPP_PROCESS_RAM_BYTES,
 };
-use crate::args::{flag_value, parse_flag, ArgsError};
-use crate::claim::{LayerBreakdown, ModelMemory, ResourceClaim};
+use gantry_types::claim::{LayerBreakdown, ModelMemory, ResourceClaim};
 
 /// llama.cpp's default logical batch size (`--batch-size`).
 pub const DEFAULT_BATCH_SIZE: u32 = 2048;
@@ -108,67 +107,6 @@ impl Default for LlamaCppOptions {
             cache_type_v: KvCacheType::F16,
             parallel: 1,
         }
-    }
-}
-
-impl LlamaCppOptions {
-    /// Reads the options from `llama-server` arguments; absent flags keep llama.cpp's
-    /// defaults. Both `--flag value` and `--flag=value` are understood.
-    pub fn from_args(args: &[String]) -> Result<Self, ArgsError> {
-        let defaults = LlamaCppOptions::default();
-        let positive = |value: Option<u32>, flag: &str, default: u32| match value {
-            Some(0) => Err(ArgsError {
-                flag: flag.to_owned(),
-                value: "0".to_owned(),
-                reason: "must be at least 1".to_owned(),
-            }),
-            Some(v) => Ok(v),
-            None => Ok(default),
-        };
-        Ok(LlamaCppOptions {
-            ctx_size: parse_flag(args, &["--ctx-size", "-c"])?,
-            batch_size: positive(
-                parse_flag(args, &["--batch-size", "-b"])?,
-                "--batch-size",
-                defaults.batch_size,
-            )?,
-            ubatch_size: positive(
-                parse_flag(args, &["--ubatch-size", "-ub"])?,
-                "--ubatch-size",
-                defaults.ubatch_size,
-            )?,
-            gpu_layers: parse_gpu_layers(args)?,
-            cache_type_k: parse_flag(args, &["--cache-type-k", "-ctk"])?
-                .unwrap_or(defaults.cache_type_k),
-            cache_type_v: parse_flag(args, &["--cache-type-v", "-ctv"])?
-                .unwrap_or(defaults.cache_type_v),
-            parallel: positive(
-                parse_flag(args, &["--parallel", "-np"])?,
-                "--parallel",
-                defaults.parallel,
-            )?,
-        })
-    }
-}
-
-/// `-ngl` accepts a count, a negative number or the words `auto`/`all`; only a non-negative
-/// count fixes the layout.
-fn parse_gpu_layers(args: &[String]) -> Result<Option<u32>, ArgsError> {
-    let Some((flag, value)) = flag_value(args, &["--n-gpu-layers", "--gpu-layers", "-ngl"]) else {
-        return Ok(None);
-    };
-    let trimmed = value.trim();
-    if trimmed.eq_ignore_ascii_case("auto") || trimmed.eq_ignore_ascii_case("all") {
-        return Ok(None);
-    }
-    match trimmed.parse::<i64>() {
-        Ok(n) if n < 0 => Ok(None),
-        Ok(n) => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
-        Err(e) => Err(ArgsError {
-            flag: flag.to_owned(),
-            value: value.to_owned(),
-            reason: e.to_string(),
-        }),
     }
 }
 
@@ -295,10 +233,6 @@ mod tests {
     use super::*;
     use crate::units::MIB;
 
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
-    }
-
     /// Shaped like Llama-3-8B: 32 blocks, n_embd 4096, 32 heads, 8 KV heads of 128,
     /// 128256 tokens, trained on 8192 tokens; block weights 208 MiB, embedding and output
     /// 501 MiB each.
@@ -356,21 +290,15 @@ mod tests {
 
     #[test]
     fn arguments_change_context_cache_types_layers_and_slots() {
-        let options = LlamaCppOptions::from_args(&args(&[
-            "-c",
-            "4096",
-            "-ctk",
-            "q8_0",
-            "--cache-type-v=q8_0",
-            "-ngl",
-            "20",
-            "-np",
-            "4",
-        ]))
-        .expect("valid args");
-        assert_eq!(options.ctx_size, Some(4096));
-        assert_eq!(options.gpu_layers, Some(20));
-        assert_eq!(options.parallel, 4);
+        // `-c 4096 -ctk q8_0 --cache-type-v=q8_0 -ngl 20 -np 4`
+        let options = LlamaCppOptions {
+            ctx_size: Some(4096),
+            cache_type_k: KvCacheType::Q8_0,
+            cache_type_v: KvCacheType::Q8_0,
+            gpu_layers: Some(20),
+            parallel: 4,
+            ..LlamaCppOptions::default()
+        };
         let estimate = estimate_llama_cpp(&llama3_8b(), &options).expect("valid model");
         assert_eq!(estimate.context_size, 4096);
         // q8_0 row of 1024 elements: 32 blocks × 34 B = 1088 B; K and V: 2176 B per token.
@@ -398,39 +326,23 @@ mod tests {
             trained.context_size, 131_072,
             "-c 0 means the trained context"
         );
-        let options = LlamaCppOptions::from_args(&args(&["--ctx-size", "1000"])).expect("valid");
+        let options = LlamaCppOptions {
+            ctx_size: Some(1000),
+            ..LlamaCppOptions::default()
+        };
         let padded = estimate_llama_cpp(&facts, &options).expect("valid");
         assert_eq!(padded.context_size, 1024);
         // A context smaller than the ubatch shrinks the ubatch.
-        let options = LlamaCppOptions::from_args(&args(&["-c", "256"])).expect("valid");
+        let options = LlamaCppOptions {
+            ctx_size: Some(256),
+            ..LlamaCppOptions::default()
+        };
         assert_eq!(
             estimate_llama_cpp(&facts, &options)
                 .expect("valid")
                 .ubatch_size,
             256
         );
-    }
-
-    #[test]
-    fn gpu_layers_words_and_negative_values_leave_the_choice_open() {
-        for value in ["-1", "auto", "all", "ALL"] {
-            let options = LlamaCppOptions::from_args(&args(&["-ngl", value])).expect("valid");
-            assert_eq!(options.gpu_layers, None, "-ngl {value}");
-        }
-        let options = LlamaCppOptions::from_args(&args(&["--n-gpu-layers=0"])).expect("valid");
-        assert_eq!(options.gpu_layers, Some(0));
-        let options = LlamaCppOptions::from_args(&args(&["--gpu-layers", "999"])).expect("valid");
-        assert_eq!(options.gpu_layers, Some(999));
-    }
-
-    #[test]
-    fn bad_arguments_name_the_flag() {
-        let e = LlamaCppOptions::from_args(&args(&["-ctk", "q3_k"])).expect_err("bad type");
-        assert_eq!(e.flag, "-ctk");
-        let e = LlamaCppOptions::from_args(&args(&["-ngl", "many"])).expect_err("bad count");
-        assert_eq!(e.flag, "-ngl");
-        let e = LlamaCppOptions::from_args(&args(&["-np", "0"])).expect_err("zero slots");
-        assert_eq!(e.flag, "--parallel");
     }
 
     #[test]

@@ -21,7 +21,6 @@ pub mod safetensors;
 
 use thiserror::Error;
 
-use crate::args::ArgsError;
 use crate::units::{GIB, MIB};
 
 /// Memory a CUDA context takes on each GPU a process touches (driver state, cuBLAS
@@ -52,9 +51,16 @@ pub const ENGINE_PROCESS_RAM_BYTES: u64 = 4 * GIB;
 /// Why an estimate could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum EstimateError {
-    /// A backend argument was present but unusable.
-    #[error(transparent)]
-    Args(#[from] ArgsError),
+    /// An option (read from the backend's arguments) does not fit the model.
+    #[error("invalid {option} {value}: {reason}")]
+    InvalidOption {
+        /// The option, in words, e.g. `tensor parallel size`.
+        option: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it does not fit.
+        reason: String,
+    },
     /// The model facts are inconsistent or incomplete.
     #[error("invalid model {field}: {reason}")]
     InvalidModel {

@@ -1,13 +1,13 @@
 //! One test per placement rule, each on a cluster of a few workers built with
 //! [`crate::testkit`].
 
-use crate::claim::ModelMemory;
 use crate::testkit::{engine_request, fixed_request, layered_request, worker};
 use crate::units::GIB;
 use crate::{
     place, ClusterSnapshot, LlamaLayout, ManualGpuSelection, PlacedClaim, PlacementKind,
     PlacementRequest, SnapshotState, Strategy, Unschedulable, WorkerView,
 };
+use gantry_types::claim::ModelMemory;
 
 fn cluster(workers: Vec<WorkerView>, placed: Vec<PlacedClaim>) -> ClusterSnapshot {
     ClusterSnapshot { workers, placed }
@@ -604,11 +604,11 @@ fn release_and_apply_move_the_ledger() {
     let placement = ok(state.place(&request));
     assert_eq!(state.gpu_allocatable(1, 0), Some(30 * GIB));
     assert_eq!(state.ram_allocatable(1), Some(54 * GIB));
-    state.release(&placement.to_placed_claim());
+    state.release(&PlacedClaim::from(&placement));
     assert_eq!(state.gpu_allocatable(1, 0), Some(80 * GIB));
     assert_eq!(state.ram_allocatable(1), Some(64 * GIB));
     // Releasing twice never creates memory beyond the capacity.
-    state.release(&placement.to_placed_claim());
+    state.release(&PlacedClaim::from(&placement));
     assert_eq!(state.gpu_allocatable(1, 0), Some(80 * GIB));
     state.apply(&PlacedClaim::uniform(7, 1, &[0], 100 * GIB, 0));
     assert_eq!(

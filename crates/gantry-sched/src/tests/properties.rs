@@ -17,13 +17,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use proptest::prelude::*;
 
-use crate::claim::{
-    EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
-};
 use crate::units::{GIB, MIB};
 use crate::{
     ClusterSnapshot, GpuShare, GpuView, ManualGpuSelection, PlacedClaim, Placement, PlacementKind,
     PlacementRequest, SnapshotState, Strategy as PlacementStrategy, SystemReserve, WorkerView,
+};
+use gantry_types::claim::{
+    EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
 };
 
 // ---------------------------------------------------------------------------------------

@@ -3,31 +3,27 @@
 //! goodbye. Everything but registration is scoped to the calling worker by its
 //! credential: a worker can neither read nor touch another worker's instances.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::BTreeSet;
 
 use axum::extract::State;
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use gantry_store::{Change, ChangeKind, StoreError, REGISTRATION_TOKEN_DIGEST};
+use gantry_store::{Change, ChangeKind};
 use gantry_types::{
-    FieldError, InstanceStateReport, ModelInstance, Validate, Worker, WorkerAssignment,
-    WorkerRegister, WorkerRegistered, WorkerState, WorkerStatus,
+    FieldError, InstanceStateReport, ModelInstance, Validate, Worker, WorkerRegister,
+    WorkerRegistered, WorkerState, WorkerStatus,
 };
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::watch;
 use crate::auth::principal::credential_of;
-use crate::auth::secrets::{
-    digest, generate_worker_credential, random_alphanumeric, REGISTRATION_TOKEN_PREFIX,
-    WORKER_CREDENTIAL_PREFIX,
-};
 use crate::auth::{Auth, Principal};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::service;
 use crate::state::AppState;
 
 /// The calling worker: 403 for anyone else.
@@ -59,77 +55,15 @@ pub async fn register(
             "send the registration token (or this worker's credential) as Authorization: Bearer",
         )
     })?;
-    if token.starts_with(WORKER_CREDENTIAL_PREFIX) {
-        let worker = match state.store.worker_by_credential(&digest(&token)).await {
-            Ok(worker) => worker,
-            Err(StoreError::NotFound { .. }) => {
-                return Err(ApiError::unauthorized(
-                    "unknown worker credential: the worker was deleted; remove its credential file and register again with the registration token",
-                ))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if worker.name != request.name {
-            return Err(ApiError::conflict(format!(
-                "this credential belongs to worker {}, not {}",
-                worker.name, request.name
-            )));
-        }
-        let worker = state
-            .store
-            .update_worker_registration(
-                worker.id,
-                &request.labels,
-                &request.address,
-                &request.status,
-            )
-            .await?;
+    let registration = service::workers::register(&state.store, &token, &request).await?;
+    let worker = &registration.registered.worker;
+    if registration.created {
+        tracing::info!(worker_id = worker.id, worker = %worker.name, address = %worker.address, gpus = worker.status.gpus.len(), "worker registered");
+        Ok((StatusCode::CREATED, Json(registration.registered)).into_response())
+    } else {
         tracing::info!(worker_id = worker.id, worker = %worker.name, address = %worker.address, gpus = worker.status.gpus.len(), "worker registered again");
-        return Ok(Json(WorkerRegistered {
-            worker,
-            credential: None,
-            api_token: None,
-        })
-        .into_response());
+        Ok(Json(registration.registered).into_response())
     }
-    if !token.starts_with(REGISTRATION_TOKEN_PREFIX) {
-        return Err(ApiError::unauthorized("invalid registration token"));
-    }
-    let expected = state.store.get_setting(REGISTRATION_TOKEN_DIGEST).await?;
-    if expected.as_deref() != Some(digest(&token).as_str()) {
-        return Err(ApiError::unauthorized(
-            "invalid registration token: use the one in the server's data directory (registration_token)",
-        ));
-    }
-    if state.store.get_worker_by_name(&request.name).await.is_ok() {
-        return Err(ApiError::conflict(format!(
-            "a worker named {} is already registered: start it with its saved credential, pick another --name, or delete the old worker (DELETE /api/v1/workers/{{id}})",
-            request.name
-        )));
-    }
-    let credential = generate_worker_credential();
-    let api_token = random_alphanumeric(48);
-    let worker = state
-        .store
-        .register_worker(
-            &request.name,
-            &request.labels,
-            &request.address,
-            &request.status,
-            &digest(&credential),
-            &api_token,
-        )
-        .await?;
-    tracing::info!(worker_id = worker.id, worker = %worker.name, address = %worker.address, gpus = worker.status.gpus.len(), "worker registered");
-    Ok((
-        StatusCode::CREATED,
-        Json(WorkerRegistered {
-            worker,
-            credential: Some(credential),
-            api_token: Some(api_token),
-        }),
-    )
-        .into_response())
 }
 
 /// Records a heartbeat of the calling worker.
@@ -140,8 +74,7 @@ pub async fn heartbeat(
     Auth(principal): Auth,
 ) -> ApiResult<Json<Worker>> {
     let (worker_id, _) = calling_worker(&principal)?;
-    let before = state.store.get_worker(worker_id).await?.state;
-    let worker = state.store.worker_heartbeat(worker_id).await?;
+    let (worker, before) = service::workers::heartbeat(&state.store, worker_id).await?;
     if before != worker.state {
         tracing::info!(worker_id, worker = %worker.name, from = before.as_str(), to = worker.state.as_str(), "worker state changed on heartbeat");
     }
@@ -177,11 +110,11 @@ impl Validate for AssignmentQuery {
     }
 }
 
-/// The instances placed on the calling worker, each with its model. With
-/// `watch=true`: a stream that also sends `DELETED` when an instance is removed or
-/// moved to another worker, and `UPDATED` when its model changes.
+/// The instances placed on the calling worker, each with its placement record (what to
+/// run). With `watch=true`: a stream that also sends `DELETED` when an instance is
+/// removed or moved to another worker.
 #[utoipa::path(get, path = "/api/v1/worker/assignments", tag = "worker-agent", security(("bearer" = [])),
-    params(AssignmentQuery), responses((status = 200, body = [WorkerAssignment])))]
+    params(AssignmentQuery), responses((status = 200, body = [ModelInstance])))]
 pub async fn assignments(
     State(state): State<AppState>,
     Auth(principal): Auth,
@@ -193,68 +126,26 @@ pub async fn assignments(
     }
     let changes = state.store.subscribe();
     let initial = state.store.worker_assignments(worker_id).await?;
-    // Instances sent on this stream, by id, with their model: lets the stream say
-    // DELETED when one moves away and re-send them when their model changes.
-    let mut sent: BTreeMap<i64, i64> = initial
-        .iter()
-        .map(|a| (a.instance.id, a.instance.model_id))
-        .collect();
-    let store = state.store.clone();
-    Ok(watch::respond_with(
-        &state,
-        changes,
-        initial,
-        move |change: Arc<Change>| {
-            let mut deleted: Vec<ModelInstance> = Vec::new();
-            let mut refresh: BTreeSet<i64> = BTreeSet::new();
-            match &*change {
-                Change::Instance(kind, instance) => {
-                    let here =
-                        instance.worker_id == Some(worker_id) && *kind != ChangeKind::Deleted;
-                    if here {
-                        sent.insert(instance.id, instance.model_id);
-                        refresh.insert(instance.id);
-                    } else if sent.remove(&instance.id).is_some() {
-                        deleted.push(instance.clone());
-                    }
-                }
-                Change::Model(ChangeKind::Updated, model) => {
-                    refresh.extend(
-                        sent.iter()
-                            .filter(|(_, m)| **m == model.id)
-                            .map(|(i, _)| *i),
-                    );
-                }
-                _ => {}
-            }
-            let store = store.clone();
-            async move {
-                let mut events = Vec::new();
-                for instance in deleted {
-                    // The model may be gone with it; the worker needs only the instance.
-                    let model = store.get_model(instance.model_id).await.ok();
-                    events.push((ChangeKind::Deleted, WorkerAssignment { instance, model }));
-                }
-                for id in refresh {
-                    if let Ok(instance) = store.get_instance(id).await {
-                        if instance.worker_id != Some(worker_id) {
-                            continue;
-                        }
-                        if let Ok(model) = store.get_model(instance.model_id).await {
-                            events.push((
-                                ChangeKind::Updated,
-                                WorkerAssignment {
-                                    instance,
-                                    model: Some(model),
-                                },
-                            ));
-                        }
-                    }
-                }
-                events
-            }
-        },
-    ))
+    // Instances sent on this stream: lets it say DELETED when one moves away.
+    let mut sent: BTreeSet<i64> = initial.iter().map(|instance| instance.id).collect();
+    Ok(watch::respond(&state, changes, initial, move |change| {
+        let Change::Instance(kind, instance) = change else {
+            return None;
+        };
+        let here = instance.worker_id == Some(worker_id) && *kind != ChangeKind::Deleted;
+        if here {
+            let kind = if sent.insert(instance.id) {
+                ChangeKind::Created
+            } else {
+                ChangeKind::Updated
+            };
+            Some((kind, instance.clone()))
+        } else if sent.remove(&instance.id) {
+            Some((ChangeKind::Deleted, instance.clone()))
+        } else {
+            None
+        }
+    }))
 }
 
 /// The calling worker reports an instance's state.

@@ -5,9 +5,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use gantry_store::{Change, InstanceFilter};
 use gantry_types::{
-    FieldError, InstancePatch, InstanceState, ListResponse, ModelInstance, Validate,
+    ErrorCode, FieldError, InstancePatch, InstanceState, ListResponse, ModelInstance, Validate,
 };
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -16,6 +17,7 @@ use super::{check_page, page_of};
 use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::service;
 use crate::state::AppState;
 
 /// Filters and paging for the instance list.
@@ -98,18 +100,13 @@ pub async fn update(
     ApiJson(request): ApiJson<InstancePatch>,
 ) -> ApiResult<Json<ModelInstance>> {
     let admin = principal.require_admin()?;
-    let current = state.store.get_instance(id).await?;
-    let worker_id = request.worker_id.unwrap_or(current.worker_id);
-    let gpus = request.gpu_indexes.unwrap_or(current.gpu_indexes);
-    let instance = state
-        .store
-        .place_instance_manually(id, worker_id, &gpus)
-        .await?;
+    let instance = service::instances::place_by_hand(&state.store, id, request).await?;
     tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, worker_id = ?instance.worker_id, gpus = ?instance.gpu_indexes, "placed instance by hand");
     Ok(Json(instance))
 }
 
-/// Deletes an instance; the model's replica count stays, so a new one replaces it.
+/// Deletes an instance; the model's replica count stays, so the model controller creates
+/// a replacement: this is how a replica is restarted.
 #[utoipa::path(delete, path = "/api/v1/model-instances/{id}", tag = "model-instances", security(("bearer" = [])),
     params(("id" = i64, Path, description = "instance id")),
     responses((status = 204), (status = 404, body = gantry_types::ErrorBody)))]
@@ -120,10 +117,6 @@ pub async fn delete(
 ) -> ApiResult<StatusCode> {
     let admin = principal.require_admin()?;
     let instance = state.store.delete_instance(id).await?;
-    state
-        .store
-        .reconcile_model_replicas(instance.model_id)
-        .await?;
     tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, "deleted instance");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -160,32 +153,26 @@ pub async fn logs(
     ApiQuery(query): ApiQuery<LogQuery>,
 ) -> ApiResult<Response> {
     principal.require_user()?;
-    let instance = state.store.get_instance(id).await?;
-    let worker_id = instance.worker_id.ok_or_else(|| {
-        ApiError::conflict(format!(
-            "instance {} is not placed on a worker yet",
-            instance.name
-        ))
-    })?;
-    let worker = state.store.get_worker(worker_id).await?;
-    let token = state.store.worker_api_token(worker_id).await?;
+    let source = service::instances::log_source(&state.store, id).await?;
+    let worker = &source.worker;
     let url = format!(
         "http://{}/v1/instances/{id}/logs?tail={}&follow={}",
         worker.address,
         query.tail.unwrap_or(100),
         query.follow.unwrap_or(false)
     );
-    let upstream = reqwest::Client::new()
+    let upstream = state
+        .worker_http
         .get(&url)
-        .bearer_auth(token)
+        .bearer_auth(&source.token)
         .send()
         .await
         .map_err(|e| {
             ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "worker_unreachable",
+                ErrorCode::WorkerUnreachable,
                 format!(
-                    "cannot reach worker {} at {}: {e}",
+                    "cannot reach worker {} at {}: {e}; is the worker running and its \
+                     address reachable from this server?",
                     worker.name, worker.address
                 ),
             )
@@ -193,26 +180,26 @@ pub async fn logs(
     if !upstream.status().is_success() {
         let status = upstream.status();
         let text = upstream.text().await.unwrap_or_default();
+        let code = if status == reqwest::StatusCode::NOT_FOUND {
+            ErrorCode::NotFound
+        } else {
+            ErrorCode::WorkerError
+        };
         return Err(ApiError::new(
-            if status == reqwest::StatusCode::NOT_FOUND {
-                StatusCode::NOT_FOUND
-            } else {
-                StatusCode::BAD_GATEWAY
-            },
-            if status == reqwest::StatusCode::NOT_FOUND {
-                "not_found"
-            } else {
-                "worker_error"
-            },
+            code,
             format!("worker {} answered {status}: {}", worker.name, text.trim()),
         ));
     }
+    // A followed log never ends on its own: it ends with the server.
+    let body = upstream
+        .bytes_stream()
+        .take_until(state.shutdown.clone().cancelled_owned());
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; charset=utf-8",
         )],
-        axum::body::Body::from_stream(upstream.bytes_stream()),
+        axum::body::Body::from_stream(body),
     )
         .into_response())
 }

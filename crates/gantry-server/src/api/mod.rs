@@ -99,8 +99,7 @@ async fn not_found(request: Request) -> ApiError {
 
 async fn method_not_allowed(request: Request) -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        gantry_types::ErrorCode::MethodNotAllowed,
         format!(
             "{} is not allowed on {}",
             request.method(),

@@ -15,6 +15,7 @@ use super::{check_page, created, page_of};
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::service;
 use crate::state::AppState;
 
 /// Filters and paging for the model list.
@@ -75,7 +76,7 @@ pub async fn list(
     .await
 }
 
-/// Declares a model; `replicas` instances are created in state `pending`.
+/// Declares a model; its `replicas` instances appear in state `pending` a moment later.
 #[utoipa::path(post, path = "/api/v1/models", tag = "models", security(("bearer" = [])), request_body = ModelCreate,
     responses((status = 201, body = Model), (status = 409, body = gantry_types::ErrorBody),
         (status = 422, body = gantry_types::ErrorBody)))]
@@ -85,7 +86,7 @@ pub async fn create(
     ApiJson(request): ApiJson<ModelCreate>,
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;
-    let model = state.store.create_model(&request).await?;
+    let model = service::models::create(&state.store, &request).await?;
     tracing::info!(by = %admin.username, model_id = model.id, model = %model.name, replicas = model.replicas, backend = model.backend.as_str(), "created model");
     Ok(created(model))
 }
@@ -103,7 +104,9 @@ pub async fn get(
     Ok(Json(state.store.get_model(id).await?))
 }
 
-/// Changes a model; changing `replicas` adds or removes instances.
+/// Changes a model. Changing `replicas` adds or removes instances; changing what the
+/// instances run (source, backend, arguments, environment, command) rolls them onto the
+/// new settings one at a time, keeping the others serving.
 #[utoipa::path(patch, path = "/api/v1/models/{id}", tag = "models", security(("bearer" = [])),
     params(("id" = i64, Path, description = "model id")), request_body = ModelUpdate,
     responses((status = 200, body = Model), (status = 404, body = gantry_types::ErrorBody),
@@ -115,10 +118,8 @@ pub async fn update(
     ApiJson(request): ApiJson<ModelUpdate>,
 ) -> ApiResult<Json<Model>> {
     let admin = principal.require_admin()?;
-    let mut model = state.store.get_model(id).await?;
-    model.apply(request);
-    let model = state.store.update_model(&model).await?;
-    tracing::info!(by = %admin.username, model_id = id, model = %model.name, replicas = model.replicas, "updated model");
+    let (model, rolls) = service::models::update(&state.store, id, request).await?;
+    tracing::info!(by = %admin.username, model_id = id, model = %model.name, replicas = model.replicas, rolls_instances = rolls, "updated model");
     Ok(Json(model))
 }
 
@@ -132,7 +133,7 @@ pub async fn delete(
     ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<StatusCode> {
     let admin = principal.require_admin()?;
-    let model = state.store.delete_model(id).await?;
+    let model = service::models::delete(&state.store, id).await?;
     tracing::info!(by = %admin.username, model_id = id, model = %model.name, "deleted model");
     Ok(StatusCode::NO_CONTENT)
 }

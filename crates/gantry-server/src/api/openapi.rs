@@ -35,7 +35,11 @@ use super::{agent, api_keys, auth, health, instances, models, usage, users, work
         crate::gateway::completions, crate::gateway::embeddings,
         crate::gateway::prometheus_metrics,
     ),
-    components(schemas(gantry_types::ErrorBody, gantry_types::WatchEventType)),
+    components(schemas(
+        gantry_types::ErrorBody,
+        gantry_types::ErrorCode,
+        gantry_types::WatchEvent<gantry_types::ModelInstance>,
+    )),
     modifiers(&BearerAuth),
     tags(
         (name = "health", description = "Probes"),

@@ -1,11 +1,15 @@
-//! `?watch=true` on list endpoints: a streaming NDJSON response that first sends every
-//! matching object as `CREATED`, then live `CREATED`/`UPDATED`/`DELETED` events, and a
-//! `HEARTBEAT` line whenever the stream has been idle for the heartbeat interval.
+//! `?watch=true` on list endpoints: a streaming NDJSON response of [`WatchEvent`]s that
+//! first sends every matching object as `CREATED`, then live `CREATED`/`UPDATED`/`DELETED`
+//! events, and a `HEARTBEAT` line whenever the stream has been idle for the heartbeat
+//! interval.
 //!
 //! The change subscription is taken before the initial list is read, so no change
 //! between the two is lost (a change may arrive twice; events are level-triggered
 //! snapshots, so that is harmless). A watcher that falls too far behind is sent an
 //! `ERROR` line and disconnected; clients re-list and watch again.
+//!
+//! Every wait of the streaming task, sending included, also waits for the server's
+//! shutdown, so a client that stops reading cannot hold the server up.
 
 use std::sync::Arc;
 
@@ -14,21 +18,12 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use gantry_store::{Change, ChangeKind};
-use gantry_types::{WatchEvent, WatchEventType};
+use gantry_types::{ErrorCode, ErrorDetail, WatchEvent};
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::state::AppState;
-
-/// Maps a change kind to the wire event type.
-pub fn event_type(kind: ChangeKind) -> WatchEventType {
-    match kind {
-        ChangeKind::Created => WatchEventType::Created,
-        ChangeKind::Updated => WatchEventType::Updated,
-        ChangeKind::Deleted => WatchEventType::Deleted,
-    }
-}
 
 fn line<T: Serialize>(event: &WatchEvent<T>) -> Bytes {
     let mut bytes = serde_json::to_vec(event).unwrap_or_else(|_| b"{}".to_vec());
@@ -37,26 +32,9 @@ fn line<T: Serialize>(event: &WatchEvent<T>) -> Bytes {
 }
 
 /// Starts a watch stream. `select` picks the changes this watcher cares about (the
-/// resource and the list's filters) and returns the object to send.
+/// resource and the list's filters) and returns the event's kind and object; it may keep
+/// state between changes (the assignment stream remembers what it sent).
 pub fn respond<T, F>(
-    state: &AppState,
-    changes: broadcast::Receiver<Arc<Change>>,
-    initial: Vec<T>,
-    select: F,
-) -> Response
-where
-    T: Serialize + Send + 'static,
-    F: Fn(&Change) -> Option<(ChangeKind, T)> + Send + 'static,
-{
-    respond_with(state, changes, initial, move |change: Arc<Change>| {
-        let selected: Vec<(ChangeKind, T)> = select(&change).into_iter().collect();
-        std::future::ready(selected)
-    })
-}
-
-/// Starts a watch stream whose selection may keep state between changes and read the
-/// store: each change yields zero or more events.
-pub fn respond_with<T, F, Fut>(
     state: &AppState,
     changes: broadcast::Receiver<Arc<Change>>,
     initial: Vec<T>,
@@ -64,20 +42,26 @@ pub fn respond_with<T, F, Fut>(
 ) -> Response
 where
     T: Serialize + Send + 'static,
-    F: FnMut(Arc<Change>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Vec<(ChangeKind, T)>> + Send,
+    F: FnMut(&Change) -> Option<(ChangeKind, T)> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let shutdown = state.shutdown.clone();
     let period = state.config.watch_heartbeat;
     state.tasks.spawn(async move {
+        // Sends one chunk unless the server shuts down or the client went away first.
+        let send = |bytes: Bytes| {
+            let tx = tx.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                tokio::select! {
+                    () = shutdown.cancelled() => false,
+                    sent = tx.send(Ok(bytes)) => sent.is_ok(),
+                }
+            }
+        };
         let mut changes = changes;
         for object in initial {
-            let event = WatchEvent {
-                event_type: WatchEventType::Created,
-                object: Some(object),
-            };
-            if tx.send(Ok(line(&event))).await.is_err() {
+            if !send(line(&WatchEvent::Created { object })).await {
                 return;
             }
         }
@@ -85,36 +69,32 @@ where
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => return,
-                _ = heartbeat.tick() => line(&WatchEvent::<T> {
-                    event_type: WatchEventType::Heartbeat,
-                    object: None,
-                }),
+                _ = heartbeat.tick() => line(&WatchEvent::<T>::Heartbeat),
                 change = changes.recv() => match change {
                     Ok(change) => {
-                        let events = select(change).await;
-                        if events.is_empty() {
+                        let Some((kind, object)) = select(&change) else {
                             continue;
-                        }
+                        };
                         heartbeat.reset();
-                        let mut lines = Vec::new();
-                        for (kind, object) in events {
-                            lines.extend_from_slice(&line(&WatchEvent { event_type: event_type(kind), object: Some(object) }));
-                        }
-                        Bytes::from(lines)
+                        line(&WatchEvent::of(kind, object))
                     }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(missed, "watch stream fell behind; closing it");
-                        let error = serde_json::json!({
-                            "type": "ERROR",
-                            "error": {"code": "watch_lagged", "message": format!("the stream fell {missed} events behind; list again and re-watch")},
-                        });
-                        let _ = tx.send(Ok(Bytes::from(format!("{error}\n")))).await;
+                        let error = WatchEvent::<T>::Error {
+                            error: ErrorDetail {
+                                code: ErrorCode::WatchLagged,
+                                message: format!(
+                                    "the stream fell {missed} events behind; list again and re-watch"
+                                ),
+                            },
+                        };
+                        send(line(&error)).await;
                         return;
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
             };
-            if tx.send(Ok(next)).await.is_err() {
+            if !send(next).await {
                 return;
             }
         }

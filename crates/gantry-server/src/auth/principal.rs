@@ -13,7 +13,6 @@ use std::time::Duration;
 use axum::extract::FromRequestParts;
 use axum::http::header::{AUTHORIZATION, COOKIE};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
 use gantry_store::{Change, StoreError};
 use gantry_types::{Role, Timestamp, User};
 use tokio::time::Instant;
@@ -96,8 +95,7 @@ impl FromRequestParts<AppState> for Auth {
         {
             if user.require_password_change {
                 return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "password_change_required",
+                    gantry_types::ErrorCode::PasswordChangeRequired,
                     "change your password first: POST /auth/change-password",
                 ));
             }

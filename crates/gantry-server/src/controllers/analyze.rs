@@ -9,9 +9,11 @@
 //! * vLLM / SGLang with `source.path` a Hugging Face model directory: `config.json` and,
 //!   of every `*.safetensors` file (those named in `model.safetensors.index.json` when it
 //!   exists), the 8-byte header length and the JSON header → [`estimate_engine`];
-//! * `custom`: a fixed claim declared in the model's `env` (see [`custom_claim`]).
+//! * `custom`: a fixed claim declared in the model's `env`
+//!   ([`gantry_backends::custom::declared_claim`]).
 //!
-//! The estimation itself is pure and lives in `gantry-sched`; this module does the file IO
+//! The estimation itself is pure and lives in `gantry-sched`, and the options it reads from a
+//! backend's arguments come from `gantry-backends`; this module does the file IO
 //! (the caller runs [`analyze`] on a blocking thread). Sources that would have to be
 //! downloaded (Hugging Face, URL) are not supported yet, and a file the server cannot
 //! read is reported as such: both become an [`AnalysisError`] whose message names the
@@ -29,22 +31,12 @@ use std::time::Duration;
 
 use gantry_gguf::{GgufError, GgufFile};
 use gantry_sched::estimate::safetensors::{header_length, MAX_HEADER_BYTES};
-use gantry_sched::estimate::DEFAULT_CONTEXT_CAP;
 use gantry_sched::{
-    estimate_engine, estimate_llama_cpp, EngineOptions, FixedMemory, GgufModelFacts, HfModelConfig,
-    LlamaCppOptions, ModelMemory, ResourceClaim, SafetensorsHeader, ServingEngine,
+    estimate_engine, estimate_llama_cpp, EngineOptions, GgufModelFacts, HfModelConfig,
+    ResourceClaim, SafetensorsHeader,
 };
 use gantry_types::{BackendKind, Model, ModelSource, Timestamp};
 use tokio::time::Instant;
-
-/// Environment variable of a `custom` model: GPUs one instance needs on one worker
-/// (default 1; 0 for a CPU-only command).
-pub const CUSTOM_GPU_COUNT_ENV: &str = "GANTRY_GPU_COUNT";
-/// Environment variable of a `custom` model: memory the process needs on each of its GPUs,
-/// everything included, e.g. `20GiB`, `512MiB`, `16G`, or bytes (default 0).
-pub const CUSTOM_GPU_MEMORY_ENV: &str = "GANTRY_GPU_MEMORY";
-/// Environment variable of a `custom` model: host RAM the process needs (default 0).
-pub const CUSTOM_RAM_ENV: &str = "GANTRY_RAM";
 
 /// What the scheduler learns from a model's files.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,7 +44,7 @@ pub struct Analysis {
     /// What one instance needs.
     pub claim: ResourceClaim,
     /// llama.cpp when the arguments give no `--ctx-size`: the context the estimate assumed
-    /// (the trained context, capped at [`DEFAULT_CONTEXT_CAP`]). The worker must start the
+    /// (see [`gantry_backends::llama_cpp::default_context_size`]). The worker must start the
     /// backend with it, since llama.cpp's own default may be larger than what was claimed.
     pub default_context_size: Option<u32>,
     /// vLLM / SGLang: the data-parallel size given in the backend arguments, if any.
@@ -109,8 +101,16 @@ pub fn analyze(input: &AnalysisInput) -> Result<Analysis, AnalysisError> {
     };
     match input.backend {
         BackendKind::LlamaCpp => analyze_gguf(&path, &input.backend_args),
-        BackendKind::Vllm => analyze_model_directory(&path, ServingEngine::Vllm, input),
-        BackendKind::Sglang => analyze_model_directory(&path, ServingEngine::Sglang, input),
+        BackendKind::Vllm => analyze_model_directory(
+            &path,
+            gantry_backends::vllm::estimate_options(&input.backend_args).map_err(bad_args)?,
+            input,
+        ),
+        BackendKind::Sglang => analyze_model_directory(
+            &path,
+            gantry_backends::sglang::estimate_options(&input.backend_args).map_err(bad_args)?,
+            input,
+        ),
         BackendKind::Custom => custom_claim(&input.env),
     }
 }
@@ -140,7 +140,7 @@ fn analyze_gguf(path: &Path, args: &[String]) -> Result<Analysis, AnalysisError>
             path.display()
         )));
     }
-    let options = LlamaCppOptions::from_args(args).map_err(bad_args)?;
+    let options = gantry_backends::llama_cpp::estimate_options(args).map_err(bad_args)?;
     let file = GgufFile::open(path).map_err(|e| match e {
         GgufError::Open { source, .. } => unreadable(path, source),
         other => AnalysisError(format!(
@@ -160,14 +160,7 @@ fn analyze_gguf(path: &Path, args: &[String]) -> Result<Analysis, AnalysisError>
             path.display()
         ))
     })?;
-    let default_context_size = options.ctx_size.is_none().then(|| {
-        let trained = if facts.context_length == 0 {
-            DEFAULT_CONTEXT_CAP
-        } else {
-            facts.context_length
-        };
-        trained.min(DEFAULT_CONTEXT_CAP)
-    });
+    let default_context_size = gantry_backends::llama_cpp::default_context_size(&options, &facts);
     Ok(Analysis {
         claim: estimate.claim,
         default_context_size,
@@ -177,10 +170,9 @@ fn analyze_gguf(path: &Path, args: &[String]) -> Result<Analysis, AnalysisError>
 
 fn analyze_model_directory(
     dir: &Path,
-    engine: ServingEngine,
+    options: EngineOptions,
     input: &AnalysisInput,
 ) -> Result<Analysis, AnalysisError> {
-    let options = EngineOptions::from_args(engine, &input.backend_args).map_err(bad_args)?;
     if !dir.is_dir() {
         let what = if dir.exists() {
             "is not a directory".to_owned()
@@ -292,67 +284,13 @@ pub fn read_safetensors_header(path: &Path) -> Result<SafetensorsHeader, Analysi
     SafetensorsHeader::parse(&bytes).map_err(|e| invalid(&e))
 }
 
-/// The claim of a `custom` model, from its environment: [`CUSTOM_GPU_COUNT_ENV`] GPUs
-/// (default 1) with [`CUSTOM_GPU_MEMORY_ENV`] each (default 0: the scheduler then only
-/// checks that the GPUs exist), and [`CUSTOM_RAM_ENV`] of RAM (default 0). A custom command
-/// is opaque to gantry, so it cannot estimate anything itself.
-pub fn custom_claim(env: &BTreeMap<String, String>) -> Result<Analysis, AnalysisError> {
-    let gpu_count = match env.get(CUSTOM_GPU_COUNT_ENV) {
-        None => 1,
-        Some(text) => text.trim().parse::<u32>().map_err(|_| {
-            AnalysisError(format!(
-                "env.{CUSTOM_GPU_COUNT_ENV}: {text:?} is not a GPU count"
-            ))
-        })?,
-    };
-    let size = |key: &str| -> Result<u64, AnalysisError> {
-        match env.get(key) {
-            None => Ok(0),
-            Some(text) => parse_size(text).ok_or_else(|| {
-                AnalysisError(format!(
-                    "env.{key}: {text:?} is not a size (like 20GiB, 512MiB or 16G)"
-                ))
-            }),
-        }
-    };
+/// The claim a `custom` model declares in its environment.
+fn custom_claim(env: &BTreeMap<String, String>) -> Result<Analysis, AnalysisError> {
     Ok(Analysis {
-        claim: ResourceClaim {
-            per_gpu_overhead_bytes: 0,
-            base_ram_bytes: size(CUSTOM_RAM_ENV)?,
-            memory: ModelMemory::Fixed(FixedMemory {
-                gpu_count,
-                bytes_per_gpu: size(CUSTOM_GPU_MEMORY_ENV)?,
-            }),
-        },
+        claim: gantry_backends::custom::declared_claim(env).map_err(AnalysisError)?,
         default_context_size: None,
         args_data_parallel_size: None,
     })
-}
-
-/// Parses `20GiB`, `20 GiB`, `20G` (binary, as `nvidia-smi` and most people mean it),
-/// `20GB` (decimal), `512MiB`, `1.5TiB` or plain bytes.
-pub fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "ki" | "kib" => 1024.0,
-        "kb" => 1e3,
-        "m" | "mi" | "mib" => 1024.0 * 1024.0,
-        "mb" => 1e6,
-        "g" | "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "gb" => 1e9,
-        "t" | "ti" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        "tb" => 1e12,
-        _ => return None,
-    };
-    let bytes = number * scale;
-    // Sizes are far below 2^53, where f64 is exact to the byte.
-    (0.0..9.0e15).contains(&bytes).then_some(bytes as u64)
 }
 
 /// One analysis result per model version.
@@ -446,6 +384,7 @@ impl AnalysisCache {
 mod tests {
     use super::*;
     use gantry_sched::units::GIB;
+    use gantry_sched::ModelMemory;
 
     fn input(backend: BackendKind, path: &Path, args: &[&str]) -> AnalysisInput {
         AnalysisInput {
@@ -602,45 +541,6 @@ mod tests {
         let e = analyze(&input(BackendKind::Vllm, &dir.path().join("gone"), &[]))
             .expect_err("missing dir");
         assert!(e.0.contains("does not exist"), "{e}");
-    }
-
-    #[test]
-    fn custom_claims_come_from_the_environment() {
-        let mut env = BTreeMap::new();
-        let analysis = custom_claim(&env).expect("defaults");
-        assert_eq!(
-            analysis.claim.memory,
-            ModelMemory::Fixed(FixedMemory {
-                gpu_count: 1,
-                bytes_per_gpu: 0
-            })
-        );
-        env.insert(CUSTOM_GPU_COUNT_ENV.to_owned(), "2".to_owned());
-        env.insert(CUSTOM_GPU_MEMORY_ENV.to_owned(), "20GiB".to_owned());
-        env.insert(CUSTOM_RAM_ENV.to_owned(), "512 MiB".to_owned());
-        let analysis = custom_claim(&env).expect("declared");
-        assert_eq!(
-            analysis.claim.memory,
-            ModelMemory::Fixed(FixedMemory {
-                gpu_count: 2,
-                bytes_per_gpu: 20 * GIB
-            })
-        );
-        assert_eq!(analysis.claim.base_ram_bytes, 512 * 1024 * 1024);
-        env.insert(CUSTOM_GPU_MEMORY_ENV.to_owned(), "lots".to_owned());
-        let e = custom_claim(&env).expect_err("not a size");
-        assert!(e.0.contains(CUSTOM_GPU_MEMORY_ENV), "{e}");
-    }
-
-    #[test]
-    fn sizes_parse_binary_and_decimal_units() {
-        assert_eq!(parse_size("1024"), Some(1024));
-        assert_eq!(parse_size("20GiB"), Some(20 * GIB));
-        assert_eq!(parse_size("20 G"), Some(20 * GIB));
-        assert_eq!(parse_size("20GB"), Some(20_000_000_000));
-        assert_eq!(parse_size("1.5gib"), Some(GIB + GIB / 2));
-        assert_eq!(parse_size("twelve"), None);
-        assert_eq!(parse_size("12 parsecs"), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,8 +15,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use gantry_store::{Store, StoreError};
 use gantry_types::{InstanceState, ModelInstance};
 use tokio::time::Instant;
+
+use super::run_loop::Action;
 
 /// How long after its last reschedule an instance's backoff is forgotten.
 pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
@@ -63,6 +66,36 @@ impl LostInstance {
         };
         format!("{RESCHEDULE_NOTE}{old}")
     }
+}
+
+/// Takes lost instances (of `instances`) off their workers once their backoff has
+/// passed. Returns when the next backoff falls due, and the instances that an `error` took
+/// off a worker with that worker (their next placement prefers another).
+pub async fn reschedule_lost(
+    store: &Store,
+    backoff: &mut RescheduleBackoff,
+    instances: &[ModelInstance],
+) -> Result<(Action, Vec<(i64, i64)>), StoreError> {
+    let lost: Vec<LostInstance> = instances.iter().filter_map(LostInstance::of).collect();
+    let now = Instant::now();
+    let (due, next) = backoff.due(&lost, now);
+    let mut gave_up = Vec::new();
+    for instance in due {
+        let message = instance.reschedule_message();
+        let unplaced = store
+            .unplace_instance(instance.id, instance.state, instance.worker_id, &message)
+            .await?;
+        if unplaced.is_some() {
+            backoff.rescheduled(instance.id, now);
+            if instance.state == InstanceState::Error {
+                gave_up.push((instance.id, instance.worker_id));
+            }
+            tracing::warn!(instance = %instance.name, instance_id = instance.id,
+                worker = %instance.worker_name, state = instance.state.as_str(),
+                reason = %instance.state_message, "rescheduling instance");
+        }
+    }
+    Ok((next.map_or(Action::AwaitChange, Action::RequeueAt), gave_up))
 }
 
 /// `reason`, followed by the reschedule note of `current_message` when it has one, so a

@@ -1,31 +1,65 @@
-//! The model controller: every model has exactly `replicas` instances.
+//! The model controller: every model has exactly `replicas` instances. It is the one place
+//! instances are created for a model or removed when it shrinks; which ones go is the rule
+//! in [`crate::service::replicas`]. Deleting one instance by hand leaves the count short, so
+//! this controller creates a replacement: that is how an admin restarts a replica.
 //!
-//! The store already reconciles the count inside the transaction that changes a model,
-//! so this controller heals what happens outside one: an instance deleted on its own (an
-//! admin restarting a replica), a change whose reconciliation failed, or rows left by an
-//! older server. It calls [`Store::reconcile_model_replicas`] per model on every pass;
-//! that function picks what to remove when scaling down (errored first, then instances
-//! not running, then the newest) and publishes what it created and deleted.
+//! Writes are conditional: a replica number already taken is skipped, and an instance is
+//! deleted only if it has not changed since the pass read it, so a decision taken from a
+//! stale read changes nothing and the next pass decides again.
+
+use std::collections::HashMap;
 
 use gantry_store::{Store, StoreError};
-use gantry_types::Model;
+use gantry_types::{Model, ModelInstance};
 
-/// Reconciles the replica count of every model in `models`. A failure for one model is
-/// logged and does not stop the others; the count of failures is returned.
-pub async fn reconcile_replicas(store: &Store, models: &[Model]) -> usize {
+use crate::service::replicas;
+
+/// Brings every model of `models` to its replica count, given all `instances`. A failure
+/// for one model is logged and does not stop the others; returns how many failed.
+pub async fn reconcile_replicas(
+    store: &Store,
+    models: &[Model],
+    instances: &[ModelInstance],
+) -> usize {
+    let mut by_model: HashMap<i64, Vec<ModelInstance>> = HashMap::new();
+    for instance in instances {
+        by_model
+            .entry(instance.model_id)
+            .or_default()
+            .push(instance.clone());
+    }
     let mut failures = 0;
     for model in models {
-        match store.reconcile_model_replicas(model.id).await {
-            Ok(()) => {}
-            // Deleted meanwhile, or another writer created the same replica first: the
-            // next pass sees the outcome.
-            Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
-            Err(e) => {
-                failures += 1;
-                tracing::warn!(model = %model.name, model_id = model.id, error = %e,
-                    "reconcile the model's replica count");
-            }
+        let mine = by_model.remove(&model.id).unwrap_or_default();
+        let plan = replicas::plan(model, &mine);
+        if plan.is_empty() {
+            continue;
+        }
+        if let Err(e) = apply(store, model, &plan).await {
+            failures += 1;
+            tracing::warn!(model = %model.name, model_id = model.id, error = %e,
+                "reconcile the model's replica count");
         }
     }
     failures
+}
+
+async fn apply(
+    store: &Store,
+    model: &Model,
+    plan: &replicas::ReplicaPlan,
+) -> Result<(), StoreError> {
+    let created = store.create_instances(model, &plan.create).await?;
+    for instance in &created {
+        tracing::info!(model = %model.name, model_id = model.id, instance = %instance.name,
+            instance_id = instance.id, "created instance");
+    }
+    for victim in &plan.delete {
+        if store.delete_instance_if_unchanged(victim).await?.is_some() {
+            tracing::info!(model = %model.name, model_id = model.id, instance = %victim.name,
+                instance_id = victim.id, state = victim.state.as_str(),
+                replicas = model.replicas, "removed instance: the model has fewer replicas");
+        }
+    }
+    Ok(())
 }

@@ -8,23 +8,28 @@
 //! * Backends are the worker's `status.backends`; labels are its labels.
 //! * A worker that reports no total memory (0) is treated as having unlimited RAM rather
 //!   than none, so a worker that cannot read its memory still receives GPU instances.
-//! * Placed claims are read from the `resource_claim` the scheduler stored with each
-//!   placement. A stored placement that no longer matches the instance's worker and GPUs
-//!   (the instance was moved by hand since) is ignored: its bytes describe another place.
-//!   Instances placed by hand carry no claim and are not subtracted.
+//! * Placed claims are read from the reservation in the placement record the scheduler
+//!   stored with each placement. A reservation that no longer matches the instance's worker
+//!   and GPUs (the instance was moved by hand since) is ignored: its bytes describe another
+//!   place. Instances placed by hand carry no reservation and are not subtracted.
+//! * A record that cannot be read at all keeps every GPU the instance holds booked in full:
+//!   what runs there is unknown, and booking nothing could put a second model on a GPU that
+//!   is already full. It is counted and logged by the store.
 
 use std::collections::BTreeSet;
 
-use gantry_sched::{ClusterSnapshot, GpuView, PlacedClaim, Placement, SystemReserve, WorkerView};
-use gantry_store::PlacedInstanceClaim;
+use gantry_sched::{ClusterSnapshot, GpuShare, GpuView, PlacedClaim, SystemReserve, WorkerView};
+use gantry_store::{PlacedInstanceClaim, StoredPlacement};
 use gantry_types::{Worker, WorkerState};
 
 /// The snapshot of `workers` with the claims of `placed`.
 pub fn build_snapshot(workers: &[Worker], placed: &[PlacedInstanceClaim]) -> ClusterSnapshot {
-    ClusterSnapshot {
-        workers: workers.iter().map(worker_view).collect(),
-        placed: placed.iter().filter_map(placed_claim).collect(),
-    }
+    let workers: Vec<WorkerView> = workers.iter().map(worker_view).collect();
+    let placed = placed
+        .iter()
+        .filter_map(|row| placed_claim(row, &workers))
+        .collect();
+    ClusterSnapshot { workers, placed }
 }
 
 /// One worker as the scheduler sees it.
@@ -61,11 +66,16 @@ pub fn worker_view(worker: &Worker) -> WorkerView {
     }
 }
 
-/// The claim an instance holds, from the placement stored with it; `None` when there is
-/// none or it describes another worker or other GPUs than the instance now has.
-pub fn placed_claim(row: &PlacedInstanceClaim) -> Option<PlacedClaim> {
-    let placement: Placement =
-        serde_json::from_value(row.resource_claim.get("placement")?.clone()).ok()?;
+/// The claim an instance holds, from the reservation stored with it; `None` when there is
+/// none (placed by hand) or it describes another worker or other GPUs than the instance now
+/// has. A record that cannot be read books the whole of every GPU the instance holds.
+pub fn placed_claim(row: &PlacedInstanceClaim, workers: &[WorkerView]) -> Option<PlacedClaim> {
+    let record = match &row.placement {
+        StoredPlacement::None => return None,
+        StoredPlacement::Record(record) => record,
+        StoredPlacement::Undecodable(_) => return Some(whole_gpus(row, workers)),
+    };
+    let placement = &record.reservation.as_ref()?.placement;
     let mut stored = placement.gpu_indexes();
     stored.sort_unstable();
     let mut current = row.gpu_indexes.clone();
@@ -73,18 +83,42 @@ pub fn placed_claim(row: &PlacedInstanceClaim) -> Option<PlacedClaim> {
     if placement.worker_id != row.worker_id || stored != current {
         return None;
     }
-    let mut claim = placement.to_placed_claim();
+    let mut claim = PlacedClaim::from(placement);
     claim.instance_id = row.instance_id;
     Some(claim)
+}
+
+/// Every byte of the instance's GPUs, and no RAM (which cannot be told).
+fn whole_gpus(row: &PlacedInstanceClaim, workers: &[WorkerView]) -> PlacedClaim {
+    let worker = workers.iter().find(|w| w.id == row.worker_id);
+    PlacedClaim {
+        instance_id: row.instance_id,
+        worker_id: row.worker_id,
+        gpus: row
+            .gpu_indexes
+            .iter()
+            .map(|&index| GpuShare {
+                index,
+                bytes: worker
+                    .and_then(|w| w.gpus.iter().find(|g| g.index == index))
+                    .map_or(u64::MAX, |g| g.total_memory_bytes),
+            })
+            .collect(),
+        ram_bytes: 0,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
-    use gantry_sched::{GpuShare, PlacementKind, SnapshotState};
-    use gantry_types::{GpuDevice, InstanceState, SystemInfo, Timestamp, WorkerStatus};
-    use serde_json::json;
+    use gantry_sched::{
+        FixedMemory, ModelMemory, Placement, PlacementKind, ResourceClaim, SnapshotState,
+    };
+    use gantry_types::{
+        BackendKind, GpuDevice, InstanceState, LaunchTemplate, ModelSource, PlacementRecord,
+        Reservation, SystemInfo, Timestamp, WorkerStatus,
+    };
 
     use super::*;
 
@@ -139,12 +173,35 @@ mod tests {
             data_parallel_size: 1,
             llama: None,
         };
+        let record = PlacementRecord {
+            launch: LaunchTemplate {
+                backend: BackendKind::Custom,
+                backend_version: None,
+                source: ModelSource::LocalPath { path: "/m".into() },
+                backend_args: Vec::new(),
+                env: BTreeMap::new(),
+                custom_command: Some("serve".into()),
+                data_parallel_size: None,
+            },
+            placement_args: Vec::new(),
+            reservation: Some(Reservation {
+                claim: ResourceClaim {
+                    per_gpu_overhead_bytes: 0,
+                    base_ram_bytes: GIB,
+                    memory: ModelMemory::Fixed(FixedMemory {
+                        gpu_count: 1,
+                        bytes_per_gpu: 1,
+                    }),
+                },
+                placement,
+            }),
+        };
         PlacedInstanceClaim {
             instance_id,
             worker_id,
             state: InstanceState::Running,
             gpu_indexes: gpus.iter().map(|g| g.0).collect(),
-            resource_claim: json!({"claim": null, "placement": placement, "extra_backend_args": []}),
+            placement: StoredPlacement::Record(Box::new(record)),
         }
     }
 
@@ -193,15 +250,32 @@ mod tests {
         assert_eq!(state.ram_allocatable(1), Some(62 * GIB));
 
         // Moved by hand to another worker or GPU since: the stored bytes are not there.
+        let workers = snapshot.workers.clone();
         let mut moved = stored(12, 1, &[(0, 30 * GIB)]);
         moved.worker_id = 2;
-        assert_eq!(placed_claim(&moved), None);
+        assert_eq!(placed_claim(&moved, &workers), None);
         let mut moved = stored(13, 1, &[(0, 30 * GIB)]);
         moved.gpu_indexes = vec![1];
-        assert_eq!(placed_claim(&moved), None);
-        // A claim without a placement (written by something else) is ignored.
-        let mut odd = stored(14, 1, &[(0, GIB)]);
-        odd.resource_claim = json!({"memory": 1});
-        assert_eq!(placed_claim(&odd), None);
+        assert_eq!(placed_claim(&moved, &workers), None);
+        // Placed by hand: nothing was reserved.
+        let mut by_hand = stored(14, 1, &[(0, GIB)]);
+        if let StoredPlacement::Record(record) = &mut by_hand.placement {
+            record.reservation = None;
+        }
+        assert_eq!(placed_claim(&by_hand, &workers), None);
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_read_keeps_its_gpus_booked_in_full() {
+        let mut unreadable = stored(15, 1, &[(1, 5 * GIB)]);
+        unreadable.placement = StoredPlacement::Undecodable("expected a record".into());
+        let snapshot = build_snapshot(&[worker(1, WorkerState::Ready, 2)], &[unreadable]);
+        let state = SnapshotState::new(&snapshot);
+        assert_eq!(
+            state.gpu_allocatable(1, 1),
+            Some(0),
+            "GPU 1 is booked whole"
+        );
+        assert_eq!(state.gpu_allocatable(1, 0), Some(80 * GIB));
     }
 }

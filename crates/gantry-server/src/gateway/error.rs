@@ -127,13 +127,14 @@ impl OpenAiError {
 /// status and message carry over, the shape becomes OpenAI's.
 impl From<ApiError> for OpenAiError {
     fn from(e: ApiError) -> Self {
-        let (kind, code) = match e.status {
+        let status = e.status();
+        let (kind, code) = match status {
             StatusCode::UNAUTHORIZED => ("invalid_request_error", "invalid_api_key"),
             StatusCode::FORBIDDEN => ("permission_error", "forbidden"),
             s if s.is_server_error() => ("server_error", "internal_error"),
             _ => ("invalid_request_error", "invalid_request"),
         };
-        Self::new(e.status, kind, code, e.message)
+        Self::new(status, kind, code, e.message)
     }
 }
 

@@ -160,6 +160,33 @@ impl TestServer {
         self.login("admin", ADMIN_PASSWORD).await
     }
 
+    /// Polls GET `path` until `check` holds on its JSON body (within 10 s), and returns it.
+    /// For what the controllers do a moment after a write, such as creating a model's
+    /// instances.
+    pub async fn wait_for(&self, path: &str, token: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let mut last = Value::Null;
+        for _ in 0..200 {
+            let (status, body) = self.call(Method::GET, path, Some(token), None).await;
+            if status == StatusCode::OK && check(&body) {
+                return body;
+            }
+            last = body;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("GET {path} never satisfied the check; last answer: {last}");
+    }
+
+    /// The instance list of a model once it has `count` instances (the model controller
+    /// creates them a moment after the model).
+    pub async fn instances_of(&self, token: &str, model_id: i64, count: u64) -> Value {
+        self.wait_for(
+            &format!("/api/v1/model-instances?model_id={model_id}"),
+            token,
+            |list| list["pagination"]["total"] == count,
+        )
+        .await
+    }
+
     pub async fn shutdown(mut self) {
         if let Some(running) = self.running.take() {
             running.shutdown().await;

@@ -1,8 +1,17 @@
-//! Follows the instances placed on this worker and makes the supervisor run exactly
+//! Follows the instances placed on this worker and makes the supervisor want exactly
 //! those. It first reads the full list (so instances that went away while the worker
 //! was disconnected are stopped), then follows the watch stream; when the stream ends
 //! or falls silent it starts over, on whichever server answers. Instances already
 //! running are left running across reconnects and server switches.
+//!
+//! The loop only hands out desired specs ([`crate::supervisor::Supervisor::apply`] and
+//! `remove`) and never waits for a backend: each instance's task converges on its own, so
+//! one backend that takes its whole stop grace period holds up no other instance.
+//!
+//! What an instance runs comes from its placement record alone (the model's launch
+//! settings pinned when it was placed, and the flags of its placement), never from the
+//! model as it is now: a changed model reaches the instances one at a time, through the
+//! server's roll.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -10,14 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use gantry_types::{
-    InstanceState, InstanceStateReport, ModelSource, WatchEvent, WatchEventType, WorkerAssignment,
-};
+use gantry_backends::LaunchSpec;
+use gantry_types::{InstanceState, InstanceStateReport, ModelInstance, ModelSource, WatchEvent};
 use reqwest::Method;
 
 use super::report::Reporter;
 use super::Shared;
-use crate::supervisor::{BackendState, InstanceOverrides, InstanceSpec};
+use crate::supervisor::{BackendState, InstanceSpec};
 
 /// A stream that says nothing (not even a heartbeat) for this long is treated as dead.
 const SILENT_STREAM: Duration = Duration::from_secs(60);
@@ -46,20 +54,22 @@ pub(crate) fn spawn(shared: Arc<Shared>, reporter: Arc<Reporter>) {
 
 /// One list-then-watch cycle; returns when the stream ends.
 async fn follow_once(shared: &Arc<Shared>, reporter: &Arc<Reporter>) -> anyhow::Result<()> {
-    let list: Vec<WorkerAssignment> = shared
+    let list: Vec<ModelInstance> = shared
         .client
         .json(Method::GET, "/api/v1/worker/assignments", None, None)
         .await?;
-    let wanted: BTreeSet<i64> = list.iter().map(|a| a.instance.id).collect();
-    for status in shared.supervisor.statuses() {
-        if !wanted.contains(&status.instance_id) {
-            tracing::info!(instance_id = status.instance_id, key = %status.key, "instance no longer placed here; stopping it");
-            shared.supervisor.stop(status.instance_id).await;
-            reporter.forget(status.instance_id);
+    let wanted: BTreeSet<i64> = list.iter().map(|instance| instance.id).collect();
+    for id in shared.supervisor.wanted() {
+        if !wanted.contains(&id) {
+            tracing::info!(
+                instance_id = id,
+                "instance no longer placed here; stopping it"
+            );
+            remove(shared, reporter, id);
         }
     }
-    for assignment in list {
-        apply(shared, reporter, assignment).await;
+    for instance in list {
+        apply(shared, reporter, &instance);
     }
 
     let response = shared
@@ -89,47 +99,47 @@ async fn follow_once(shared: &Arc<Shared>, reporter: &Arc<Reporter>) -> anyhow::
         buffer.extend_from_slice(&chunk);
         while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buffer.drain(..=end).collect();
-            let value: serde_json::Value = match serde_json::from_slice(&line) {
-                Ok(value) => value,
+            let event: WatchEvent<ModelInstance> = match serde_json::from_slice(&line) {
+                Ok(event) => event,
                 Err(e) => {
                     tracing::warn!(error = %e, "unreadable line in the assignment stream");
                     continue;
                 }
             };
-            if value["type"] == "ERROR" {
-                anyhow::bail!("the server ended the stream: {}", value["error"]["message"]);
-            }
-            let event: WatchEvent<WorkerAssignment> = match serde_json::from_value(value) {
-                Ok(event) => event,
-                Err(e) => {
-                    tracing::warn!(error = %e, "unexpected event in the assignment stream");
-                    continue;
+            match event {
+                WatchEvent::Heartbeat => {}
+                WatchEvent::Error { error } => {
+                    anyhow::bail!(
+                        "the server ended the stream ({}): {}",
+                        error.code,
+                        error.message
+                    )
                 }
-            };
-            match (event.event_type, event.object) {
-                (WatchEventType::Heartbeat, _) | (_, None) => {}
-                (WatchEventType::Deleted, Some(assignment)) => {
-                    let id = assignment.instance.id;
-                    if shared.supervisor.stop(id).await {
-                        tracing::info!(instance_id = id, instance = %assignment.instance.name, "instance removed from this worker; stopped it");
-                    }
-                    reporter.forget(id);
+                WatchEvent::Deleted { object } => {
+                    tracing::info!(instance_id = object.id, instance = %object.name, "instance removed from this worker; stopping it");
+                    remove(shared, reporter, object.id);
                 }
-                (_, Some(assignment)) => apply(shared, reporter, assignment).await,
+                WatchEvent::Created { object } | WatchEvent::Updated { object } => {
+                    apply(shared, reporter, &object)
+                }
             }
         }
     }
 }
 
-/// Makes the supervisor match one assignment.
-async fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, assignment: WorkerAssignment) {
-    let instance = &assignment.instance;
+/// Stops an instance that is no longer placed here. Never waits: the instance's own task
+/// stops it, however long its backend takes.
+fn remove(shared: &Shared, reporter: &Reporter, instance_id: i64) {
+    shared.supervisor.remove(instance_id);
+    reporter.forget(instance_id);
+}
+
+/// Makes the supervisor want what one assignment says. Never waits for a backend.
+fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, instance: &ModelInstance) {
     let id = instance.id;
     match instance.state {
         InstanceState::Pending | InstanceState::Analyzing => {
-            if shared.supervisor.stop(id).await {
-                reporter.forget(id);
-            }
+            remove(shared, reporter, id);
             return;
         }
         // The worker said so itself; the server decides what happens next.
@@ -139,7 +149,7 @@ async fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, assignment: Worke
         | InstanceState::Running
         | InstanceState::Unreachable => {}
     }
-    let spec = match spec_for(shared, &assignment) {
+    let spec = match spec_for(shared, instance) {
         Ok(spec) => spec,
         Err(message) => {
             tracing::error!(instance_id = id, instance = %instance.name, %message, "cannot run instance");
@@ -162,13 +172,15 @@ async fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, assignment: Worke
         .supervisor
         .status(id)
         .is_some_and(|s| matches!(s.state, BackendState::Error { .. }));
-    if errored && instance.state == InstanceState::Scheduled {
-        shared.supervisor.stop(id).await;
+    let outcome = if errored && instance.state == InstanceState::Scheduled {
         reporter.forget(id);
-    }
-    match shared.supervisor.ensure(spec).await {
+        shared.supervisor.restart(spec)
+    } else {
+        shared.supervisor.apply(spec)
+    };
+    match outcome {
         Ok(outcome) => {
-            tracing::debug!(instance_id = id, ?outcome, "ensured instance");
+            tracing::debug!(instance_id = id, ?outcome, "applied instance");
             // The server may have a stale view (it marked the instance unreachable
             // while this worker was cut off): say again what is true.
             if let Some(latest) = reporter.latest(id) {
@@ -181,14 +193,18 @@ async fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, assignment: Worke
     }
 }
 
-/// The supervisor spec for an assignment, or a message saying why it cannot run here.
-fn spec_for(shared: &Shared, assignment: &WorkerAssignment) -> Result<InstanceSpec, String> {
-    let instance = &assignment.instance;
-    let model = assignment
-        .model
-        .as_ref()
-        .ok_or_else(|| format!("the model of instance {} is gone", instance.name))?;
-    let model_path = match &model.source {
+/// The supervisor spec for an instance placed here, from its placement record, or a
+/// message saying why it cannot run here.
+fn spec_for(shared: &Shared, instance: &ModelInstance) -> Result<InstanceSpec, String> {
+    let record = instance.placement.as_ref().ok_or_else(|| {
+        format!(
+            "instance {} has no readable placement record, so this worker cannot tell what to \
+             run; the scheduler places such instances again",
+            instance.name
+        )
+    })?;
+    let launch = &record.launch;
+    let model_path = match &launch.source {
         ModelSource::LocalPath { path } => PathBuf::from(path),
         ModelSource::Huggingface { repo_id, .. } => {
             return Err(format!(
@@ -210,49 +226,19 @@ fn spec_for(shared: &Shared, assignment: &WorkerAssignment) -> Result<InstanceSp
             shared.config.name
         ));
     }
-    let mut backend_args = model.backend_args.clone();
-    backend_args.extend(extra_backend_args(
-        instance.computed_resource_claim.as_ref(),
-    ));
     Ok(InstanceSpec {
         instance_id: instance.id,
-        key: format!("{}#{}", model.name, instance.replica),
-        backend: model.backend,
-        model_path,
-        backend_args,
-        env: model.env.clone(),
-        gpu_indexes: instance.gpu_indexes.clone(),
-        data_parallel_size: model.data_parallel_size,
-        overrides: InstanceOverrides {
-            custom_command: model.custom_command.clone(),
-            ..Default::default()
+        key: format!("{}#{}", instance.model_name, instance.replica),
+        launch: LaunchSpec {
+            backend: launch.backend,
+            model_path,
+            args: record.backend_args(),
+            env: launch.env.clone(),
+            gpu_indexes: instance.gpu_indexes.clone(),
+            data_parallel_size: launch.data_parallel_size,
+            custom_command: launch.custom_command.clone(),
+            health_path: None,
         },
+        ready_deadline: None,
     })
-}
-
-/// Flags the scheduler added for this placement (`extra_backend_args` in the stored
-/// resource claim: context size, GPU layers, tensor split, tensor-parallel size).
-pub fn extra_backend_args(claim: Option<&serde_json::Value>) -> Vec<String> {
-    claim
-        .and_then(|c| c.get("extra_backend_args"))
-        .and_then(|a| a.as_array())
-        .map(|args| {
-            args.iter()
-                .filter_map(|a| a.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn extra_args_come_from_the_claim() {
-        let claim = serde_json::json!({"extra_backend_args": ["-ngl", "99", 3]});
-        assert_eq!(extra_backend_args(Some(&claim)), ["-ngl", "99"]);
-        assert!(extra_backend_args(None).is_empty());
-        assert!(extra_backend_args(Some(&serde_json::json!({}))).is_empty());
-    }
 }

@@ -284,40 +284,31 @@ fn spawn_status(shared: Arc<Shared>) {
 }
 
 /// The backends this worker can run: those whose program is found (on `PATH` or as
-/// configured). `custom` is always listed: its command comes with the model.
+/// configured). A program run as a Python module (`python3 -m sglang.launch_server`) counts
+/// only when the interpreter can import the module. `custom` is always listed: its command
+/// comes with the model.
 fn available_backends(config: &SupervisorConfig) -> Vec<String> {
-    use gantry_types::BackendKind;
-    let executables = &config.backends.executables;
     let mut found = Vec::new();
-    for (kind, command) in [
-        (BackendKind::LlamaCpp, &executables.llama_cpp),
-        (BackendKind::Vllm, &executables.vllm),
-    ] {
-        if command
-            .first()
-            .is_some_and(|program| program_exists(program))
-        {
-            found.push(kind.as_str().to_string());
+    for backend in gantry_backends::all() {
+        let program = config.backends.program(backend.kind());
+        let runnable = match program.as_slice() {
+            [] => true,
+            [python, flag, module, ..] if flag == "-m" => {
+                let package = module.split('.').next().unwrap_or(module);
+                program_exists(python)
+                    && std::process::Command::new(python)
+                        .args(["-c", &format!("import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('{package}') else 1)")])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status()
+                        .is_ok_and(|s| s.success())
+            }
+            [first, ..] => program_exists(first),
+        };
+        if runnable {
+            found.push(backend.kind().as_str().to_string());
         }
     }
-    // SGLang runs as a Python module: the interpreter must exist and import it.
-    if let Some(python) = executables.sglang.first() {
-        let module = executables
-            .sglang
-            .get(2)
-            .map_or("sglang", |m| m.split('.').next().unwrap_or("sglang"));
-        let importable = program_exists(python)
-            && std::process::Command::new(python)
-                .args(["-c", &format!("import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('{module}') else 1)")])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-        if importable {
-            found.push(BackendKind::Sglang.as_str().to_string());
-        }
-    }
-    found.push(BackendKind::Custom.as_str().to_string());
     tracing::info!(backends = ?found, "backends available on this worker");
     found
 }

@@ -1,5 +1,8 @@
-//! The task that owns one instance: start its process(es), wait for readiness, watch for
-//! crashes, restart with backoff, give up on a crash loop, and stop on cancellation.
+//! The task that owns one instance id ([`Supervision`]): it runs the instance's desired
+//! spec until the desired state changes, then stops it and runs the next one, and leaves
+//! when the desired state is "not here". One run of a spec ([`InstanceTask`]): start its
+//! process(es), wait for readiness, watch for crashes, restart with backoff, give up on a
+//! crash loop, and stop on cancellation.
 //!
 //! ```text
 //!            ┌────────────── backoff ◀── Restarting ◀──┐ (crash after ready, or a failed
@@ -16,19 +19,85 @@
 //! backoff and the crash-loop rule. After `Error` the task holds no process and no port and
 //! waits for cancellation, so `ensure` with the same spec leaves it in `Error`.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gantry_backends::{backend, backend_command, join_gpu_indexes, rank_gpu_indexes, LaunchTarget};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::process::{describe_exit, lock_sink, OutputSink, ProcessSet, SharedSink};
 use super::readiness::{health_url, wait_until_healthy};
 use super::restart::{CrashTracker, CrashVerdict};
-use super::{BackendState, InstanceEvent, InstanceSpec, InstanceStatus, Shared};
-use crate::backend::{backend_command, join_gpu_indexes, rank_gpu_indexes, LaunchTarget};
+use super::{
+    lock, BackendState, Desired, InstanceEvent, InstanceSpec, InstanceStatus, Shared, Slot,
+};
 use crate::logs::LogDir;
 use crate::ports::PortLease;
+
+/// The task of one instance id: converges on its desired state, one spec at a time.
+pub(crate) struct Supervision {
+    pub(crate) instance_id: i64,
+    pub(crate) desired: watch::Receiver<Desired>,
+    pub(crate) applied: watch::Sender<u64>,
+    pub(crate) status: Arc<Mutex<Option<InstanceStatus>>>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) slots: Arc<Mutex<HashMap<i64, Slot>>>,
+    pub(crate) log_dirs: Arc<Mutex<HashMap<i64, LogDir>>>,
+}
+
+impl Supervision {
+    pub(crate) async fn run(mut self) {
+        loop {
+            let Desired { generation, spec } = self.desired.borrow_and_update().clone();
+            let Some(spec) = spec else {
+                // Not wanted here: everything is stopped (the last run ended before this
+                // iteration). Leave, unless a new spec came in the meantime; `apply` writes
+                // under the same lock, so nothing slips between the check and the removal.
+                let mut slots = lock(&self.slots);
+                if self.desired.borrow().spec.is_some() {
+                    continue;
+                }
+                slots.remove(&self.instance_id);
+                drop(slots);
+                self.applied.send_replace(generation);
+                return;
+            };
+            if self.shared.cancel.is_cancelled() {
+                return;
+            }
+            let cancel = self.shared.cancel.child_token();
+            *lock(&self.status) = Some(InstanceStatus::new(&spec));
+            let log_dir = lock(&self.log_dirs)
+                .get(&self.instance_id)
+                .cloned()
+                .unwrap_or_else(|| LogDir::new(&self.shared.config.data_dir, &spec.key));
+            let run = InstanceTask {
+                spec,
+                shared: Arc::clone(&self.shared),
+                cancel: cancel.clone(),
+                status: Arc::clone(&self.status),
+                log_dir,
+            }
+            .run();
+            tokio::pin!(run);
+            self.applied.send_replace(generation);
+            tokio::select! {
+                // Ends only when cancelled: the supervisor is shutting down.
+                () = &mut run => return,
+                changed = self.desired.changed() => {
+                    cancel.cancel();
+                    run.await;
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// How one start of the instance ended.
 enum AttemptEnd {
@@ -135,7 +204,7 @@ impl InstanceTask {
         if self.cancel.is_cancelled() {
             return AttemptEnd::Cancelled;
         }
-        let ranks = match rank_gpu_indexes(spec) {
+        let ranks = match rank_gpu_indexes(&spec.launch) {
             Ok(ranks) => ranks,
             Err(e) => return fail_early(format!("invalid instance spec: {e}")),
         };
@@ -164,7 +233,7 @@ impl InstanceTask {
                 port: ports[rank],
                 gpu_indexes: gpus,
             };
-            match backend_command(spec, &config.backends, &target) {
+            match backend_command(&spec.launch, &config.backends, &target) {
                 Ok(command) => commands.push(command),
                 Err(e) => return fail_early(format!("cannot build the backend command: {e}")),
             }
@@ -230,9 +299,9 @@ impl InstanceTask {
 
         // Readiness.
         let deadline = spec
-            .overrides
             .ready_deadline
-            .unwrap_or_else(|| config.readiness_deadlines.get(spec.backend));
+            .or(config.readiness_deadline)
+            .unwrap_or_else(|| backend(spec.launch.backend).readiness_deadline());
         let urls: Vec<String> = commands
             .iter()
             .zip(&ports)

@@ -11,21 +11,27 @@
 //! // Drain events on a task of their own (see "Events" below).
 //! tokio::spawn(async move { while let Some(event) = events_rx.recv().await { /* report */ } });
 //! let id = spec.instance_id;
-//! supervisor.ensure(spec).await?; // start, or nothing if this spec already runs
-//! supervisor.stop(id).await;      // returns when the process group is gone, ports free
-//! supervisor.shutdown().await;    // stops everything, awaits every task
+//! supervisor.apply(spec.clone())?;  // never waits: the instance's own task converges
+//! supervisor.remove(id);             // never waits either
+//! supervisor.ensure(spec).await?;    // waits until the spec is taken up (tests, tools)
+//! supervisor.stop(id).await;         // waits until the process group is gone, ports free
+//! supervisor.shutdown().await;       // stops everything, awaits every task
 //! # Ok(()) }
 //! ```
 //!
-//! Each instance is owned by one task ([`instance`]), which spawns the backend process(es)
-//! ([`process`]), polls readiness ([`readiness`]), restarts crashes with backoff and gives up
-//! on crash loops ([`restart`]). Tasks and output pumps are tracked by one [`TaskTracker`] and
-//! cancelled through child tokens of one [`CancellationToken`], so [`Supervisor::shutdown`]
-//! is explicit and awaited.
+//! **One task per instance converges on its own.** Each instance id has a desired spec (or
+//! none) in a watch channel and one task ([`instance`]) that runs it: spawns the backend
+//! process(es) ([`process`]), polls readiness ([`readiness`]), restarts crashes with backoff
+//! and gives up on crash loops ([`restart`]). When the desired spec changes, that task stops
+//! the old process and starts the new one; when it becomes none, the task stops and leaves.
+//! [`Supervisor::apply`] and [`Supervisor::remove`] only write the desired state, so one
+//! backend that takes its whole stop grace period never holds up another instance. Tasks and
+//! output pumps are tracked by one [`TaskTracker`] and cancelled through child tokens of one
+//! [`CancellationToken`], so [`Supervisor::shutdown`] is explicit and awaited.
 //!
 //! **Events.** Every state change is one event, sent with back-pressure (the channel is
 //! bounded): drain the receiver on a task that never waits on the supervisor itself, or drop
-//! it, or `stop`/`shutdown` may wait for room in the channel. Every task ends with
+//! it, or instance tasks may wait for room in the channel. Every run of a spec ends with
 //! `Stopped`. Events are hints for a level-triggered agent; [`Supervisor::status`] is the
 //! current truth.
 //!
@@ -41,26 +47,25 @@ mod process;
 mod readiness;
 pub mod restart;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use gantry_types::{BackendKind, InstanceState};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use gantry_backends::{BackendSettings, LaunchSpec};
+use gantry_types::InstanceState;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::BackendSettings;
 use crate::logs::{read_tail_lines, LogConfig, LogDir, LogFile};
 use crate::ports::{PortAllocator, PortError};
 pub use restart::RestartPolicy;
 
 /// What the supervisor needs to run one model instance. Two specs are "the same" for
-/// [`Supervisor::ensure`] when they are equal field by field.
+/// [`Supervisor::apply`] when they are equal field by field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceSpec {
     /// The model instance's id; the supervisor runs at most one task per id.
@@ -68,68 +73,12 @@ pub struct InstanceSpec {
     /// `model#replica`: names the instance in log lines and its log directory (made safe
     /// for a file name by [`crate::logs::sanitize_key`]).
     pub key: String,
-    pub backend: BackendKind,
-    /// The model on local disk: the GGUF file for llama.cpp, a file or directory for the
-    /// others.
-    pub model_path: PathBuf,
-    /// Appended to the backend's command line as given (no shell).
-    pub backend_args: Vec<String>,
-    /// Extra environment for the backend, on top of the worker's own.
-    /// `CUDA_VISIBLE_DEVICES` is always set from `gpu_indexes` and wins over this.
-    pub env: BTreeMap<String, String>,
-    /// The GPUs the scheduler placed the instance on; empty for CPU-only (the backend then
-    /// sees `CUDA_VISIBLE_DEVICES=""`, no GPU at all).
-    pub gpu_indexes: Vec<u32>,
-    /// vLLM-style data parallelism: N backend processes on N consecutive ports, the GPUs
-    /// split evenly between them (one GPU each in the common case). `None` or `Some(1)`:
-    /// one process.
-    pub data_parallel_size: Option<u32>,
-    pub overrides: InstanceOverrides,
-}
-
-/// Per-instance settings that override the supervisor's configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InstanceOverrides {
+    /// What to run: backend, model path, arguments, environment, GPUs, data parallelism.
+    pub launch: LaunchSpec,
     /// How long the backend may take to answer its health path with 200 before it is
-    /// stopped and reported as `Error`.
+    /// stopped and reported as `Error`; the supervisor's setting, else the backend's
+    /// default, when `None`.
     pub ready_deadline: Option<Duration>,
-    /// The command template of a `custom` backend (see [`crate::backend::custom_command`]).
-    pub custom_command: Option<String>,
-    /// The health path to poll, starting with `/`.
-    pub health_path: Option<String>,
-}
-
-/// How long each backend may take to become ready. Default 10 min each: large models load
-/// for minutes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadinessDeadlines {
-    pub llama_cpp: Duration,
-    pub vllm: Duration,
-    pub sglang: Duration,
-    pub custom: Duration,
-}
-
-impl Default for ReadinessDeadlines {
-    fn default() -> Self {
-        let ten_minutes = Duration::from_secs(10 * 60);
-        Self {
-            llama_cpp: ten_minutes,
-            vllm: ten_minutes,
-            sglang: ten_minutes,
-            custom: ten_minutes,
-        }
-    }
-}
-
-impl ReadinessDeadlines {
-    pub fn get(&self, backend: BackendKind) -> Duration {
-        match backend {
-            BackendKind::LlamaCpp => self.llama_cpp,
-            BackendKind::Vllm => self.vllm,
-            BackendKind::Sglang => self.sglang,
-            BackendKind::Custom => self.custom,
-        }
-    }
 }
 
 /// The supervisor's configuration. [`SupervisorConfig::new`] fills in the defaults.
@@ -147,7 +96,9 @@ pub struct SupervisorConfig {
     pub advertise_host: String,
     /// How long a backend gets between SIGTERM and SIGKILL (default 30 s).
     pub stop_grace_period: Duration,
-    pub readiness_deadlines: ReadinessDeadlines,
+    /// How long any backend may take to become ready; each backend's own default
+    /// (`gantry_backends::Backend::readiness_deadline`, 10 min) when `None`.
+    pub readiness_deadline: Option<Duration>,
     pub restart: RestartPolicy,
     /// Executables of the built-in backends, the custom command template and its health
     /// path.
@@ -164,7 +115,7 @@ impl SupervisorConfig {
             bind_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             advertise_host: Ipv4Addr::LOCALHOST.to_string(),
             stop_grace_period: Duration::from_secs(30),
-            readiness_deadlines: ReadinessDeadlines::default(),
+            readiness_deadline: None,
             restart: RestartPolicy::default(),
             backends: BackendSettings::default(),
             logs: LogConfig::default(),
@@ -267,15 +218,16 @@ impl InstanceStatus {
     }
 }
 
-/// What [`Supervisor::ensure`] did.
+/// What [`Supervisor::apply`] and [`Supervisor::ensure`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EnsureOutcome {
     /// The instance was not supervised; it is starting now.
     Started,
-    /// The same spec is already supervised (in whatever state, `Error` included);
-    /// nothing changed.
+    /// The same spec is already wanted (in whatever state, `Error` included); nothing
+    /// changed.
     Unchanged,
-    /// A different spec ran under this id; it was stopped and the new one is starting.
+    /// A different spec was wanted under this id; the instance's task stops it and starts
+    /// the new one.
     Restarted,
 }
 
@@ -301,46 +253,30 @@ pub(crate) struct Shared {
     pub(crate) cancel: CancellationToken,
 }
 
-/// One instance id's place in the supervisor. `control` serialises ensure/stop for the id;
-/// `status` is readable without waiting for them.
+/// The desired state of one instance id: a spec to run, or none (stop and leave). Every
+/// change gets a new generation; the instance's task restarts on a new generation even when
+/// the spec is equal (a fresh start asked with [`Supervisor::restart`]).
+#[derive(Debug, Clone)]
+struct Desired {
+    generation: u64,
+    spec: Option<InstanceSpec>,
+}
+
+/// One instance id's place in the supervisor.
 struct Slot {
-    control: tokio::sync::Mutex<SlotControl>,
+    desired: watch::Sender<Desired>,
+    /// The generation the task has taken up: the previous run is stopped and this one
+    /// started (or, for none, everything is stopped).
+    applied: watch::Receiver<u64>,
     status: Arc<Mutex<Option<InstanceStatus>>>,
-}
-
-struct SlotControl {
-    task: Option<RunningTask>,
-    /// Set when stop removed the slot from the map; an ensure that raced with the stop
-    /// then takes a fresh slot.
-    removed: bool,
-}
-
-struct RunningTask {
-    spec: InstanceSpec,
-    cancel: CancellationToken,
-    handle: JoinHandle<()>,
-}
-
-impl RunningTask {
-    /// Cancels the task and waits until it has stopped its processes and sent `Stopped`.
-    async fn stop(self) {
-        self.cancel.cancel();
-        if let Err(e) = self.handle.await {
-            tracing::error!(
-                instance_id = self.spec.instance_id,
-                key = %self.spec.key,
-                "instance task failed: {e}"
-            );
-        }
-    }
 }
 
 /// The backend supervisor. Cheap to clone; clones share the same instances.
 #[derive(Clone)]
 pub struct Supervisor {
     shared: Arc<Shared>,
-    slots: Arc<Mutex<HashMap<i64, Arc<Slot>>>>,
-    /// Log directories of every instance ever ensured, so logs stay readable after a stop.
+    slots: Arc<Mutex<HashMap<i64, Slot>>>,
+    /// Log directories of every instance ever run, so logs stay readable after a stop.
     log_dirs: Arc<Mutex<HashMap<i64, LogDir>>>,
 }
 
@@ -362,7 +298,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Supervisor {
-    /// A supervisor that reports to `events`. Starts nothing until [`Supervisor::ensure`].
+    /// A supervisor that reports to `events`. Starts nothing until [`Supervisor::apply`].
     pub fn new(
         config: SupervisorConfig,
         events: mpsc::Sender<InstanceEvent>,
@@ -387,102 +323,126 @@ impl Supervisor {
         &self.shared.config
     }
 
-    /// Makes `spec` run: starts it if its id is not supervised, does nothing if the same
-    /// spec is (whatever its state: an instance in `Error` stays there until stopped), and
-    /// stops the old spec (`Stopped` event) and starts the new one if the spec changed.
-    /// Returns once the task is started, not when the backend is ready.
-    pub async fn ensure(&self, spec: InstanceSpec) -> Result<EnsureOutcome, SupervisorError> {
-        loop {
-            if self.shared.cancel.is_cancelled() {
-                return Err(SupervisorError::ShuttingDown);
-            }
-            let slot = Arc::clone(
-                lock(&self.slots)
-                    .entry(spec.instance_id)
-                    .or_insert_with(|| {
-                        Arc::new(Slot {
-                            control: tokio::sync::Mutex::new(SlotControl {
-                                task: None,
-                                removed: false,
-                            }),
-                            status: Arc::default(),
-                        })
-                    }),
-            );
-            let mut control = slot.control.lock().await;
-            if control.removed {
-                continue;
-            }
-            if self.shared.cancel.is_cancelled() {
-                return Err(SupervisorError::ShuttingDown);
-            }
-            let outcome = match control.task.take() {
-                Some(task) if task.spec == spec => {
-                    control.task = Some(task);
-                    return Ok(EnsureOutcome::Unchanged);
-                }
-                Some(old) => {
-                    old.stop().await;
-                    EnsureOutcome::Restarted
-                }
-                None => EnsureOutcome::Started,
-            };
-            control.task = Some(self.start_task(spec, &slot));
-            return Ok(outcome);
-        }
+    /// Makes `spec` the instance's desired state and returns at once: the instance's own
+    /// task starts it, or stops a different spec it runs and starts this one. The same spec
+    /// changes nothing (whatever its state: an instance in `Error` stays there until
+    /// [`Supervisor::restart`] or a different spec).
+    pub fn apply(&self, spec: InstanceSpec) -> Result<EnsureOutcome, SupervisorError> {
+        self.set(spec, false).map(|(outcome, _)| outcome)
     }
 
-    fn start_task(&self, spec: InstanceSpec, slot: &Slot) -> RunningTask {
+    /// Like [`Supervisor::apply`], but starts the instance afresh even when the spec is the
+    /// one it runs (after the server placed it here again, say).
+    pub fn restart(&self, spec: InstanceSpec) -> Result<EnsureOutcome, SupervisorError> {
+        self.set(spec, true).map(|(outcome, _)| outcome)
+    }
+
+    /// Like [`Supervisor::apply`], then waits until the instance's task has taken the spec
+    /// up: a different spec it ran is stopped and this one started (not ready).
+    pub async fn ensure(&self, spec: InstanceSpec) -> Result<EnsureOutcome, SupervisorError> {
+        let (outcome, wait) = self.set(spec, false)?;
+        wait.taken_up().await;
+        Ok(outcome)
+    }
+
+    fn set(
+        &self,
+        spec: InstanceSpec,
+        afresh: bool,
+    ) -> Result<(EnsureOutcome, TakenUp), SupervisorError> {
+        if self.shared.cancel.is_cancelled() {
+            return Err(SupervisorError::ShuttingDown);
+        }
+        let id = spec.instance_id;
+        let mut slots = lock(&self.slots);
+        if let Some(slot) = slots.get(&id) {
+            let current = slot.desired.borrow().clone();
+            let outcome = match &current.spec {
+                Some(wanted) if *wanted == spec && !afresh => {
+                    return Ok((
+                        EnsureOutcome::Unchanged,
+                        TakenUp::new(slot.applied.clone(), current.generation),
+                    ));
+                }
+                Some(_) => EnsureOutcome::Restarted,
+                None => EnsureOutcome::Started,
+            };
+            let generation = current.generation + 1;
+            lock(&self.log_dirs).insert(id, LogDir::new(&self.shared.config.data_dir, &spec.key));
+            slot.desired.send_replace(Desired {
+                generation,
+                spec: Some(spec),
+            });
+            return Ok((outcome, TakenUp::new(slot.applied.clone(), generation)));
+        }
         let log_dir = LogDir::new(&self.shared.config.data_dir, &spec.key);
-        lock(&self.log_dirs).insert(spec.instance_id, log_dir.clone());
-        *lock(&slot.status) = Some(InstanceStatus::new(&spec));
-        let cancel = self.shared.cancel.child_token();
-        let task = instance::InstanceTask {
-            spec: spec.clone(),
+        lock(&self.log_dirs).insert(id, log_dir);
+        let (desired, desired_rx) = watch::channel(Desired {
+            generation: 1,
+            spec: Some(spec.clone()),
+        });
+        let (applied_tx, applied) = watch::channel(0);
+        let status = Arc::new(Mutex::new(Some(InstanceStatus::new(&spec))));
+        let task = instance::Supervision {
+            instance_id: id,
+            desired: desired_rx,
+            applied: applied_tx,
+            status: Arc::clone(&status),
             shared: Arc::clone(&self.shared),
-            cancel: cancel.clone(),
-            status: Arc::clone(&slot.status),
-            log_dir,
+            slots: Arc::clone(&self.slots),
+            log_dirs: Arc::clone(&self.log_dirs),
         };
         // Spawned as an async task on the runtime: backends are forked from its worker
         // threads, which is what PR_SET_PDEATHSIG needs (see `process`).
-        let handle = self.shared.tracker.spawn(task.run());
-        RunningTask {
-            spec,
-            cancel,
-            handle,
+        self.shared.tracker.spawn(task.run());
+        let wait = TakenUp::new(applied.clone(), 1);
+        slots.insert(
+            id,
+            Slot {
+                desired,
+                applied,
+                status,
+            },
+        );
+        Ok((EnsureOutcome::Started, wait))
+    }
+
+    /// Makes "not running here" the instance's desired state and returns at once: its task
+    /// stops the process group(s) (SIGTERM, the grace period, SIGKILL), releases the ports,
+    /// sends `Stopped` and leaves. `false` if the id was not supervised.
+    pub fn remove(&self, instance_id: i64) -> bool {
+        self.unset(instance_id).is_some()
+    }
+
+    /// [`Supervisor::remove`], then waits until everything is stopped and the ports are
+    /// free; `false` if the id was not supervised.
+    pub async fn stop(&self, instance_id: i64) -> bool {
+        match self.unset(instance_id) {
+            Some(wait) => {
+                wait.taken_up().await;
+                true
+            }
+            None => false,
         }
     }
 
-    /// Stops the instance: SIGTERM to its process group(s), the grace period, SIGKILL,
-    /// reaping; releases its ports and sends `Stopped`. Returns when all of that is done;
-    /// `false` if the id was not supervised.
-    pub async fn stop(&self, instance_id: i64) -> bool {
-        let Some(slot) = lock(&self.slots).get(&instance_id).cloned() else {
-            return false;
-        };
-        let mut control = slot.control.lock().await;
-        if control.removed {
-            return false;
+    fn unset(&self, instance_id: i64) -> Option<TakenUp> {
+        let slots = lock(&self.slots);
+        let slot = slots.get(&instance_id)?;
+        let current = slot.desired.borrow().clone();
+        if current.spec.is_none() {
+            return Some(TakenUp::new(slot.applied.clone(), current.generation));
         }
-        let task = control.task.take();
-        let was_running = task.is_some();
-        if let Some(task) = task {
-            task.stop().await;
-        }
-        control.removed = true;
-        let mut slots = lock(&self.slots);
-        if slots
-            .get(&instance_id)
-            .is_some_and(|current| Arc::ptr_eq(current, &slot))
-        {
-            slots.remove(&instance_id);
-        }
-        was_running
+        let generation = current.generation + 1;
+        slot.desired.send_replace(Desired {
+            generation,
+            spec: None,
+        });
+        Some(TakenUp::new(slot.applied.clone(), generation))
     }
 
     /// Stops every instance (concurrently, each with its grace period) and waits for every
-    /// task. Later calls to [`Supervisor::ensure`] fail with
+    /// task. Later calls to [`Supervisor::apply`] fail with
     /// [`SupervisorError::ShuttingDown`].
     pub async fn shutdown(&self) {
         self.shared.cancel.cancel();
@@ -491,23 +451,36 @@ impl Supervisor {
         lock(&self.slots).clear();
     }
 
-    /// The current status of an instance, `None` if it is not supervised (never ensured, or
-    /// stopped).
+    /// The current status of an instance, `None` if it is not supervised (never applied,
+    /// or removed and stopped).
     pub fn status(&self, instance_id: i64) -> Option<InstanceStatus> {
-        let slot = lock(&self.slots).get(&instance_id).cloned()?;
+        let slots = lock(&self.slots);
+        let slot = slots.get(&instance_id)?;
         let status = lock(&slot.status).clone();
         status
     }
 
     /// The status of every supervised instance, by id.
     pub fn statuses(&self) -> Vec<InstanceStatus> {
-        let slots: Vec<Arc<Slot>> = lock(&self.slots).values().cloned().collect();
+        let slots = lock(&self.slots);
         let mut statuses: Vec<InstanceStatus> = slots
-            .iter()
+            .values()
             .filter_map(|slot| lock(&slot.status).clone())
             .collect();
         statuses.sort_by_key(|s| s.instance_id);
         statuses
+    }
+
+    /// The ids whose desired state is a spec (not being removed).
+    pub fn wanted(&self) -> Vec<i64> {
+        let slots = lock(&self.slots);
+        let mut ids: Vec<i64> = slots
+            .iter()
+            .filter(|(_, slot)| slot.desired.borrow().spec.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// The ports handed out to backends right now.
@@ -542,5 +515,30 @@ impl Supervisor {
         tokio::task::spawn_blocking(move || read_tail_lines(&path, tail_lines))
             .await
             .map_err(std::io::Error::other)?
+    }
+}
+
+/// Waits until an instance's task has taken up a generation of its desired state.
+struct TakenUp {
+    applied: watch::Receiver<u64>,
+    generation: u64,
+}
+
+impl TakenUp {
+    fn new(applied: watch::Receiver<u64>, generation: u64) -> Self {
+        Self {
+            applied,
+            generation,
+        }
+    }
+
+    /// Returns once the generation (or a later one) is taken up, or the task is gone.
+    async fn taken_up(mut self) {
+        let generation = self.generation;
+        // An error means the task ended (shutdown): nothing runs any more either way.
+        let _ = self
+            .applied
+            .wait_for(|applied| *applied >= generation)
+            .await;
     }
 }

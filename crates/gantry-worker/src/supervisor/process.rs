@@ -29,8 +29,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::BackendCommand;
 use crate::logs::{CappedLog, StderrTail};
+use gantry_backends::BackendCommand;
 
 /// How often a stopping group is checked for exit.
 const STOP_POLL_INTERVAL: Duration = Duration::from_millis(25);

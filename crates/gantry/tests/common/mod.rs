@@ -308,13 +308,20 @@ impl Cluster {
         );
     }
 
-    /// Creates a model and returns (model id, instance ids).
+    /// Creates a model and returns (model id, instance ids) once the model controller
+    /// has created its `replicas` instances.
     pub async fn create_model(&self, body: Value) -> (i64, Vec<i64>) {
         let (status, model) = self.call(Method::POST, "/api/v1/models", Some(body)).await;
         assert_eq!(status, 201, "{model}");
         let id = model["id"].as_i64().unwrap();
+        let replicas = model["replicas"].as_u64().unwrap();
         let instances = self
-            .get(&format!("/api/v1/model-instances?model_id={id}"))
+            .wait_for(
+                &format!("model {id}'s {replicas} instances"),
+                &format!("/api/v1/model-instances?model_id={id}"),
+                Duration::from_secs(10),
+                |list| list["pagination"]["total"] == replicas,
+            )
             .await;
         let ids = instances["items"]
             .as_array()

@@ -1,5 +1,5 @@
-//! What one model instance needs: the [`ResourceClaim`] that estimation produces and
-//! placement consumes.
+//! What one model instance needs: the [`ResourceClaim`] that estimation (in `gantry-sched`)
+//! produces and placement consumes, stored with every placement the scheduler makes.
 //!
 //! A claim is not a single number because the backends divide a model differently:
 //!
@@ -12,9 +12,10 @@
 //! Placement turns a claim into concrete bytes per chosen GPU and bytes of RAM.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// The memory one model instance needs, before it is placed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ResourceClaim {
     /// Bytes every GPU used by the instance needs on top of its share of the model: the CUDA
     /// context of the process, and for llama.cpp the per-device compute buffer.
@@ -27,7 +28,7 @@ pub struct ResourceClaim {
 }
 
 /// How a model's memory divides between devices.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub enum ModelMemory {
     /// llama.cpp: whole blocks live on one device each; see [`LayerBreakdown`].
     Layers(LayerBreakdown),
@@ -46,7 +47,7 @@ pub enum ModelMemory {
 /// projection) goes to the GPU holding the last block only when `N > blocks`, i.e. only on
 /// full offload; the input token embedding always stays on the host (it is counted in
 /// [`ResourceClaim::base_ram_bytes`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct LayerBreakdown {
     /// Bytes of each transformer block on whatever device holds it: its weights plus its
     /// share of the KV cache. Index `i` is block `i`.
@@ -76,7 +77,7 @@ impl LayerBreakdown {
 /// vLLM / SGLang memory: the engine reserves a fraction of each GPU it uses, and that
 /// fraction must at least hold its share of the weights and of the KV cache for one
 /// full-length sequence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EngineMemory {
     /// Bytes of all weights (sum over the safetensors tensors).
     pub weight_bytes: u64,
@@ -125,7 +126,7 @@ impl EngineMemory {
 }
 
 /// The fraction of each GPU's total memory an engine reserves.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
 pub enum MemoryFraction {
     /// A fraction given by the user or the engine's fixed default, in `(0, 1]`.
     Fixed(f64),
@@ -155,7 +156,7 @@ impl MemoryFraction {
 }
 
 /// What a custom backend declares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FixedMemory {
     /// GPUs it needs on one worker; zero for a CPU-only backend.
     pub gpu_count: u32,
@@ -186,7 +187,7 @@ impl ResourceClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::units::GIB;
+    const GIB: u64 = 1 << 30;
 
     fn engine(heads: u32, kv_heads: u32) -> EngineMemory {
         EngineMemory {

@@ -1,0 +1,155 @@
+//! vLLM: `vllm serve <path> --host <bind> --port <port> <args…>`, healthy when `/health`
+//! answers 200.
+//!
+//! The estimate reads `--gpu-memory-utilization`, `--max-model-len`, `--kv-cache-dtype`,
+//! `--tensor-parallel-size`/`-tp` and `--data-parallel-size`/`-dp` ([`estimate_options`]). A
+//! placement adds `--tensor-parallel-size N` unless the arguments give it.
+
+use gantry_sched::{EngineOptions, ServingEngine};
+use gantry_types::{BackendKind, Placement};
+
+use crate::args::ArgsError;
+use crate::command::{serve_argv, BackendError, BackendSettings, LaunchSpec, LaunchTarget};
+use crate::engine::EngineFlags;
+use crate::Backend;
+
+const FLAGS: EngineFlags = EngineFlags {
+    engine: ServingEngine::Vllm,
+    memory_fraction: &["--gpu-memory-utilization"],
+    max_model_len: &["--max-model-len"],
+    tensor_parallel: &["--tensor-parallel-size", "-tp"],
+    data_parallel: &["--data-parallel-size", "-dp"],
+};
+
+/// vLLM's OpenAI-compatible server.
+#[derive(Debug, Clone, Copy)]
+pub struct Vllm;
+
+impl Backend for Vllm {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Vllm
+    }
+
+    fn default_program(&self) -> Vec<String> {
+        vec!["vllm".to_owned()]
+    }
+
+    fn argv(
+        &self,
+        settings: &BackendSettings,
+        spec: &LaunchSpec,
+        target: &LaunchTarget<'_>,
+    ) -> Result<Vec<String>, BackendError> {
+        serve_argv(settings, spec, target, &["serve"])
+    }
+
+    fn placement_args(
+        &self,
+        user_args: &[String],
+        placement: &Placement,
+        _context_size: Option<u32>,
+    ) -> Vec<String> {
+        FLAGS.placement_args(user_args, placement)
+    }
+}
+
+/// Reads the options that change vLLM's memory use from its arguments.
+pub fn estimate_options(args: &[String]) -> Result<EngineOptions, ArgsError> {
+    FLAGS.estimate_options(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_types::PlacementKind;
+
+    use super::*;
+    use crate::command::backend_command;
+    use crate::command::tests::{argv, spec, target};
+
+    pub(crate) fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn command_line_leaves_tensor_parallelism_to_the_args() {
+        let mut spec = spec(BackendKind::Vllm, "/models/qwen");
+        spec.args = args(&["--tensor-parallel-size", "2"]);
+        spec.env.insert("HF_HOME".into(), "/cache".into());
+        let command =
+            backend_command(&spec, &BackendSettings::default(), &target(&[2, 3])).unwrap();
+        assert_eq!(
+            argv(&command),
+            [
+                "vllm",
+                "serve",
+                "/models/qwen",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "40001",
+                "--tensor-parallel-size",
+                "2"
+            ]
+        );
+        assert_eq!(command.health_path, "/health");
+        assert_eq!(command.env["HF_HOME"], "/cache");
+    }
+
+    #[test]
+    fn a_placement_adds_its_tensor_parallel_size_unless_given() {
+        let two = Placement {
+            instance_id: 1,
+            worker_id: 1,
+            worker_name: "w1".into(),
+            gpus: Vec::new(),
+            ram_bytes: 0,
+            kind: PlacementKind::MultiGpu,
+            tensor_parallel_size: 2,
+            data_parallel_size: 1,
+            llama: None,
+        };
+        assert_eq!(
+            Vllm.placement_args(&[], &two, None),
+            args(&["--tensor-parallel-size", "2"])
+        );
+        assert!(Vllm
+            .placement_args(&args(&["-tp", "2"]), &two, None)
+            .is_empty());
+    }
+
+    #[test]
+    fn arguments_set_fraction_length_dtype_and_parallelism() {
+        let options = estimate_options(&args(&[
+            "--gpu-memory-utilization=0.8",
+            "--max-model-len",
+            "8k",
+            "--kv-cache-dtype",
+            "fp8",
+            "-tp",
+            "2",
+            "--data-parallel-size=2",
+        ]))
+        .expect("valid args");
+        assert_eq!(options.engine, ServingEngine::Vllm);
+        assert_eq!(options.memory_fraction, Some(0.8));
+        assert_eq!(options.max_model_len, Some(8000));
+        assert_eq!(options.kv_cache_element_bits, 8);
+        assert_eq!(options.tensor_parallel_size, Some(2));
+        assert_eq!(options.data_parallel_size, Some(2));
+        assert_eq!(
+            estimate_options(&[]).expect("no args"),
+            EngineOptions::defaults(ServingEngine::Vllm)
+        );
+    }
+
+    #[test]
+    fn invalid_arguments_are_rejected_naming_the_flag() {
+        let vllm = |list: &[&str]| estimate_options(&args(list));
+        assert!(vllm(&["--gpu-memory-utilization", "1.5"]).is_err());
+        assert!(vllm(&["--gpu-memory-utilization", "0"]).is_err());
+        assert!(vllm(&["--max-model-len", "lots"]).is_err());
+        assert!(vllm(&["--kv-cache-dtype", "int3"]).is_err());
+        let e = vllm(&["-tp", "0"]).expect_err("zero");
+        assert_eq!(e.flag, "--tensor-parallel-size");
+    }
+}

@@ -1,0 +1,469 @@
+//! Placement: the `pending` (and leftover `analyzing`) instances, oldest first, get the
+//! claim of their model version ([`analyze`](super::analyze), read once per version and
+//! cached), and are placed one after another on a ledger built from the store
+//! ([`snapshot`](super::snapshot)) — the same booking as `gantry_sched::place_many`, one
+//! request at a time so that an instance rescheduled after an `error` first tries the
+//! workers other than the one that gave up on it.
+//!
+//! Each placement is written in one conditional statement ([`Store::record_placement`])
+//! with its [`PlacementRecord`]: the model's launch settings, the flags the placement adds
+//! (derived by `gantry-backends`) and the reservation. An instance that cannot be placed
+//! stays `pending` with the scheduler's reason as its message.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_sched::units::format_gib;
+use gantry_sched::{
+    ClusterSnapshot, GpuShare, ManualGpuSelection, ModelMemory, PlacedClaim, Placement,
+    PlacementKind, PlacementRequest, ResourceClaim, SnapshotState, Strategy, Unschedulable,
+};
+use gantry_store::{InstanceFilter, NewPlacement, Store, StoreError, WorkerFilter};
+use gantry_types::{
+    BackendKind, InstanceState, Model, ModelInstance, PlacementRecord, PlacementStrategy,
+    Reservation,
+};
+use tokio::time::Instant;
+
+use super::analyze::{analyze, Analysis, AnalysisCache, AnalysisError, AnalysisInput, Cached};
+use super::instance::with_reschedule_note;
+use super::pass::EVERYTHING;
+use super::run_loop::Action;
+use super::snapshot::build_snapshot;
+
+/// The scheduler's memory between passes: analyses per model version, and the workers that
+/// gave up on instances being placed again.
+#[derive(Debug)]
+pub struct Placer {
+    analyses: AnalysisCache,
+    /// Instances taken off a worker that gave up on them (`error`), with that worker: their
+    /// next placement prefers any other.
+    avoid_worker: HashMap<i64, i64>,
+    /// An analysis that takes longer than this shows its instances as `analyzing`; faster
+    /// ones go from `pending` straight to their outcome without two extra writes each.
+    show_analyzing_after: Duration,
+}
+
+impl Placer {
+    /// A placer that retries failed analyses after `analysis_retry`.
+    pub fn new(analysis_retry: Duration, show_analyzing_after: Duration) -> Self {
+        Placer {
+            analyses: AnalysisCache::new(analysis_retry),
+            avoid_worker: HashMap::new(),
+            show_analyzing_after,
+        }
+    }
+
+    /// Forgets everything (a new term of leadership).
+    pub fn clear(&mut self) {
+        self.analyses.clear();
+        self.avoid_worker.clear();
+    }
+
+    /// The next placement of `instance_id` prefers any worker but `worker_id`.
+    pub fn avoid(&mut self, instance_id: i64, worker_id: i64) {
+        self.avoid_worker.insert(instance_id, worker_id);
+    }
+
+    /// Places the `pending` (and leftover `analyzing`) instances of `models`, oldest
+    /// first; returns when an analysis retry falls due.
+    pub async fn place_pending(
+        &mut self,
+        store: &Store,
+        models: &[Model],
+        leading: impl Fn() -> bool,
+    ) -> Result<Action, StoreError> {
+        let model_ids: HashSet<i64> = models.iter().map(|m| m.id).collect();
+        self.analyses.retain_models(&model_ids);
+        let mut candidates = instances_in(store, InstanceState::Pending).await?;
+        candidates.extend(instances_in(store, InstanceState::Analyzing).await?);
+        candidates.retain(|instance| instance.worker_id.is_none());
+        candidates.sort_by_key(|instance| (instance.created_at, instance.id));
+        let candidate_ids: HashSet<i64> = candidates.iter().map(|i| i.id).collect();
+        self.avoid_worker.retain(|id, _| candidate_ids.contains(id));
+        if candidates.is_empty() {
+            // Cached failures matter only to instances waiting for placement.
+            return Ok(Action::AwaitChange);
+        }
+
+        // Analysis, once per model version.
+        let by_id: HashMap<i64, &Model> = models.iter().map(|m| (m.id, m)).collect();
+        let mut analyses: HashMap<i64, Result<Arc<Analysis>, AnalysisError>> = HashMap::new();
+        for instance in &candidates {
+            if analyses.contains_key(&instance.model_id) {
+                continue;
+            }
+            let Some(model) = by_id.get(&instance.model_id) else {
+                continue; // created after the model list was read; the next pass has it
+            };
+            let result = self.analysis_of(store, model).await?;
+            analyses.insert(model.id, result);
+        }
+
+        let (workers, _) = store
+            .list_workers(&WorkerFilter::default(), EVERYTHING)
+            .await?;
+        let placed = store.placed_instance_claims().await?;
+        let snapshot = build_snapshot(&workers, &placed);
+        let mut ledger = SnapshotState::new(&snapshot);
+
+        for instance in &candidates {
+            if !leading() {
+                break;
+            }
+            let (Some(model), Some(analysis)) = (
+                by_id.get(&instance.model_id),
+                analyses.get(&instance.model_id),
+            ) else {
+                continue;
+            };
+            let analysis = match analysis {
+                Ok(analysis) => analysis,
+                Err(e) => {
+                    let message = with_reschedule_note(&e.0, &instance.state_message);
+                    store.set_pending_reason(instance.id, &message).await?;
+                    continue;
+                }
+            };
+            let request = placement_request(instance.id, model, analysis);
+            let avoid = self.avoid_worker.get(&instance.id).copied();
+            match place_preferring_elsewhere(&mut ledger, &snapshot, &request, avoid) {
+                Ok(placement) => {
+                    let written = self
+                        .record(store, instance, model, analysis, &placement, &snapshot)
+                        .await?;
+                    if written {
+                        self.avoid_worker.remove(&instance.id);
+                    } else {
+                        // Deleted, placed by hand, or the model or worker changed since the
+                        // snapshot: give the bytes back; the next pass decides again.
+                        ledger.release(&PlacedClaim::from(&placement));
+                    }
+                }
+                Err(unschedulable) => {
+                    let reason = unschedulable_message(&unschedulable);
+                    let message = with_reschedule_note(&reason, &instance.state_message);
+                    if store
+                        .set_pending_reason(instance.id, &message)
+                        .await?
+                        .is_some()
+                    {
+                        tracing::info!(instance = %instance.name, instance_id = instance.id,
+                            reason = %reason, "instance not schedulable");
+                    }
+                }
+            }
+        }
+        // A retry time already past belongs to a model that had no instance to place
+        // this pass; waking for it would spin. The periodic pass picks it up.
+        Ok(self
+            .analyses
+            .next_retry()
+            .filter(|at| *at > tokio::time::Instant::now())
+            .map_or(Action::AwaitChange, Action::RequeueAt))
+    }
+
+    /// The model's analysis, from the cache or from its files. Reading happens on a
+    /// blocking thread; if it takes longer than `show_analyzing_after`, the model's
+    /// `pending` instances are shown as `analyzing` meanwhile.
+    async fn analysis_of(
+        &mut self,
+        store: &Store,
+        model: &Model,
+    ) -> Result<Result<Arc<Analysis>, AnalysisError>, StoreError> {
+        let now = Instant::now();
+        let retry = match self.analyses.get(model.id, model.updated_at, now) {
+            Cached::Hit(result) => return Ok(result),
+            Cached::Miss { retry } => retry,
+        };
+        let input = AnalysisInput::of(model);
+        let mut task = tokio::task::spawn_blocking(move || analyze(&input));
+        let joined = match tokio::time::timeout(self.show_analyzing_after, &mut task).await {
+            Ok(joined) => joined,
+            Err(_) => {
+                // A retry keeps the instances `pending` with their reason: flipping them
+                // every retry would only add writes.
+                if !retry {
+                    store
+                        .mark_instances_analyzing(
+                            model.id,
+                            "reading the model's file headers to estimate its memory",
+                        )
+                        .await?;
+                }
+                task.await
+            }
+        };
+        let result = match joined {
+            Ok(result) => result.map(Arc::new),
+            Err(e) => Err(AnalysisError(format!("model analysis failed: {e}"))),
+        };
+        match &result {
+            Ok(analysis) => {
+                tracing::info!(model = %model.name, model_id = model.id,
+                    claim = %describe_claim(&analysis.claim), "analysed model")
+            }
+            Err(e) => {
+                tracing::warn!(model = %model.name, model_id = model.id, reason = %e,
+                    "cannot analyse model")
+            }
+        }
+        self.analyses
+            .insert(model.id, model.updated_at, result.clone(), Instant::now());
+        Ok(result)
+    }
+
+    /// Writes one placement; `false` when the conditional write found the instance, the
+    /// model or the worker changed.
+    async fn record(
+        &self,
+        store: &Store,
+        instance: &ModelInstance,
+        model: &Model,
+        analysis: &Analysis,
+        placement: &Placement,
+        snapshot: &ClusterSnapshot,
+    ) -> Result<bool, StoreError> {
+        let placement_args = gantry_backends::backend(model.backend).placement_args(
+            &model.backend_args,
+            placement,
+            analysis.default_context_size,
+        );
+        let record = PlacementRecord {
+            launch: model.launch_template(),
+            placement_args,
+            reservation: Some(Reservation {
+                claim: analysis.claim.clone(),
+                placement: placement.clone(),
+            }),
+        };
+        let simulated = uses_simulated_gpus(snapshot, placement);
+        let description = describe_placement(placement, simulated);
+        let message = with_reschedule_note(&description, &instance.state_message);
+        let gpu_indexes = placement.gpu_indexes();
+        let written = store
+            .record_placement(&NewPlacement {
+                instance_id: instance.id,
+                model_updated_at: model.updated_at,
+                worker_id: placement.worker_id,
+                gpu_indexes: &gpu_indexes,
+                state_message: &message,
+                record: &record,
+            })
+            .await?;
+        if written.is_some() {
+            tracing::info!(
+                instance = %instance.name,
+                instance_id = instance.id,
+                model = %model.name,
+                worker = %placement.worker_name,
+                gpus = ?gpu_indexes,
+                simulated_gpus = simulated,
+                placement = %description,
+                claim = %describe_claim(&analysis.claim),
+                placement_args = ?record.placement_args,
+                "placed instance"
+            );
+        }
+        Ok(written.is_some())
+    }
+}
+
+/// Places `request`, first on a copy of the ledger where worker `avoid` has nothing left
+/// (so any other worker that fits wins), then, if none does, anywhere. Books the result.
+fn place_preferring_elsewhere(
+    ledger: &mut SnapshotState,
+    snapshot: &ClusterSnapshot,
+    request: &PlacementRequest,
+    avoid: Option<i64>,
+) -> Result<Placement, Unschedulable> {
+    if let Some(view) = avoid.and_then(|id| snapshot.workers.iter().find(|w| w.id == id)) {
+        let mut elsewhere = ledger.clone();
+        elsewhere.apply(&PlacedClaim {
+            instance_id: request.instance_id,
+            worker_id: view.id,
+            gpus: view
+                .gpus
+                .iter()
+                .map(|gpu| GpuShare {
+                    index: gpu.index,
+                    bytes: u64::MAX,
+                })
+                .collect(),
+            ram_bytes: u64::MAX,
+        });
+        if let Ok(placement) = elsewhere.find(request) {
+            ledger.apply(&PlacedClaim::from(&placement));
+            return Ok(placement);
+        }
+    }
+    ledger.place(request)
+}
+
+/// The placement request of one instance of `model`.
+pub fn placement_request(instance_id: i64, model: &Model, analysis: &Analysis) -> PlacementRequest {
+    let mut request = PlacementRequest::new(
+        instance_id,
+        model.name.clone(),
+        model.backend.as_str(),
+        analysis.claim.clone(),
+    );
+    request.selector = model.worker_selector.clone();
+    request.manual = model
+        .gpu_selector
+        .as_ref()
+        .map(|selector| ManualGpuSelection {
+            worker_name: selector.worker_name.clone(),
+            gpu_indexes: selector.gpu_indexes.clone(),
+        });
+    request.strategy = match model.placement_strategy {
+        PlacementStrategy::Spread => Strategy::Spread,
+        PlacementStrategy::Binpack => Strategy::Binpack,
+    };
+    request.allow_tensor_parallel = true;
+    request.allow_cpu_offload = model.cpu_offload && model.backend == BackendKind::LlamaCpp;
+    request.data_parallel_size = model
+        .data_parallel_size
+        .or(analysis.args_data_parallel_size);
+    request
+}
+
+/// The reason an instance is not placed, for its `state_message`.
+fn unschedulable_message(unschedulable: &Unschedulable) -> String {
+    if unschedulable.may_succeed_later() {
+        unschedulable.to_string()
+    } else {
+        format!("{unschedulable}; change the model for it to be placed")
+    }
+}
+
+fn uses_simulated_gpus(snapshot: &ClusterSnapshot, placement: &Placement) -> bool {
+    snapshot
+        .workers
+        .iter()
+        .find(|worker| worker.id == placement.worker_id)
+        .is_some_and(|worker| {
+            worker
+                .gpus
+                .iter()
+                .any(|gpu| gpu.simulated && placement.gpus.iter().any(|s| s.index == gpu.index))
+        })
+}
+
+/// `scheduled on w1: GPU 0 (0.6 GiB), 0.3 GiB RAM; whole model on one GPU`.
+fn describe_placement(placement: &Placement, simulated: bool) -> String {
+    let kind = if simulated { "simulated GPU" } else { "GPU" };
+    let gpus = if placement.gpus.is_empty() {
+        "no GPU".to_owned()
+    } else {
+        placement
+            .gpus
+            .iter()
+            .map(|gpu| format!("{kind} {} ({})", gpu.index, format_gib(gpu.bytes)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let layout = match placement.kind {
+        PlacementKind::SingleGpu => "whole model on one GPU".to_owned(),
+        PlacementKind::MultiGpu if placement.data_parallel_size > 1 => format!(
+            "{} replicas of {} GPUs each",
+            placement.data_parallel_size, placement.tensor_parallel_size
+        ),
+        PlacementKind::MultiGpu => format!("split over {} GPUs", placement.gpus.len()),
+        PlacementKind::PartialOffload => format!(
+            "{} layers on the GPU, the rest on the CPU",
+            placement.llama.as_ref().map_or(0, |l| l.n_gpu_layers)
+        ),
+        PlacementKind::CpuOnly => "CPU only".to_owned(),
+    };
+    format!(
+        "scheduled on {}: {gpus}, {} RAM; {layout}",
+        placement.worker_name,
+        format_gib(placement.ram_bytes)
+    )
+}
+
+/// A claim in a few words, for logs.
+fn describe_claim(claim: &ResourceClaim) -> String {
+    match &claim.memory {
+        ModelMemory::Layers(layers) => format!(
+            "llama.cpp {} blocks, {} on one GPU, {} RAM",
+            layers.block_count(),
+            format_gib(claim.single_gpu_bytes().unwrap_or(0)),
+            format_gib(claim.base_ram_bytes)
+        ),
+        ModelMemory::Engine(engine) => format!(
+            "{} weights, {:.0}% of each GPU, {} RAM",
+            format_gib(engine.weight_bytes),
+            engine.memory_fraction.at_tensor_parallel(1) * 100.0,
+            format_gib(claim.base_ram_bytes)
+        ),
+        ModelMemory::Fixed(fixed) => format!(
+            "{} GPU(s) with {} each, {} RAM",
+            fixed.gpu_count,
+            format_gib(
+                fixed
+                    .bytes_per_gpu
+                    .saturating_add(claim.per_gpu_overhead_bytes)
+            ),
+            format_gib(claim.base_ram_bytes)
+        ),
+    }
+}
+
+async fn instances_in(
+    store: &Store,
+    state: InstanceState,
+) -> Result<Vec<ModelInstance>, StoreError> {
+    let filter = InstanceFilter {
+        state: Some(state),
+        ..InstanceFilter::default()
+    };
+    Ok(store.list_instances(&filter, EVERYTHING).await?.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_sched::LlamaLayout;
+
+    use super::*;
+
+    fn placement(kind: PlacementKind, gpus: &[u32], llama: Option<LlamaLayout>) -> Placement {
+        Placement {
+            instance_id: 1,
+            worker_id: 1,
+            worker_name: "w1".to_owned(),
+            gpus: gpus
+                .iter()
+                .map(|&index| GpuShare {
+                    index,
+                    bytes: 1 << 30,
+                })
+                .collect(),
+            ram_bytes: 1 << 29,
+            kind,
+            tensor_parallel_size: u32::try_from(gpus.len().max(1)).expect("few GPUs"),
+            data_parallel_size: 1,
+            llama,
+        }
+    }
+
+    fn layout(split: &[u32]) -> Option<LlamaLayout> {
+        Some(LlamaLayout {
+            n_gpu_layers: split.iter().sum(),
+            tensor_split: split.to_vec(),
+        })
+    }
+
+    #[test]
+    fn placement_messages_say_where_and_how() {
+        let placed = placement(PlacementKind::SingleGpu, &[0], layout(&[5]));
+        assert_eq!(
+            describe_placement(&placed, true),
+            "scheduled on w1: simulated GPU 0 (1.0 GiB), 0.5 GiB RAM; whole model on one GPU"
+        );
+        let split = placement(PlacementKind::MultiGpu, &[0, 1], layout(&[2, 3]));
+        assert!(describe_placement(&split, false).ends_with("split over 2 GPUs"));
+    }
+}

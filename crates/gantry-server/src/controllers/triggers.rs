@@ -1,0 +1,172 @@
+//! Which store changes wake the control loop: those that can let a pass do something new.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gantry_store::{Change, ChangeKind};
+use gantry_types::InstanceState;
+use tokio::sync::broadcast;
+
+/// Whether a committed change may let a pass do something new. Instances the scheduler
+/// itself moves to `analyzing` or `scheduled`, and worker reports of `starting`, do not;
+/// an instance becoming `running` does (a roll waits for it); users and API keys never
+/// do. Worker changes are left to
+/// [`TriggerFilter`], which knows what the scheduler saw of the worker before.
+pub fn triggers_pass(change: &Change) -> bool {
+    match change {
+        Change::Worker(..) | Change::Model(..) => true,
+        Change::Instance(ChangeKind::Created | ChangeKind::Deleted, _) => true,
+        Change::Instance(ChangeKind::Updated, instance) => matches!(
+            instance.state,
+            InstanceState::Pending
+                | InstanceState::Running
+                | InstanceState::Error
+                | InstanceState::Unreachable
+        ),
+        _ => false,
+    }
+}
+
+/// [`triggers_pass`], except that a worker update triggers only when something placement
+/// looks at changed (state, labels, backends, GPUs, memory totals): workers report their
+/// utilisation often, and those reports alone cannot make a placement possible.
+#[derive(Debug, Default)]
+pub struct TriggerFilter {
+    workers: HashMap<i64, gantry_sched::WorkerView>,
+}
+
+impl TriggerFilter {
+    pub fn triggers(&mut self, change: &Change) -> bool {
+        match change {
+            Change::Worker(ChangeKind::Deleted, worker) => {
+                self.workers.remove(&worker.id);
+                true
+            }
+            Change::Worker(_, worker) => {
+                let view = super::snapshot::worker_view(worker);
+                self.workers.insert(worker.id, view.clone()) != Some(view)
+            }
+            other => triggers_pass(other),
+        }
+    }
+
+    /// Forgets what it saw: after missed changes, the next worker update triggers.
+    pub fn clear(&mut self) {
+        self.workers.clear();
+    }
+
+    /// Waits for a change that triggers; a lagged receiver counts as one (changes were
+    /// missed, so anything may have happened). Never returns once the store is gone.
+    pub async fn next_trigger(&mut self, changes: &mut broadcast::Receiver<Arc<Change>>) {
+        loop {
+            match changes.recv().await {
+                Ok(change) if self.triggers(&change) => return,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    self.clear();
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// Discards the changes already queued (the pass about to run reads the store anew),
+    /// letting the filter see the worker updates among them.
+    pub fn drain(&mut self, changes: &mut broadcast::Receiver<Arc<Change>>) {
+        loop {
+            match changes.try_recv() {
+                Ok(change) => {
+                    self.triggers(&change);
+                }
+                Err(broadcast::error::TryRecvError::Lagged(_)) => self.clear(),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_types::ModelInstance;
+
+    use super::*;
+
+    #[test]
+    fn only_changes_that_matter_trigger_a_pass() {
+        use gantry_types::Timestamp;
+        let instance = |state| ModelInstance {
+            id: 1,
+            name: "m-0".into(),
+            model_id: 1,
+            model_name: "m".into(),
+            replica: 0,
+            worker_id: None,
+            worker_name: None,
+            gpu_indexes: vec![],
+            port: None,
+            address: None,
+            state,
+            state_message: String::new(),
+            placement: None,
+            restart_count: 0,
+            created_at: Timestamp::from_millis(0),
+            updated_at: Timestamp::from_millis(0),
+        };
+        let updated = |state| Change::Instance(ChangeKind::Updated, instance(state));
+        assert!(triggers_pass(&Change::Instance(
+            ChangeKind::Created,
+            instance(InstanceState::Pending)
+        )));
+        assert!(triggers_pass(&Change::Instance(
+            ChangeKind::Deleted,
+            instance(InstanceState::Running)
+        )));
+        assert!(triggers_pass(&updated(InstanceState::Unreachable)));
+        assert!(triggers_pass(&updated(InstanceState::Error)));
+        assert!(triggers_pass(&updated(InstanceState::Pending)));
+        assert!(!triggers_pass(&updated(InstanceState::Scheduled)));
+        assert!(!triggers_pass(&updated(InstanceState::Analyzing)));
+        assert!(
+            triggers_pass(&updated(InstanceState::Running)),
+            "a roll waits for instances to run"
+        );
+        assert!(!triggers_pass(&updated(InstanceState::Starting)));
+    }
+
+    #[test]
+    fn worker_updates_trigger_only_when_placement_inputs_change() {
+        use gantry_types::{Timestamp, Worker, WorkerState, WorkerStatus};
+        let mut worker = Worker {
+            id: 1,
+            name: "w1".into(),
+            state: WorkerState::Ready,
+            state_message: String::new(),
+            labels: Default::default(),
+            address: "127.0.0.1:1".into(),
+            status: WorkerStatus::default(),
+            last_heartbeat_at: None,
+            created_at: Timestamp::from_millis(0),
+            updated_at: Timestamp::from_millis(0),
+        };
+        let mut filter = TriggerFilter::default();
+        let updated = |w: &Worker| Change::Worker(ChangeKind::Updated, w.clone());
+        assert!(filter.triggers(&updated(&worker)), "first sight");
+        assert!(!filter.triggers(&updated(&worker)), "nothing changed");
+        worker.status.system.load_average = 3.0;
+        worker.last_heartbeat_at = Some(Timestamp::from_millis(5));
+        assert!(
+            !filter.triggers(&updated(&worker)),
+            "load is not a placement input"
+        );
+        worker.state = WorkerState::NotReady;
+        assert!(filter.triggers(&updated(&worker)));
+        worker.labels.insert("zone".into(), "a".into());
+        assert!(filter.triggers(&updated(&worker)));
+        assert!(filter.triggers(&Change::Worker(ChangeKind::Deleted, worker.clone())));
+        assert!(
+            filter.triggers(&updated(&worker)),
+            "seen anew after deletion"
+        );
+    }
+}

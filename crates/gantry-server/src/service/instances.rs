@@ -1,0 +1,148 @@
+//! Model instances: placing one by hand, deleting one, and finding the worker that holds
+//! its logs.
+
+use gantry_store::{ManualPlacement, Store};
+use gantry_types::{InstancePatch, ModelInstance, PlacementRecord, Worker};
+
+use crate::error::{ApiError, ApiResult};
+
+/// Places an instance by hand on a worker and GPUs, or takes its placement away
+/// (`worker_id: null`). Absent fields keep the instance's current worker or GPUs. The GPUs
+/// must be ones the worker reported; the instance then runs the model's launch settings as
+/// they are now, with no flags derived from a placement (nothing was estimated).
+pub async fn place_by_hand(
+    store: &Store,
+    id: i64,
+    patch: InstancePatch,
+) -> ApiResult<ModelInstance> {
+    let current = store.get_instance(id).await?;
+    let worker_id = patch.worker_id.unwrap_or(current.worker_id);
+    let gpus = patch.gpu_indexes.unwrap_or(current.gpu_indexes);
+    let Some(worker_id) = worker_id else {
+        return Ok(store.place_instance_manually(id, None).await?);
+    };
+    let worker = match store.get_worker(worker_id).await {
+        Ok(worker) => worker,
+        Err(gantry_store::StoreError::NotFound { .. }) => {
+            return Err(ApiError::validation(format!(
+                "worker_id: no worker has id {worker_id}"
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    check_gpus(&worker, &gpus)?;
+    let model = store.get_model(current.model_id).await?;
+    let record = PlacementRecord::by_hand(&model);
+    let message = format!("placed by hand on {}", worker.name);
+    Ok(store
+        .place_instance_manually(
+            id,
+            Some(ManualPlacement {
+                worker_id,
+                gpu_indexes: &gpus,
+                state_message: &message,
+                record: &record,
+            }),
+        )
+        .await?)
+}
+
+/// The GPUs of a placement by hand must be ones the worker reported.
+fn check_gpus(worker: &Worker, gpus: &[u32]) -> ApiResult<()> {
+    for index in gpus {
+        if !worker.status.gpus.iter().any(|g| g.index == *index) {
+            let have: Vec<String> = worker
+                .status
+                .gpus
+                .iter()
+                .map(|g| g.index.to_string())
+                .collect();
+            return Err(ApiError::validation(format!(
+                "gpu_indexes: worker {} has no GPU {index} (it has {})",
+                worker.name,
+                if have.is_empty() {
+                    "none".to_owned()
+                } else {
+                    have.join(", ")
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Where an instance's logs are: its worker, and the token the worker's API expects.
+#[derive(Debug)]
+pub struct LogSource {
+    pub instance: ModelInstance,
+    pub worker: Worker,
+    pub token: String,
+}
+
+/// The worker that holds an instance's logs; `conflict` while the instance is unplaced.
+pub async fn log_source(store: &Store, id: i64) -> ApiResult<LogSource> {
+    let instance = store.get_instance(id).await?;
+    let worker_id = instance.worker_id.ok_or_else(|| {
+        ApiError::conflict(format!(
+            "instance {} is not placed on a worker yet; its logs appear once it is",
+            instance.name
+        ))
+    })?;
+    let worker = store.get_worker(worker_id).await?;
+    let token = store.worker_api_token(worker_id).await?;
+    Ok(LogSource {
+        instance,
+        worker,
+        token,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_types::{GpuDevice, Timestamp, WorkerState, WorkerStatus};
+
+    use super::*;
+
+    fn worker(gpus: u32) -> Worker {
+        Worker {
+            id: 1,
+            name: "w1".into(),
+            state: WorkerState::Ready,
+            state_message: String::new(),
+            labels: Default::default(),
+            address: "127.0.0.1:1".into(),
+            status: WorkerStatus {
+                gpus: (0..gpus)
+                    .map(|index| GpuDevice {
+                        index,
+                        name: "GPU".into(),
+                        uuid: format!("GPU-{index}"),
+                        memory_total: 1,
+                        memory_used: 0,
+                        utilization: None,
+                        temperature: None,
+                        simulated: true,
+                    })
+                    .collect(),
+                ..WorkerStatus::default()
+            },
+            last_heartbeat_at: None,
+            created_at: Timestamp::from_millis(0),
+            updated_at: Timestamp::from_millis(0),
+        }
+    }
+
+    #[test]
+    fn gpus_placed_by_hand_must_exist_on_the_worker() {
+        assert!(check_gpus(&worker(2), &[0, 1]).is_ok());
+        assert!(check_gpus(&worker(2), &[]).is_ok());
+        let e = check_gpus(&worker(2), &[5]).expect_err("no GPU 5");
+        assert!(
+            e.message.contains("has no GPU 5 (it has 0, 1)"),
+            "{}",
+            e.message
+        );
+        let e = check_gpus(&worker(0), &[0]).expect_err("no GPUs at all");
+        assert!(e.message.contains("it has none"), "{}", e.message);
+    }
+}
