@@ -17,9 +17,12 @@ pub mod ui;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
+use gantry_auth::jwt::JwtKeys;
+use gantry_auth::{AuthConfig, Authenticator};
 use gantry_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -28,8 +31,6 @@ use tokio_util::task::TaskTracker;
 pub use config::ServerConfig;
 pub use state::AppState;
 
-use crate::auth::jwt::JwtKeys;
-use crate::auth::principal::ApiKeyCache;
 use crate::state::Shared;
 
 /// A server that is up and serving.
@@ -77,15 +78,19 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         .with_context(|| format!("listen on {bind}; is another process using the port?"))?;
     let addr = listener.local_addr().context("read the bound address")?;
 
+    let authenticator = Arc::new(Authenticator::new(
+        store.clone(),
+        JwtKeys::new(&jwt_secret, config.session_ttl),
+        AuthConfig::default(),
+    ));
     let state = AppState::new(Shared {
-        jwt: JwtKeys::new(&jwt_secret, config.session_ttl),
         store,
         config,
-        api_keys: ApiKeyCache::default(),
+        authenticator,
         shutdown: CancellationToken::new(),
         tasks: TaskTracker::new(),
     });
-    spawn_cache_invalidation(&state);
+    state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);
     // One server: always the leader. The PostgreSQL coordinator replaces this for
     // several servers sharing a database.
@@ -124,27 +129,4 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         registration_token_file,
         gateway,
     })
-}
-
-/// Keeps the API-key cache in step with committed changes.
-fn spawn_cache_invalidation(state: &AppState) {
-    let mut changes = state.store.subscribe();
-    let shutdown = state.shutdown.clone();
-    let inner = state.clone();
-    state.tasks.spawn(async move {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                change = changes.recv() => match change {
-                    Ok(change) => inner.api_keys.apply(&change),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        // Missed changes: forget everything rather than trust stale
-                        // entries.
-                        inner.api_keys.apply_all_stale();
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                },
-            }
-        }
-    });
 }

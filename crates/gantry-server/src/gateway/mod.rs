@@ -11,15 +11,12 @@
 //!   connections), pooled per instance and driven by the request's own task;
 //! - `body.rs`: the response body on its way out: usage read as it passes, the
 //!   usage-only SSE chunk removed when the gateway asked for it, accounting on drop;
-//! - `credentials.rs`: API keys accepted a moment ago, re-checked by one request at a
-//!   time;
 //! - `usage.rs`: usage summed in memory and flushed to the store every second;
 //! - `metrics.rs`: counters and the text exposition;
 //! - `error.rs`: the OpenAI error shape.
 
 pub mod balance;
 pub mod body;
-pub mod credentials;
 pub mod error;
 pub mod metrics;
 pub mod proxy;
@@ -38,10 +35,6 @@ use axum::{Json, Router};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use gantry_store::Change;
-use tokio::sync::broadcast::error::RecvError;
-
-use self::credentials::CredentialCache;
 use self::error::OpenAiError;
 use self::metrics::{ClusterCounts, Metrics};
 use self::proxy::Endpoint;
@@ -59,7 +52,6 @@ pub struct GatewayInner {
     pub routes: Arc<RoutingTable>,
     pub metrics: Arc<Metrics>,
     pub usage: Arc<UsageAggregator>,
-    pub credentials: Arc<CredentialCache>,
 }
 
 impl Deref for Gateway {
@@ -85,38 +77,12 @@ pub async fn start(state: &AppState) -> Result<Gateway, gantry_store::StoreError
     routing::start(state, Arc::clone(&routes)).await?;
     let usage = Arc::new(UsageAggregator::default());
     usage::spawn_flusher(state, Arc::clone(&usage));
-    let credentials = Arc::new(CredentialCache::default());
-    spawn_credential_invalidation(state, Arc::clone(&credentials));
     Ok(Gateway(Arc::new(GatewayInner {
         state: state.clone(),
         routes,
         metrics: Arc::new(Metrics::default()),
         usage,
-        credentials,
     })))
-}
-
-/// Forgets remembered API keys whenever a key or a user changes (or changes were
-/// missed), as the server's own key cache does.
-fn spawn_credential_invalidation(state: &AppState, credentials: Arc<CredentialCache>) {
-    let mut changes = state.store.subscribe();
-    let shutdown = state.shutdown.clone();
-    state.tasks.spawn(async move {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                change = changes.recv() => match change {
-                    Ok(change) => {
-                        if matches!(*change, Change::ApiKey(..) | Change::User(..)) {
-                            credentials.clear();
-                        }
-                    }
-                    Err(RecvError::Lagged(_)) => credentials.clear(),
-                    Err(RecvError::Closed) => return,
-                },
-            }
-        }
-    });
 }
 
 /// The gateway's routes, to merge into the server's router. Request bodies are read
