@@ -1,5 +1,6 @@
-//! The gantry server: management API, authentication, and (as they arrive) the
-//! controllers, the scheduler loop and the OpenAI-compatible gateway.
+//! The gantry server: management API, authentication extractors, the controllers and
+//! the scheduler loop; it hosts the OpenAI-compatible gateway (`gantry-gateway`) on
+//! the same port.
 //!
 //! Architecture invariant: this crate never spawns backend processes (that is the
 //! worker's job) and contains no SQL (that is `gantry-store`'s).
@@ -11,7 +12,6 @@ pub mod config;
 pub mod controllers;
 pub mod error;
 pub mod extract;
-pub mod gateway;
 pub mod state;
 pub mod ui;
 
@@ -23,6 +23,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use gantry_auth::jwt::JwtKeys;
 use gantry_auth::{AuthConfig, Authenticator};
+use gantry_gateway::{Gateway, GatewayConfig, GatewayContext};
 use gantry_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -42,7 +43,7 @@ pub struct RunningServer {
     /// Where the worker registration token was written, when this server made it.
     pub registration_token_file: Option<PathBuf>,
     /// The OpenAI-compatible gateway (routing table, counters).
-    pub gateway: gateway::Gateway,
+    pub gateway: Gateway,
 }
 
 impl RunningServer {
@@ -99,10 +100,20 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     );
     controllers::scheduler::spawn(&state, coordinator);
 
-    let gateway = gateway::start(&state)
-        .await
-        .context("load the gateway's routing table")?;
-    let app = api::router(state.clone()).merge(gateway::router(&gateway));
+    let gateway = gantry_gateway::start(
+        GatewayConfig {
+            max_request_body: state.config.gateway_max_request_body,
+        },
+        GatewayContext {
+            store: state.store.clone(),
+            authenticator: Arc::clone(&state.authenticator),
+            shutdown: state.shutdown.clone(),
+            tasks: state.tasks.clone(),
+        },
+    )
+    .await
+    .context("load the gateway's routing table")?;
+    let app = api::router(state.clone()).merge(gantry_gateway::router(&gateway));
     let shutdown = state.shutdown.clone();
     // Small writes (gateway SSE chunks, watch-stream lines) must leave at once: with
     // Nagle's algorithm on, each waits for the client's delayed ACK (about 40 ms).

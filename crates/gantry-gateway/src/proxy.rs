@@ -20,13 +20,13 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::body::{Completion, Inspector, ObservedBody};
-use super::error::OpenAiError;
-use super::metrics::{ErrorKind, ModelMetrics};
-use super::routing::Backend;
-use super::upstream::{ConnectError, UpstreamConnection};
-use super::usage::Caller;
-use super::Gateway;
+use crate::body::{Completion, Inspector, ObservedBody};
+use crate::error::OpenAiError;
+use crate::metrics::{ErrorKind, ModelMetrics};
+use crate::routing::Backend;
+use crate::upstream::{ConnectError, UpstreamConnection};
+use crate::usage::Caller;
+use crate::Gateway;
 
 /// Most instances one request is sent to.
 pub const MAX_TRIES: usize = 3;
@@ -101,7 +101,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// by the shared authenticator (API keys from its cache).
 pub async fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Caller, OpenAiError> {
     let token = bearer(headers).ok_or_else(OpenAiError::missing_api_key)?;
-    match gateway.state.authenticator.authenticate(token).await? {
+    match gateway.authenticator.authenticate(token).await? {
         Principal::User {
             user,
             api_key_id: Some(api_key_id),
@@ -244,7 +244,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         Err(e) => return reject(&unrouted, started, e),
     };
 
-    let limit = gateway.state.config.gateway_max_request_body;
+    let limit = gateway.config.max_request_body;
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -302,7 +302,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         }
         // Not among the models this server has seen: ask the store, in case the model
         // was created a moment ago (elsewhere) and the change has not arrived yet.
-        return match gateway.state.store.get_model_by_name(model).await {
+        return match gateway.store.get_model_by_name(model).await {
             Ok(_) => {
                 let metrics = gateway.metrics.model(model);
                 metrics.count_error(ErrorKind::NoRunningInstance);
