@@ -50,7 +50,7 @@ fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 log "building gantry and openai-responder (release)"
-cargo build --release -p gantry -p gantry-bench -p gantry-gguf --example write-tiny-model >&2
+cargo build --release -p gantry -p gantry-bench -p gantry-gguf --bins --example write-tiny-model >&2
 GANTRY="$TARGET_DIR/release/gantry"
 RESPONDER="$TARGET_DIR/release/openai-responder"
 WRITE_MODEL="$TARGET_DIR/release/examples/write-tiny-model"

@@ -104,9 +104,7 @@ pub async fn ensure_admin(store: &Store, config: &ServerConfig) -> anyhow::Resul
     };
     let new = NewUser {
         username: "admin".into(),
-        password_hash: password::hash(password)
-            .await
-            .map_err(|e| anyhow::anyhow!(e.message))?,
+        password_hash: password::hash(password).await?,
         role: Role::Admin,
         full_name: "Administrator".into(),
         require_password_change: generated_file.is_some(),

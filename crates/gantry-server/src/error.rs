@@ -4,6 +4,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use gantry_auth::password::PasswordError;
+use gantry_auth::{AuthError, Forbidden};
 use gantry_store::StoreError;
 use gantry_types::{ErrorBody, ErrorCode, ErrorDetail, FieldError};
 
@@ -79,6 +81,29 @@ impl From<StoreError> for ApiError {
                 Self::internal("the database failed to answer; see the server log")
             }
         }
+    }
+}
+
+/// A refused credential is a 401 with the authenticator's message; a store that did
+/// not answer is what any store error is.
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Store(e) => e.into(),
+            refused => Self::unauthorized(refused.to_string()),
+        }
+    }
+}
+
+impl From<Forbidden> for ApiError {
+    fn from(e: Forbidden) -> Self {
+        Self::forbidden(e.0)
+    }
+}
+
+impl From<PasswordError> for ApiError {
+    fn from(e: PasswordError) -> Self {
+        Self::internal(e.to_string())
     }
 }
 

@@ -1,5 +1,6 @@
-//! The gantry server: management API, authentication, and (as they arrive) the
-//! controllers, the scheduler loop and the OpenAI-compatible gateway.
+//! The gantry server: management API, authentication extractors, the controllers and
+//! the scheduler loop; it hosts the OpenAI-compatible gateway (`gantry-gateway`) on
+//! the same port.
 //!
 //! Architecture invariant: this crate never spawns backend processes (that is the
 //! worker's job) and contains no SQL (that is `gantry-store`'s).
@@ -11,16 +12,19 @@ pub mod config;
 pub mod controllers;
 pub mod error;
 pub mod extract;
-pub mod gateway;
 pub mod service;
 pub mod state;
 pub mod ui;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
+use gantry_auth::jwt::JwtKeys;
+use gantry_auth::{AuthConfig, Authenticator};
+use gantry_gateway::{Gateway, GatewayConfig, GatewayContext};
 use gantry_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -29,8 +33,6 @@ use tokio_util::task::TaskTracker;
 pub use config::ServerConfig;
 pub use state::AppState;
 
-use crate::auth::jwt::JwtKeys;
-use crate::auth::principal::ApiKeyCache;
 use crate::state::Shared;
 
 /// A server that is up and serving.
@@ -42,7 +44,7 @@ pub struct RunningServer {
     /// Where the worker registration token was written, when this server made it.
     pub registration_token_file: Option<PathBuf>,
     /// The OpenAI-compatible gateway (routing table, counters).
-    pub gateway: gateway::Gateway,
+    pub gateway: Gateway,
 }
 
 impl RunningServer {
@@ -78,16 +80,20 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         .with_context(|| format!("listen on {bind}; is another process using the port?"))?;
     let addr = listener.local_addr().context("read the bound address")?;
 
+    let authenticator = Arc::new(Authenticator::new(
+        store.clone(),
+        JwtKeys::new(&jwt_secret, config.session_ttl),
+        AuthConfig::default(),
+    ));
     let state = AppState::new(Shared {
-        jwt: JwtKeys::new(&jwt_secret, config.session_ttl),
         store,
         config,
-        api_keys: ApiKeyCache::default(),
+        authenticator,
         shutdown: CancellationToken::new(),
         tasks: TaskTracker::new(),
         worker_http: state::worker_http_client(),
     });
-    spawn_cache_invalidation(&state);
+    state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);
     // One server: always the leader. The PostgreSQL coordinator replaces this for
     // several servers sharing a database.
@@ -96,10 +102,20 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     );
     controllers::spawn(&state, coordinator);
 
-    let gateway = gateway::start(&state)
-        .await
-        .context("load the gateway's routing table")?;
-    let app = api::router(state.clone()).merge(gateway::router(&gateway));
+    let gateway = gantry_gateway::start(
+        GatewayConfig {
+            max_request_body: state.config.gateway_max_request_body,
+        },
+        GatewayContext {
+            store: state.store.clone(),
+            authenticator: Arc::clone(&state.authenticator),
+            shutdown: state.shutdown.clone(),
+            tasks: state.tasks.clone(),
+        },
+    )
+    .await
+    .context("load the gateway's routing table")?;
+    let app = api::router(state.clone()).merge(gantry_gateway::router(&gateway));
     let shutdown = state.shutdown.clone();
     // Small writes (gateway SSE chunks, watch-stream lines) must leave at once: with
     // Nagle's algorithm on, each waits for the client's delayed ACK (about 40 ms).
@@ -126,27 +142,4 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         registration_token_file,
         gateway,
     })
-}
-
-/// Keeps the API-key cache in step with committed changes.
-fn spawn_cache_invalidation(state: &AppState) {
-    let mut changes = state.store.subscribe();
-    let shutdown = state.shutdown.clone();
-    let inner = state.clone();
-    state.tasks.spawn(async move {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                change = changes.recv() => match change {
-                    Ok(change) => inner.api_keys.apply(&change),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        // Missed changes: forget everything rather than trust stale
-                        // entries.
-                        inner.api_keys.apply_all_stale();
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                },
-            }
-        }
-    });
 }

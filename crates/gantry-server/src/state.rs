@@ -3,12 +3,11 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
+use gantry_auth::Authenticator;
 use gantry_store::Store;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::jwt::JwtKeys;
-use crate::auth::principal::ApiKeyCache;
 use crate::config::ServerConfig;
 
 /// Cheap to clone; everything lives behind one `Arc`.
@@ -19,8 +18,8 @@ pub struct AppState(Arc<Shared>);
 pub struct Shared {
     pub store: Store,
     pub config: ServerConfig,
-    pub jwt: JwtKeys,
-    pub api_keys: ApiKeyCache,
+    /// Resolves credentials (and signs session tokens); shared with the gateway.
+    pub authenticator: Arc<Authenticator>,
     /// Cancelled when the server shuts down; long-lived responses (watch streams) and
     /// background loops end on it.
     pub shutdown: CancellationToken,

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gantry_auth::jwt::JwtKeys;
+use gantry_auth::{AuthConfig, Authenticator};
 use gantry_coord::{Coordinator, Leadership, LocalCoordinator};
-use gantry_server::auth::jwt::JwtKeys;
-use gantry_server::auth::principal::ApiKeyCache;
 use gantry_server::state::{AppState, Shared};
 use gantry_server::ServerConfig;
 use gantry_store::{InstanceFilter, Page, Store};
@@ -75,11 +75,14 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
     let state = AppState::new(Shared {
         store: store.clone(),
         config: ServerConfig::new(dir.path().join("data")),
-        jwt: JwtKeys::new(
-            b"a-test-secret-that-is-long-enough",
-            Duration::from_secs(60),
-        ),
-        api_keys: ApiKeyCache::default(),
+        authenticator: Arc::new(Authenticator::new(
+            store.clone(),
+            JwtKeys::new(
+                b"a-test-secret-that-is-long-enough",
+                Duration::from_secs(60),
+            ),
+            AuthConfig::default(),
+        )),
         shutdown: CancellationToken::new(),
         tasks: TaskTracker::new(),
         worker_http: gantry_server::state::worker_http_client(),

@@ -25,14 +25,18 @@ fn with_session(state: &AppState, login: LoginResponse) -> Response {
     let mut headers = HeaderMap::new();
     headers.insert(
         SET_COOKIE,
-        session_cookie(&login.token, state.jwt.session_ttl.as_secs()),
+        session_cookie(
+            &login.token,
+            state.authenticator.jwt().session_ttl.as_secs(),
+        ),
     );
     (headers, Json(login)).into_response()
 }
 
 fn issue(state: &AppState, user: User, session_version: i64) -> ApiResult<LoginResponse> {
     let (token, expires_at) = state
-        .jwt
+        .authenticator
+        .jwt()
         .issue(user.id, &user.username, user.role, session_version)
         .map_err(|e| ApiError::internal(format!("sign session token: {e}")))?;
     Ok(LoginResponse {
@@ -113,7 +117,7 @@ pub async fn me(
     AuthAllowingPasswordChange(principal): AuthAllowingPasswordChange,
 ) -> ApiResult<Json<User>> {
     match principal {
-        Principal::User { user, .. } => Ok(Json(user)),
+        Principal::User { user, .. } => Ok(Json(User::clone(&user))),
         Principal::Worker { .. } => Err(ApiError::forbidden(
             "worker credentials can only call worker endpoints",
         )),

@@ -31,9 +31,9 @@ use super::{agent, api_keys, auth, health, instances, models, usage, users, work
         agent::register, agent::heartbeat, agent::status, agent::assignments,
         agent::report_state, agent::goodbye,
         usage::report,
-        crate::gateway::list_models, crate::gateway::chat_completions,
-        crate::gateway::completions, crate::gateway::embeddings,
-        crate::gateway::prometheus_metrics,
+        gantry_gateway::list_models, gantry_gateway::chat_completions,
+        gantry_gateway::completions, gantry_gateway::embeddings,
+        gantry_gateway::prometheus_metrics,
     ),
     components(schemas(
         gantry_types::ErrorBody,

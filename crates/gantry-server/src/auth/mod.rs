@@ -1,9 +1,10 @@
-//! Authentication and authorisation: passwords, session tokens (JWT), API keys, worker
-//! credentials, and the extractor that turns a request into a [`Principal`].
+//! Authentication as the management API sees it: the axum extractors that resolve a
+//! request's credential to a [`Principal`] through the shared
+//! [`Authenticator`](gantry_auth::Authenticator). Secrets, passwords, session tokens
+//! and the credential cache live in `gantry-auth`, shared with the gateway; they are
+//! re-exported here under their old paths.
 
-pub mod jwt;
-pub mod password;
 pub mod principal;
-pub mod secrets;
 
-pub use principal::{Auth, AuthAllowingPasswordChange, Principal};
+pub use gantry_auth::{jwt, password, secrets, Principal};
+pub use principal::{Auth, AuthAllowingPasswordChange};

@@ -2,12 +2,15 @@
 //! request-in-flight counter per instance.
 //!
 //! It is built from the store at start-up and kept current by one task that applies
-//! the store's change feed (`Change::Instance`, `Change::Model`) and, every
-//! [`REFRESH_INTERVAL`], rebuilds it from the store as a safety net: writes made by
-//! other servers reach this one only that way, and a lagged feed is healed by it. The
-//! same task does both, in order, so a refresh never overwrites a newer event with an
-//! older read (events queued during a refresh are applied after it, and applying an
-//! event twice is harmless because it carries the object's state after the write).
+//! the store's change feed (`Change::Instance`, `Change::Model`). The feed carries
+//! every server's writes: on PostgreSQL the store republishes the changes other
+//! servers announce with `pg_notify` (`gantry-store/src/notify.rs`). What it can miss
+//! — changes sent while this server's listener was reconnecting, a deletion too large
+//! to announce, a full cross-server queue, a local feed that lagged — is healed by a
+//! rebuild from the store every [`REFRESH_INTERVAL`] (and at once on a lag). The same
+//! task does both, in order, so a refresh never overwrites a newer event with an older
+//! read (events queued during a refresh are applied after it, and applying an event
+//! twice is harmless because it carries the object's state after the write).
 //!
 //! Requests read the table under a short read lock and keep `Arc`s to what they use:
 //! an instance removed while requests are in flight keeps its counter (and its
@@ -25,9 +28,9 @@ use gantry_types::{InstanceState, Model, ModelInstance};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
-use super::balance::{pick_least_loaded, UNHEALTHY_PENALTY};
-use super::upstream::{ConnectError, ConnectionPool, UpstreamConnection};
-use crate::state::AppState;
+use crate::balance::{pick_least_loaded, UNHEALTHY_PENALTY};
+use crate::upstream::{ConnectError, ConnectionPool, UpstreamConnection};
+use crate::GatewayContext;
 
 /// How often the whole table is re-read from the store.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
@@ -442,14 +445,14 @@ impl Tracker {
 }
 
 /// Fills the table from the store, then keeps it current until shutdown.
-pub async fn start(state: &AppState, table: Arc<RoutingTable>) -> Result<(), StoreError> {
+pub async fn start(context: &GatewayContext, table: Arc<RoutingTable>) -> Result<(), StoreError> {
     // Subscribe before the first read so that no change between the two is lost.
-    let mut changes = state.store.subscribe();
+    let mut changes = context.store.subscribe();
     let mut tracker = Tracker::default();
-    tracker.refresh(&state.store, &table).await?;
-    let store = state.store.clone();
-    let shutdown = state.shutdown.clone();
-    state.tasks.spawn(async move {
+    tracker.refresh(&context.store, &table).await?;
+    let store = context.store.clone();
+    let shutdown = context.shutdown.clone();
+    context.tasks.spawn(async move {
         let mut tick = tokio::time::interval_at(Instant::now() + REFRESH_INTERVAL, REFRESH_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

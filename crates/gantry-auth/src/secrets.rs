@@ -1,5 +1,6 @@
 //! Random secrets and their formats: API keys `gantry_<access>_<secret>`, worker
-//! credentials `gantryw_<secret>`, registration tokens `gantryreg_<secret>`.
+//! credentials `gantryw_<secret>`, registration tokens `gantryreg_<secret>`; and the
+//! SHA-256 digest every secret is looked up by.
 
 use rand::distributions::{Alphanumeric, DistString};
 use rand::rngs::OsRng;
@@ -10,9 +11,25 @@ pub fn random_alphanumeric(len: usize) -> String {
     Alphanumeric.sample_string(&mut OsRng, len)
 }
 
-/// Lowercase hex SHA-256: the fast digest secrets are looked up by.
+/// Lowercase hex SHA-256: the fast digest secrets are looked up by in the store.
 pub fn digest(value: &str) -> String {
-    hex::encode(Sha256::digest(value.as_bytes()))
+    SecretDigest::of(value).to_hex()
+}
+
+/// The SHA-256 of a secret as raw bytes: what the credential cache is keyed by, so a
+/// cache hit costs one hash and no hex string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SecretDigest([u8; 32]);
+
+impl SecretDigest {
+    pub fn of(value: &str) -> Self {
+        Self(Sha256::digest(value.as_bytes()).into())
+    }
+
+    /// The form the store keeps (see [`digest`]).
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
 }
 
 /// The two halves of a freshly generated API key.
@@ -84,5 +101,6 @@ mod tests {
             digest("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+        assert_eq!(SecretDigest::of("abc").to_hex(), digest("abc"));
     }
 }

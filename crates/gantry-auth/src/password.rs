@@ -5,19 +5,26 @@ use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 
-use crate::error::ApiError;
+/// Hashing a secret failed (never because of the secret's content).
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordError {
+    #[error("hash a secret: {0}")]
+    Hash(String),
+    #[error("hash task failed: {0}")]
+    Task(String),
+}
 
 /// Hashes a password (or any secret) into a PHC string.
-pub async fn hash(secret: String) -> Result<String, ApiError> {
+pub async fn hash(secret: String) -> Result<String, PasswordError> {
     tokio::task::spawn_blocking(move || {
         let salt = SaltString::generate(&mut OsRng);
         Argon2::default()
             .hash_password(secret.as_bytes(), &salt)
             .map(|h| h.to_string())
-            .map_err(|e| ApiError::internal(format!("hash a secret: {e}")))
+            .map_err(|e| PasswordError::Hash(e.to_string()))
     })
     .await
-    .map_err(|e| ApiError::internal(format!("hash task failed: {e}")))?
+    .map_err(|e| PasswordError::Task(e.to_string()))?
 }
 
 /// True when `secret` matches the PHC string `hash`. A malformed hash is a mismatch.

@@ -29,10 +29,10 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::metrics::{ErrorKind, InFlight, ModelMetrics};
-use super::routing::InFlightGuard;
-use super::upstream::UpstreamConnection;
-use super::usage::{Caller, TokenUsage, UsageAggregator};
+use crate::metrics::{ErrorKind, InFlight, ModelMetrics};
+use crate::routing::InFlightGuard;
+use crate::upstream::UpstreamConnection;
+use crate::usage::{Caller, TokenUsage, UsageAggregator};
 
 /// A JSON body up to this size is kept whole for the usage scan.
 pub const JSON_KEEP_WHOLE_BYTES: usize = 1024 * 1024;

@@ -1,13 +1,13 @@
 //! Errors of the OpenAI-compatible endpoints, in the shape OpenAI clients parse:
 //! `{"error": {"message", "type", "param", "code"}}`. The management API keeps its own
-//! shape (`crate::error`); this is the one place that builds the gateway's.
+//! shape (`gantry-server`'s `error.rs`); this is the one place that builds the gateway's.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use gantry_auth::AuthError;
+use gantry_store::StoreError;
 use serde::Serialize;
 use utoipa::ToSchema;
-
-use crate::error::ApiError;
 
 /// An error on its way to a gateway client.
 #[derive(Debug, Clone)]
@@ -123,18 +123,31 @@ impl OpenAiError {
     }
 }
 
-/// Authentication failures come from the shared auth code as [`ApiError`]s; the
-/// status and message carry over, the shape becomes OpenAI's.
-impl From<ApiError> for OpenAiError {
-    fn from(e: ApiError) -> Self {
-        let status = e.status();
-        let (kind, code) = match status {
-            StatusCode::UNAUTHORIZED => ("invalid_request_error", "invalid_api_key"),
-            StatusCode::FORBIDDEN => ("permission_error", "forbidden"),
-            s if s.is_server_error() => ("server_error", "internal_error"),
-            _ => ("invalid_request_error", "invalid_request"),
-        };
-        Self::new(status, kind, code, e.message)
+/// Authentication failures come from the shared authenticator: a refused credential is
+/// a 401 with its message, a store that did not answer a 500 (a row that vanished
+/// between two reads, a 404).
+impl From<AuthError> for OpenAiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Store(e @ StoreError::NotFound { .. }) => Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "invalid_request",
+                e.to_string(),
+            ),
+            AuthError::Store(e) => {
+                // Logged here, where it becomes a response; the client gets a message
+                // without database internals.
+                tracing::error!(error = %e, "store operation failed while authenticating a gateway request");
+                Self::internal("the database failed to answer; see the server log")
+            }
+            refused => Self::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "invalid_api_key",
+                refused.to_string(),
+            ),
+        }
     }
 }
 

@@ -13,22 +13,20 @@ use axum::http::uri::PathAndQuery;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
+use gantry_auth::Principal;
 use gantry_store::StoreError;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::body::{Completion, Inspector, ObservedBody};
-use super::credentials::Lookup;
-use super::error::OpenAiError;
-use super::metrics::{ErrorKind, ModelMetrics};
-use super::routing::Backend;
-use super::upstream::{ConnectError, UpstreamConnection};
-use super::usage::Caller;
-use super::Gateway;
-use crate::auth::principal::authenticate_token;
-use crate::auth::Principal;
+use crate::body::{Completion, Inspector, ObservedBody};
+use crate::error::OpenAiError;
+use crate::metrics::{ErrorKind, ModelMetrics};
+use crate::routing::Backend;
+use crate::upstream::{ConnectError, UpstreamConnection};
+use crate::usage::Caller;
+use crate::Gateway;
 
 /// Most instances one request is sent to.
 pub const MAX_TRIES: usize = 3;
@@ -99,39 +97,22 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// The caller behind a request's bearer token: a person (API key or session). API
-/// keys are remembered for a moment (`credentials.rs`).
+/// The caller behind a request's bearer token: a person (API key or session), resolved
+/// by the shared authenticator (API keys from its cache).
 pub async fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Caller, OpenAiError> {
     let token = bearer(headers).ok_or_else(OpenAiError::missing_api_key)?;
-    let check = match gateway.credentials.lookup(token) {
-        Lookup::Hit(caller) => return Ok(caller),
-        Lookup::Check(check) => check,
-    };
-    let principal = match authenticate_token(&gateway.state, token).await {
-        Ok(principal) => principal,
-        Err(e) => {
-            check.rejected();
-            return Err(e.into());
-        }
-    };
-    match principal {
+    match gateway.authenticator.authenticate(token).await? {
         Principal::User {
             user,
             api_key_id: Some(api_key_id),
-        } => {
-            let caller = Caller {
-                user_id: user.id,
-                api_key_id: Some(api_key_id),
-            };
-            check.accepted(&caller);
-            Ok(caller)
-        }
+        } => Ok(Caller {
+            user_id: user.id,
+            api_key_id: Some(api_key_id),
+        }),
         Principal::User {
             user,
             api_key_id: None,
         } => {
-            // Session tokens are not remembered (logout must end them at once).
-            check.rejected();
             if user.require_password_change {
                 return Err(OpenAiError::new(
                     StatusCode::FORBIDDEN,
@@ -145,15 +126,12 @@ pub async fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Call
                 api_key_id: None,
             })
         }
-        Principal::Worker { .. } => {
-            check.rejected();
-            Err(OpenAiError::new(
-                StatusCode::FORBIDDEN,
-                "permission_error",
-                "forbidden",
-                "worker credentials cannot call the gateway; use an API key",
-            ))
-        }
+        Principal::Worker { .. } => Err(OpenAiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "forbidden",
+            "worker credentials cannot call the gateway; use an API key",
+        )),
     }
 }
 
@@ -266,7 +244,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         Err(e) => return reject(&unrouted, started, e),
     };
 
-    let limit = gateway.state.config.gateway_max_request_body;
+    let limit = gateway.config.max_request_body;
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -324,7 +302,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         }
         // Not among the models this server has seen: ask the store, in case the model
         // was created a moment ago (elsewhere) and the change has not arrived yet.
-        return match gateway.state.store.get_model_by_name(model).await {
+        return match gateway.store.get_model_by_name(model).await {
             Ok(_) => {
                 let metrics = gateway.metrics.model(model);
                 metrics.count_error(ErrorKind::NoRunningInstance);

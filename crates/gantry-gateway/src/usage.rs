@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_store::{usage_minute_of, UsageIncrement, UsageSums};
+use gantry_store::{usage_minute_of, Store, UsageIncrement, UsageSums};
 use gantry_types::Timestamp;
 use serde::Deserialize;
 
-use crate::state::AppState;
+use crate::GatewayContext;
 
 /// How often pending usage is written to the store.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -111,7 +111,7 @@ impl UsageAggregator {
     }
 
     /// Writes what is pending; on failure keeps it for the next try.
-    pub async fn flush(&self, state: &AppState) {
+    pub async fn flush(&self, store: &Store) {
         let batch = self.take();
         if batch.is_empty() {
             return;
@@ -126,7 +126,7 @@ impl UsageAggregator {
                 sums: *sums,
             })
             .collect();
-        if let Err(e) = state.store.add_usage(&increments).await {
+        if let Err(e) = store.add_usage(&increments).await {
             tracing::error!(error = %e, groups = batch.len(), "write gateway usage; keeping it for the next flush");
             for (key, sums) in batch {
                 self.add(key, &sums);
@@ -136,19 +136,19 @@ impl UsageAggregator {
 }
 
 /// Flushes usage every [`FLUSH_INTERVAL`] until shutdown, then once more.
-pub fn spawn_flusher(state: &AppState, usage: Arc<UsageAggregator>) {
-    let state_for_task = state.clone();
-    state.tasks.spawn(async move {
-        let state = state_for_task;
+pub fn spawn_flusher(context: &GatewayContext, usage: Arc<UsageAggregator>) {
+    let store = context.store.clone();
+    let shutdown = context.shutdown.clone();
+    context.tasks.spawn(async move {
         let mut tick = tokio::time::interval(FLUSH_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                () = state.shutdown.cancelled() => break,
-                _ = tick.tick() => usage.flush(&state).await,
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => usage.flush(&store).await,
             }
         }
-        usage.flush(&state).await;
+        usage.flush(&store).await;
     });
 }
 

@@ -1,25 +1,29 @@
-//! The OpenAI-compatible gateway, served on the management API's port:
-//! `GET /v1/models`, `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-//! and the Prometheus `/metrics`.
+//! The OpenAI-compatible gateway, the data plane: `GET /v1/models`,
+//! `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, and the Prometheus
+//! `/metrics`. The hosting server (`gantry-server`) merges [`router`] into its app, so
+//! they are served on the management API's port.
+//!
+//! The gateway knows nothing of the server: it is given a [`GatewayConfig`], the store,
+//! the shared authenticator (`gantry-auth`), and the server's cancellation token and
+//! task tracker, which own every task it spawns. Its request path writes nothing to
+//! the database: usage is summed in memory and flushed by a task, and API-key
+//! last-used times are batched by the authenticator.
 //!
 //! - `routing.rs`: model name → running instances, kept current from the store's
 //!   change feed and a periodic re-read;
 //! - `balance.rs`: the least-requests-in-flight pick, ties round-robin;
-//! - `proxy.rs`: one request: API key, body read once, retries on another instance,
-//!   streaming the answer back;
+//! - `proxy.rs`: one request: the caller through the shared authenticator, body read
+//!   once, retries on another instance, streaming the answer back;
 //! - `upstream.rs`: keep-alive HTTP/1.1 connections to instances (hyper's client
 //!   connections), pooled per instance and driven by the request's own task;
 //! - `body.rs`: the response body on its way out: usage read as it passes, the
 //!   usage-only SSE chunk removed when the gateway asked for it, accounting on drop;
-//! - `credentials.rs`: API keys accepted a moment ago, re-checked by one request at a
-//!   time;
 //! - `usage.rs`: usage summed in memory and flushed to the store every second;
 //! - `metrics.rs`: counters and the text exposition;
 //! - `error.rs`: the OpenAI error shape.
 
 pub mod balance;
 pub mod body;
-pub mod credentials;
 pub mod error;
 pub mod metrics;
 pub mod proxy;
@@ -35,19 +39,47 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
+use gantry_auth::Authenticator;
+use gantry_store::{Store, StoreError};
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use utoipa::ToSchema;
 
-use gantry_store::Change;
-use tokio::sync::broadcast::error::RecvError;
-
-use self::credentials::CredentialCache;
 use self::error::OpenAiError;
 use self::metrics::{ClusterCounts, Metrics};
 use self::proxy::Endpoint;
 use self::routing::RoutingTable;
 use self::usage::UsageAggregator;
-use crate::state::AppState;
+
+/// How the gateway serves.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Largest request body accepted on `/v1/*`: prompts and embedding inputs are far
+    /// larger than management requests.
+    pub max_request_body: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            max_request_body: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// What the hosting server lends the gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayContext {
+    pub store: Store,
+    /// Resolves callers; shared with the management API, so both see one cache.
+    pub authenticator: Arc<Authenticator>,
+    /// Cancelled at shutdown; the gateway's tasks end on it (usage is flushed once
+    /// more first).
+    pub shutdown: CancellationToken,
+    /// Owns every task the gateway spawns; the server awaits it at shutdown.
+    pub tasks: TaskTracker,
+}
 
 /// The gateway of one server. Cheap to clone.
 #[derive(Clone)]
@@ -55,11 +87,12 @@ pub struct Gateway(Arc<GatewayInner>);
 
 /// What [`Gateway`] holds.
 pub struct GatewayInner {
-    pub state: AppState,
+    pub config: GatewayConfig,
+    pub store: Store,
+    pub authenticator: Arc<Authenticator>,
     pub routes: Arc<RoutingTable>,
     pub metrics: Arc<Metrics>,
     pub usage: Arc<UsageAggregator>,
-    pub credentials: Arc<CredentialCache>,
 }
 
 impl Deref for Gateway {
@@ -79,48 +112,24 @@ impl std::fmt::Debug for Gateway {
 }
 
 /// Loads the routing table from the store and starts the tasks that keep it current
-/// and flush usage; both are owned by the server's task tracker.
-pub async fn start(state: &AppState) -> Result<Gateway, gantry_store::StoreError> {
+/// and flush usage; both are owned by `context.tasks`.
+pub async fn start(config: GatewayConfig, context: GatewayContext) -> Result<Gateway, StoreError> {
     let routes = Arc::new(RoutingTable::default());
-    routing::start(state, Arc::clone(&routes)).await?;
+    routing::start(&context, Arc::clone(&routes)).await?;
     let usage = Arc::new(UsageAggregator::default());
-    usage::spawn_flusher(state, Arc::clone(&usage));
-    let credentials = Arc::new(CredentialCache::default());
-    spawn_credential_invalidation(state, Arc::clone(&credentials));
+    usage::spawn_flusher(&context, Arc::clone(&usage));
     Ok(Gateway(Arc::new(GatewayInner {
-        state: state.clone(),
+        config,
+        store: context.store,
+        authenticator: context.authenticator,
         routes,
         metrics: Arc::new(Metrics::default()),
         usage,
-        credentials,
     })))
 }
 
-/// Forgets remembered API keys whenever a key or a user changes (or changes were
-/// missed), as the server's own key cache does.
-fn spawn_credential_invalidation(state: &AppState, credentials: Arc<CredentialCache>) {
-    let mut changes = state.store.subscribe();
-    let shutdown = state.shutdown.clone();
-    state.tasks.spawn(async move {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                change = changes.recv() => match change {
-                    Ok(change) => {
-                        if matches!(*change, Change::ApiKey(..) | Change::User(..)) {
-                            credentials.clear();
-                        }
-                    }
-                    Err(RecvError::Lagged(_)) => credentials.clear(),
-                    Err(RecvError::Closed) => return,
-                },
-            }
-        }
-    });
-}
-
 /// The gateway's routes, to merge into the server's router. Request bodies are read
-/// by the handlers themselves under `gateway_max_request_body`.
+/// by the handlers themselves under [`GatewayConfig::max_request_body`].
 pub fn router(gateway: &Gateway) -> Router {
     Router::new()
         .route("/v1/models", get(list_models))
@@ -241,7 +250,7 @@ async fn method_not_allowed(request: Request) -> OpenAiError {
 #[utoipa::path(get, path = "/metrics", tag = "gateway",
     responses((status = 200, content_type = "text/plain", body = String)))]
 pub async fn prometheus_metrics(State(gateway): State<Gateway>) -> Response {
-    let store = &gateway.state.store;
+    let store = &gateway.store;
     let (instances, workers) = tokio::join!(
         store.count_instances_by_state(),
         store.count_workers_by_state()

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use gantry_types::{InstanceState, WorkerState};
 
-use super::routing::RoutingTable;
+use crate::routing::RoutingTable;
 
 /// Upper bounds (seconds) of the latency histogram's buckets.
 pub const LATENCY_BUCKETS: [f64; 14] = [

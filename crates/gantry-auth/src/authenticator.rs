@@ -1,0 +1,224 @@
+//! The [`Authenticator`]: turns a raw token into a [`Principal`], for the management API
+//! (through its axum extractors) and the gateway alike.
+//!
+//! - API keys `gantry_<access>_<secret>`: through the one [`CredentialCache`]; a key is
+//!   verified with argon2 once, then found by digest. Each use is recorded for the
+//!   last-used batcher; nothing is written on the request path.
+//! - Worker credentials `gantryw_…`: found by digest in the store.
+//! - Anything else is a session token: signature and expiry, then the user's session
+//!   version in the store (a logout or password change ends older sessions at once).
+//!
+//! [`Authenticator::spawn`] starts the two tasks it needs, owned by the caller's task
+//! tracker: one follows the store's change feed to invalidate cached keys, one flushes
+//! the last-used times.
+
+use std::sync::Arc;
+
+use gantry_store::{Change, Store, StoreError};
+use gantry_types::Timestamp;
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cache::{AcceptedKey, CacheConfig, CredentialCache, Lookup};
+use crate::error::AuthError;
+use crate::jwt::JwtKeys;
+use crate::last_used::{LastUsedBatcher, LAST_USED_FLUSH_INTERVAL};
+use crate::password;
+use crate::principal::Principal;
+use crate::secrets::{parse_api_key, SecretDigest, WORKER_CREDENTIAL_PREFIX};
+
+/// How the authenticator caches and batches.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    pub api_keys: CacheConfig,
+    /// How often API-key last-used times are written.
+    pub last_used_flush_interval: std::time::Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            api_keys: CacheConfig::default(),
+            last_used_flush_interval: LAST_USED_FLUSH_INTERVAL,
+        }
+    }
+}
+
+/// Resolves credentials to principals. One per server, shared by both planes.
+#[derive(Debug)]
+pub struct Authenticator {
+    store: Store,
+    jwt: JwtKeys,
+    api_keys: CredentialCache,
+    last_used: LastUsedBatcher,
+    last_used_flush_interval: std::time::Duration,
+}
+
+impl Authenticator {
+    pub fn new(store: Store, jwt: JwtKeys, config: AuthConfig) -> Self {
+        Self {
+            store,
+            jwt,
+            api_keys: CredentialCache::new(config.api_keys),
+            last_used: LastUsedBatcher::default(),
+            last_used_flush_interval: config.last_used_flush_interval,
+        }
+    }
+
+    /// The keys session tokens are signed and verified with.
+    pub fn jwt(&self) -> &JwtKeys {
+        &self.jwt
+    }
+
+    /// The cache of accepted API keys.
+    pub fn api_keys(&self) -> &CredentialCache {
+        &self.api_keys
+    }
+
+    /// The API-key uses not yet written to the store.
+    pub fn last_used(&self) -> &LastUsedBatcher {
+        &self.last_used
+    }
+
+    /// Resolves a raw credential (bearer token or session cookie value).
+    pub async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
+        if let Some((_, secret)) = parse_api_key(token) {
+            return self.authenticate_api_key(token, secret).await;
+        }
+        if token.starts_with(WORKER_CREDENTIAL_PREFIX) {
+            let digest = SecretDigest::of(token).to_hex();
+            return match self.store.worker_by_credential(&digest).await {
+                Ok(worker) => Ok(Principal::Worker {
+                    worker_id: worker.id,
+                    worker_name: worker.name,
+                }),
+                Err(StoreError::NotFound { .. }) => Err(AuthError::UnknownWorkerCredential),
+                Err(e) => Err(e.into()),
+            };
+        }
+        let claims = self
+            .jwt
+            .verify(token)
+            .map_err(AuthError::InvalidSessionToken)?;
+        let record = match self.store.user_record(claims.sub).await {
+            Ok(record) => record,
+            Err(StoreError::NotFound { .. }) => return Err(AuthError::SessionUserGone),
+            Err(e) => return Err(e.into()),
+        };
+        if record.session_version != claims.sv {
+            return Err(AuthError::SessionEnded);
+        }
+        Ok(Principal::User {
+            user: Arc::new(record.user),
+            api_key_id: None,
+        })
+    }
+
+    async fn authenticate_api_key(
+        &self,
+        token: &str,
+        secret: &str,
+    ) -> Result<Principal, AuthError> {
+        let digest = SecretDigest::of(token);
+        let check = match self.api_keys.lookup(&digest) {
+            Lookup::Hit(hit) => {
+                if hit.report_use {
+                    self.last_used.record(hit.key_id, Timestamp::now());
+                }
+                return Ok(Principal::User {
+                    user: hit.user,
+                    api_key_id: Some(hit.key_id),
+                });
+            }
+            Lookup::Check(check) => check,
+        };
+        // A store error drops `check` unanswered: a cached key stays for the next
+        // re-check (by digest), nothing is forgotten because the database hiccupped.
+        let record = match self.store.api_key_by_digest(&digest.to_hex()).await {
+            Ok(record) => record,
+            Err(StoreError::NotFound { .. }) => {
+                check.refused();
+                return Err(AuthError::InvalidApiKey);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // The row was found by the SHA-256 of the whole key, secret included, so argon2
+        // adds nothing to a key this server already verified: a re-check reads the
+        // store only, and busy keys do not pay argon2 again.
+        if !check.is_recheck()
+            && !password::verify(secret.to_string(), record.secret_hash.clone()).await
+        {
+            check.refused();
+            return Err(AuthError::InvalidApiKey);
+        }
+        if let Some(expires_at) = record.key.expires_at {
+            if expires_at <= Timestamp::now() {
+                check.refused();
+                return Err(AuthError::ApiKeyExpired {
+                    name: record.key.name,
+                    expires_at,
+                });
+            }
+        }
+        let user = Arc::new(self.store.get_user(record.key.user_id).await?);
+        check.accepted(AcceptedKey {
+            key_id: record.key.id,
+            user: Arc::clone(&user),
+            expires_at: record.key.expires_at,
+        });
+        self.last_used.record(record.key.id, Timestamp::now());
+        Ok(Principal::User {
+            user,
+            api_key_id: Some(record.key.id),
+        })
+    }
+
+    /// Applies a committed change to the cache.
+    pub fn apply(&self, change: &Change) {
+        self.api_keys.apply(change);
+    }
+
+    /// Writes the pending API-key last-used times.
+    pub async fn flush_last_used(&self) {
+        self.last_used.flush(&self.store).await;
+    }
+
+    /// Starts the tasks that keep the cache in step with the store's change feed and
+    /// flush last-used times (once more after `shutdown`); both are owned by `tasks`.
+    pub fn spawn(self: &Arc<Self>, shutdown: &CancellationToken, tasks: &TaskTracker) {
+        let mut changes = self.store.subscribe();
+        let this = Arc::clone(self);
+        let cancelled = shutdown.clone();
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = cancelled.cancelled() => return,
+                    change = changes.recv() => match change {
+                        Ok(change) => this.apply(&change),
+                        Err(RecvError::Lagged(missed)) => {
+                            tracing::warn!(missed, "authentication fell behind the change feed; re-checking every cached API key");
+                            this.api_keys.invalidate_all();
+                        }
+                        Err(RecvError::Closed) => return,
+                    },
+                }
+            }
+        });
+
+        let this = Arc::clone(self);
+        let cancelled = shutdown.clone();
+        tasks.spawn(async move {
+            let period = this.last_used_flush_interval;
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = cancelled.cancelled() => break,
+                    _ = tick.tick() => this.flush_last_used().await,
+                }
+            }
+            this.flush_last_used().await;
+        });
+    }
+}

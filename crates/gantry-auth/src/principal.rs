@@ -1,0 +1,58 @@
+//! Who is calling: a person (through a session token or an API key) or a worker agent
+//! (through the credential it received at registration).
+
+use std::sync::Arc;
+
+use gantry_types::{Role, User};
+
+/// The authenticated caller. Cheap to clone: the user is shared with the credential
+/// cache, not copied per request.
+#[derive(Debug, Clone)]
+pub enum Principal {
+    /// A person, through a session token (`api_key_id` is `None`) or an API key.
+    User {
+        user: Arc<User>,
+        api_key_id: Option<i64>,
+    },
+    /// A worker agent, through the credential it received at registration.
+    Worker { worker_id: i64, worker_name: String },
+}
+
+/// The caller may not do this; the message says why (a 403 for HTTP callers).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Forbidden(pub &'static str);
+
+const WORKERS_ONLY_CALL_WORKER_ENDPOINTS: Forbidden =
+    Forbidden("worker credentials can only call worker endpoints");
+
+impl Principal {
+    /// The user if they are an admin.
+    pub fn require_admin(&self) -> Result<&User, Forbidden> {
+        match self {
+            Principal::User { user, .. } if user.role == Role::Admin => Ok(user),
+            Principal::User { .. } => Err(Forbidden("this action needs the admin role")),
+            Principal::Worker { .. } => Err(WORKERS_ONLY_CALL_WORKER_ENDPOINTS),
+        }
+    }
+
+    /// Any person; refused for workers.
+    pub fn require_user(&self) -> Result<&User, Forbidden> {
+        match self {
+            Principal::User { user, .. } => Ok(user),
+            Principal::Worker { .. } => Err(WORKERS_ONLY_CALL_WORKER_ENDPOINTS),
+        }
+    }
+
+    /// A short description for log lines.
+    pub fn describe(&self) -> String {
+        match self {
+            Principal::User {
+                user,
+                api_key_id: Some(key),
+            } => format!("user {} (api key {key})", user.username),
+            Principal::User { user, .. } => format!("user {}", user.username),
+            Principal::Worker { worker_name, .. } => format!("worker {worker_name}"),
+        }
+    }
+}
