@@ -12,6 +12,7 @@ pub mod instance;
 pub mod list;
 pub mod model;
 pub mod time;
+pub mod units;
 pub mod user;
 pub mod validate;
 pub mod worker;
