@@ -55,6 +55,13 @@ impl Default for BackendSettings {
     }
 }
 
+/// The llama.cpp server program, looked up on `PATH` unless configured.
+pub const DEFAULT_LLAMA_SERVER: &str = "llama-server";
+/// The vLLM program, looked up on `PATH` unless configured.
+pub const DEFAULT_VLLM: &str = "vllm";
+/// The Python that runs SGLang, looked up on `PATH` unless configured.
+pub const DEFAULT_SGLANG_PYTHON: &str = "python3";
+
 /// Command prefixes for the built-in backends. Each is a program (a path, or a name looked
 /// up on `PATH`) followed by any arguments that must come before gantry's own, for
 /// instance `["/opt/vllm/bin/python", "-m", "vllm.entrypoints.cli.main"]` for vLLM, to which
@@ -72,12 +79,19 @@ pub struct BackendExecutables {
 impl Default for BackendExecutables {
     fn default() -> Self {
         Self {
-            llama_cpp: vec!["llama-server".to_owned()],
-            vllm: vec!["vllm".to_owned()],
-            sglang: ["python3", "-m", "sglang.launch_server"]
-                .map(str::to_owned)
-                .to_vec(),
+            llama_cpp: vec![DEFAULT_LLAMA_SERVER.to_owned()],
+            vllm: vec![DEFAULT_VLLM.to_owned()],
+            sglang: Self::sglang_with(DEFAULT_SGLANG_PYTHON),
         }
+    }
+}
+
+impl BackendExecutables {
+    /// The command prefix that runs SGLang's server with `python`.
+    pub fn sglang_with(python: &str) -> Vec<String> {
+        [python, "-m", "sglang.launch_server"]
+            .map(str::to_owned)
+            .to_vec()
     }
 }
 

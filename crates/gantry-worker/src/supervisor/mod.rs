@@ -99,8 +99,15 @@ pub struct InstanceOverrides {
     pub health_path: Option<String>,
 }
 
-/// How long each backend may take to become ready. Default 10 min each: large models load
-/// for minutes.
+/// Ports for backend processes unless configured otherwise.
+pub const DEFAULT_PORT_RANGE: RangeInclusive<u16> = 40000..=40999;
+/// Time between SIGTERM and SIGKILL when a backend is stopped.
+pub const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(30);
+/// How long any backend may take to become ready: large models load for minutes.
+pub const DEFAULT_READINESS_DEADLINE: Duration = Duration::from_secs(10 * 60);
+
+/// How long each backend may take to become ready. Default
+/// [`DEFAULT_READINESS_DEADLINE`] each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadinessDeadlines {
     pub llama_cpp: Duration,
@@ -111,17 +118,21 @@ pub struct ReadinessDeadlines {
 
 impl Default for ReadinessDeadlines {
     fn default() -> Self {
-        let ten_minutes = Duration::from_secs(10 * 60);
-        Self {
-            llama_cpp: ten_minutes,
-            vllm: ten_minutes,
-            sglang: ten_minutes,
-            custom: ten_minutes,
-        }
+        Self::uniform(DEFAULT_READINESS_DEADLINE)
     }
 }
 
 impl ReadinessDeadlines {
+    /// The same deadline for every backend.
+    pub fn uniform(deadline: Duration) -> Self {
+        Self {
+            llama_cpp: deadline,
+            vllm: deadline,
+            sglang: deadline,
+            custom: deadline,
+        }
+    }
+
     pub fn get(&self, backend: BackendKind) -> Duration {
         match backend {
             BackendKind::LlamaCpp => self.llama_cpp,
@@ -135,7 +146,7 @@ impl ReadinessDeadlines {
 /// The supervisor's configuration. [`SupervisorConfig::new`] fills in the defaults.
 #[derive(Debug, Clone)]
 pub struct SupervisorConfig {
-    /// Ports for backends (default `40000..=40999`).
+    /// Ports for backends (default [`DEFAULT_PORT_RANGE`]).
     pub port_range: RangeInclusive<u16>,
     /// Logs go to `<data_dir>/logs/<key>/<start-n>.log`.
     pub data_dir: PathBuf,
@@ -145,7 +156,8 @@ pub struct SupervisorConfig {
     /// The host put in `Running.address` for the gateway to reach (default `127.0.0.1`).
     /// With a loopback `bind_host`, only a gateway on this machine can reach backends.
     pub advertise_host: String,
-    /// How long a backend gets between SIGTERM and SIGKILL (default 30 s).
+    /// How long a backend gets between SIGTERM and SIGKILL (default
+    /// [`DEFAULT_STOP_GRACE_PERIOD`]).
     pub stop_grace_period: Duration,
     pub readiness_deadlines: ReadinessDeadlines,
     pub restart: RestartPolicy,
@@ -159,11 +171,11 @@ impl SupervisorConfig {
     /// The defaults, with logs under `data_dir`.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
-            port_range: 40000..=40999,
+            port_range: DEFAULT_PORT_RANGE,
             data_dir: data_dir.into(),
             bind_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             advertise_host: Ipv4Addr::LOCALHOST.to_string(),
-            stop_grace_period: Duration::from_secs(30),
+            stop_grace_period: DEFAULT_STOP_GRACE_PERIOD,
             readiness_deadlines: ReadinessDeadlines::default(),
             restart: RestartPolicy::default(),
             backends: BackendSettings::default(),
