@@ -151,9 +151,9 @@ pub fn declared_claim(env: &BTreeMap<String, String>) -> Result<ResourceClaim, S
     let size = |key: &str| -> Result<u64, String> {
         match env.get(key) {
             None => Ok(0),
-            Some(text) => parse_size(text).ok_or_else(|| {
-                format!("env.{key}: {text:?} is not a size (like 20GiB, 512MiB or 16G)")
-            }),
+            Some(text) => {
+                gantry_types::units::parse_size(text).map_err(|e| format!("env.{key}: {e}"))
+            }
         }
     };
     Ok(ResourceClaim {
@@ -164,32 +164,6 @@ pub fn declared_claim(env: &BTreeMap<String, String>) -> Result<ResourceClaim, S
             bytes_per_gpu: size(GPU_MEMORY_ENV)?,
         }),
     })
-}
-
-/// Parses `20GiB`, `20 GiB`, `20G` (binary, as `nvidia-smi` and most people mean it),
-/// `20GB` (decimal), `512MiB`, `1.5TiB` or plain bytes.
-fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "ki" | "kib" => 1024.0,
-        "kb" => 1e3,
-        "m" | "mi" | "mib" => 1024.0 * 1024.0,
-        "mb" => 1e6,
-        "g" | "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "gb" => 1e9,
-        "t" | "ti" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        "tb" => 1e12,
-        _ => return None,
-    };
-    let bytes = number * scale;
-    // Sizes are far below 2^53, where f64 is exact to the byte.
-    (0.0..9.0e15).contains(&bytes).then_some(bytes as u64)
 }
 
 #[cfg(test)]
@@ -303,16 +277,5 @@ mod tests {
         env.insert(GPU_MEMORY_ENV.to_owned(), "lots".to_owned());
         let e = declared_claim(&env).expect_err("not a size");
         assert!(e.contains(GPU_MEMORY_ENV), "{e}");
-    }
-
-    #[test]
-    fn sizes_parse_binary_and_decimal_units() {
-        assert_eq!(parse_size("1024"), Some(1024));
-        assert_eq!(parse_size("20GiB"), Some(20 * GIB));
-        assert_eq!(parse_size("20 G"), Some(20 * GIB));
-        assert_eq!(parse_size("20GB"), Some(20_000_000_000));
-        assert_eq!(parse_size("1.5gib"), Some(GIB + GIB / 2));
-        assert_eq!(parse_size("twelve"), None);
-        assert_eq!(parse_size("12 parsecs"), None);
     }
 }

@@ -28,6 +28,9 @@ const CONTEXT_FLAGS: &[&str] = &["--ctx-size", "-c"];
 /// The GPU-layer flag's spellings.
 const GPU_LAYER_FLAGS: &[&str] = &["--n-gpu-layers", "--gpu-layers", "-ngl"];
 
+/// The program, looked up on `PATH` unless the worker names another.
+pub const PROGRAM: &str = "llama-server";
+
 /// llama.cpp's `llama-server`.
 #[derive(Debug, Clone, Copy)]
 pub struct LlamaCpp;
@@ -38,7 +41,7 @@ impl Backend for LlamaCpp {
     }
 
     fn default_program(&self) -> Vec<String> {
-        vec!["llama-server".to_owned()]
+        vec![PROGRAM.to_owned()]
     }
 
     fn argv(

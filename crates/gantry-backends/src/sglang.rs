@@ -23,6 +23,16 @@ const FLAGS: EngineFlags = EngineFlags {
     data_parallel: &["--dp-size", "--data-parallel-size", "--dp"],
 };
 
+/// The Python that runs SGLang, looked up on `PATH` unless the worker names another.
+pub const PYTHON: &str = "python3";
+
+/// The command prefix that runs SGLang's server with `python`.
+pub fn program_with(python: &str) -> Vec<String> {
+    [python, "-m", "sglang.launch_server"]
+        .map(str::to_owned)
+        .to_vec()
+}
+
 /// SGLang's server, run as a Python module.
 #[derive(Debug, Clone, Copy)]
 pub struct Sglang;
@@ -33,9 +43,7 @@ impl Backend for Sglang {
     }
 
     fn default_program(&self) -> Vec<String> {
-        ["python3", "-m", "sglang.launch_server"]
-            .map(str::to_owned)
-            .to_vec()
+        program_with(PYTHON)
     }
 
     fn argv(

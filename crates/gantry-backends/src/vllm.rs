@@ -21,6 +21,9 @@ const FLAGS: EngineFlags = EngineFlags {
     data_parallel: &["--data-parallel-size", "-dp"],
 };
 
+/// The program, looked up on `PATH` unless the worker names another.
+pub const PROGRAM: &str = "vllm";
+
 /// vLLM's OpenAI-compatible server.
 #[derive(Debug, Clone, Copy)]
 pub struct Vllm;
@@ -31,7 +34,7 @@ impl Backend for Vllm {
     }
 
     fn default_program(&self) -> Vec<String> {
-        vec!["vllm".to_owned()]
+        vec![PROGRAM.to_owned()]
     }
 
     fn argv(

@@ -90,11 +90,7 @@ where
 /// The bearer token of a request.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
+    gantry_types::auth::bearer_token(value)
 }
 
 /// The caller behind a request's bearer token: a person (API key or session), resolved

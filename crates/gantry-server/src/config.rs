@@ -5,6 +5,27 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Every interface.
+pub const DEFAULT_HOST: &str = "0.0.0.0";
+/// The API, the web console and the gateway share this port.
+pub const DEFAULT_PORT: u16 = 8080;
+/// The server's name when the host has none to lend it.
+pub const DEFAULT_SERVER_ID: &str = "gantry-server";
+/// Management requests are small; 1 MiB leaves room for long model arguments.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// Prompts and embedding inputs are far larger than management requests.
+pub const DEFAULT_GATEWAY_MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;
+/// How often workers say they are alive.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
+/// Four missed heartbeats at the default interval.
+pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Distributed locks (not used yet).
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+/// Scheduling shared between servers (not used yet).
+pub const DEFAULT_DISTRIBUTED_SCHEDULING: bool = true;
+/// The per-instance scheduling lock (not used yet).
+pub const DEFAULT_SCHEDULE_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How the server runs.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -38,11 +59,12 @@ pub struct ServerConfig {
     pub server_timeout: Duration,
     /// Every server's URL, as workers should be told (multi-server deployments).
     pub server_urls: Vec<String>,
-    /// Default timeout of distributed locks.
+    /// Default timeout of distributed locks. Not used yet: every server schedules alone
+    /// until the high-availability work lands.
     pub lock_timeout: Duration,
-    /// Whether several servers share scheduling under per-instance locks.
+    /// Whether several servers share scheduling under per-instance locks. Not used yet.
     pub distributed_scheduling: bool,
-    /// Timeout of the per-instance scheduling lock.
+    /// Timeout of the per-instance scheduling lock. Not used yet.
     pub schedule_lock_timeout: Duration,
 }
 
@@ -51,22 +73,22 @@ impl ServerConfig {
     pub fn new(data_dir: PathBuf) -> Self {
         Self {
             data_dir,
-            host: "0.0.0.0".to_string(),
-            port: 8080,
+            host: DEFAULT_HOST.to_string(),
+            port: DEFAULT_PORT,
             database_url: None,
             jwt_secret: None,
             bootstrap_password: None,
-            server_id: "gantry-server".to_string(),
-            max_request_body: 1024 * 1024,
-            gateway_max_request_body: 32 * 1024 * 1024,
+            server_id: DEFAULT_SERVER_ID.to_string(),
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            gateway_max_request_body: DEFAULT_GATEWAY_MAX_REQUEST_BODY,
             session_ttl: Duration::from_secs(24 * 3600),
             watch_heartbeat: Duration::from_secs(15),
-            heartbeat_interval: Duration::from_secs(15),
-            server_timeout: Duration::from_secs(60),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            server_timeout: DEFAULT_SERVER_TIMEOUT,
             server_urls: Vec::new(),
-            lock_timeout: Duration::from_secs(30),
-            distributed_scheduling: true,
-            schedule_lock_timeout: Duration::from_secs(60),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            distributed_scheduling: DEFAULT_DISTRIBUTED_SCHEDULING,
+            schedule_lock_timeout: DEFAULT_SCHEDULE_LOCK_TIMEOUT,
         }
     }
 

@@ -97,6 +97,14 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     controllers::worker_health::spawn(&state);
     // One server: always the leader. The PostgreSQL coordinator replaces this for
     // several servers sharing a database.
+    if state.config.is_multi_server() {
+        tracing::warn!(
+            "this server schedules alone: until the high-availability work lands, every \
+             server sharing this PostgreSQL database acts as the scheduling leader \
+             (scheduling_mode, distributed_scheduling, lock_timeout and \
+             schedule_lock_timeout are not used yet)"
+        );
+    }
     let coordinator: std::sync::Arc<dyn gantry_coord::Coordinator> = std::sync::Arc::new(
         gantry_coord::LocalCoordinator::new(state.config.server_id.clone()),
     );

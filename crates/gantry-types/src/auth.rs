@@ -1,4 +1,5 @@
-//! Login, logout and password change.
+//! Login, logout and password change, and reading the bearer token of an
+//! `Authorization` header (one reader for the API, the gateway and the worker).
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -54,5 +55,42 @@ impl Validate for ChangePasswordRequest {
             ));
         }
         Ok(())
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header value. The scheme is
+/// case-insensitive (`bearer`, `BEARER`; RFC 9110 §11.1) and whitespace around the token
+/// is ignored. Another scheme, a missing scheme or an empty token is `None`.
+pub fn bearer_token(header_value: &str) -> Option<&str> {
+    let (scheme, token) = header_value.trim_start().split_once([' ', '\t'])?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER abc"), Some("abc"));
+    }
+
+    #[test]
+    fn whitespace_around_the_bearer_token_is_trimmed() {
+        assert_eq!(bearer_token("  Bearer   abc \t"), Some("abc"));
+        assert_eq!(bearer_token("Bearer\tabc"), Some("abc"));
+    }
+
+    #[test]
+    fn missing_scheme_other_scheme_or_empty_token_is_no_token() {
+        assert_eq!(bearer_token("abc"), None);
+        assert_eq!(bearer_token("Basic YWxhZGRpbjpvcGVuc2VzYW1l"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearer   "), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+        assert_eq!(bearer_token(""), None);
     }
 }

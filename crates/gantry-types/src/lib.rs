@@ -14,6 +14,7 @@ pub mod list;
 pub mod model;
 pub mod placement;
 pub mod time;
+pub mod units;
 pub mod user;
 pub mod validate;
 pub mod worker;

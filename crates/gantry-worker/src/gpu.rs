@@ -16,7 +16,8 @@ pub struct SimulatedGpus {
 }
 
 impl SimulatedGpus {
-    /// Parses `4x80GiB`, `2x24GB`, `1x512MiB`.
+    /// Parses `4x80GiB`, `2x24GB`, `1x512MiB`, `8x80G`: a count, then a size in any form
+    /// [`gantry_types::units::parse_size`] reads.
     pub fn parse(text: &str) -> Result<Self, String> {
         let (count, memory) = text
             .split_once(['x', 'X'])
@@ -28,26 +29,10 @@ impl SimulatedGpus {
         if count == 0 || count > 64 {
             return Err("the GPU count must be between 1 and 64".into());
         }
-        let memory = memory.trim();
-        let split = memory
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(memory.len());
-        let (number, unit) = memory.split_at(split);
-        let number: u64 = number
-            .parse()
-            .map_err(|_| format!("{memory:?} is not a memory size such as 80GiB"))?;
-        let multiplier: u64 = match unit {
-            "GiB" | "G" => 1 << 30,
-            "GB" => 1_000_000_000,
-            "MiB" | "M" => 1 << 20,
-            "MB" => 1_000_000,
-            "TiB" => 1 << 40,
-            other => return Err(format!("unknown unit {other:?}; use GiB, GB, MiB or MB")),
-        };
-        let memory = number
-            .checked_mul(multiplier)
-            .filter(|m| *m > 0)
-            .ok_or("the memory size must be positive and not absurd")?;
+        let memory = gantry_types::units::parse_size(memory).map_err(|e| e.to_string())?;
+        if memory == 0 {
+            return Err("the memory size must be positive".into());
+        }
         Ok(Self { count, memory })
     }
 
@@ -171,6 +156,14 @@ mod tests {
         assert!(SimulatedGpus::parse("4x").is_err());
         assert!(SimulatedGpus::parse("four").is_err());
         assert!(SimulatedGpus::parse("4x80PB").is_err());
+        assert!(SimulatedGpus::parse("4x0GiB").is_err());
+    }
+
+    #[test]
+    fn simulated_memory_reads_sizes_like_every_other_size() {
+        assert_eq!(SimulatedGpus::parse("2x20G").unwrap().memory, 20 << 30);
+        assert_eq!(SimulatedGpus::parse("1x1.5GiB").unwrap().memory, 3 << 29);
+        assert_eq!(SimulatedGpus::parse("1x512mb").unwrap().memory, 512_000_000);
     }
 
     #[test]

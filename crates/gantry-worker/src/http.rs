@@ -47,13 +47,20 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 fn authorised(shared: &Shared, headers: &HeaderMap) -> bool {
-    let presented = headers
+    presents_token(headers, &shared.api_token)
+}
+
+/// Whether the request's bearer token is `expected`. No token never matches.
+fn presents_token(headers: &HeaderMap, expected: &str) -> bool {
+    let Some(presented) = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
+        .and_then(gantry_types::auth::bearer_token)
+    else {
+        return false;
+    };
     // Compare in constant time: the token is a secret.
-    let expected = shared.api_token.as_bytes();
+    let expected = expected.as_bytes();
     presented.len() == expected.len()
         && presented
             .bytes()
@@ -160,4 +167,49 @@ async fn logs(
         Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_authorization(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            axum::http::header::AUTHORIZATION,
+            value.parse().expect("a valid header value"),
+        );
+        headers
+    }
+
+    #[test]
+    fn worker_api_accepts_the_bearer_scheme_in_any_case() {
+        assert!(presents_token(
+            &with_authorization("Bearer secret"),
+            "secret"
+        ));
+        assert!(presents_token(
+            &with_authorization("bearer secret"),
+            "secret"
+        ));
+        assert!(presents_token(
+            &with_authorization("BEARER  secret "),
+            "secret"
+        ));
+    }
+
+    #[test]
+    fn worker_api_rejects_wrong_or_missing_tokens() {
+        assert!(!presents_token(
+            &with_authorization("Bearer other"),
+            "secret"
+        ));
+        assert!(!presents_token(
+            &with_authorization("Basic secret"),
+            "secret"
+        ));
+        assert!(!presents_token(&with_authorization("secret"), "secret"));
+        assert!(!presents_token(&HeaderMap::new(), "secret"));
+        assert!(!presents_token(&HeaderMap::new(), ""));
+    }
 }

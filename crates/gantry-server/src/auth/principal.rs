@@ -56,10 +56,7 @@ impl FromRequestParts<AppState> for AuthAllowingPasswordChange {
 pub fn credential_of(parts: &Parts) -> Option<String> {
     if let Some(value) = parts.headers.get(AUTHORIZATION) {
         let value = value.to_str().ok()?;
-        let (scheme, token) = value.split_once(' ')?;
-        return scheme
-            .eq_ignore_ascii_case("bearer")
-            .then(|| token.trim().to_string());
+        return gantry_types::auth::bearer_token(value).map(str::to_owned);
     }
     for header in parts.headers.get_all(COOKIE) {
         let Ok(header) = header.to_str() else {

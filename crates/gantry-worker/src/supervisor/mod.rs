@@ -81,10 +81,15 @@ pub struct InstanceSpec {
     pub ready_deadline: Option<Duration>,
 }
 
+/// Ports for backend processes unless configured otherwise.
+pub const DEFAULT_PORT_RANGE: RangeInclusive<u16> = 40000..=40999;
+/// Time between SIGTERM and SIGKILL when a backend is stopped.
+pub const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(30);
+
 /// The supervisor's configuration. [`SupervisorConfig::new`] fills in the defaults.
 #[derive(Debug, Clone)]
 pub struct SupervisorConfig {
-    /// Ports for backends (default `40000..=40999`).
+    /// Ports for backends (default [`DEFAULT_PORT_RANGE`]).
     pub port_range: RangeInclusive<u16>,
     /// Logs go to `<data_dir>/logs/<key>/<start-n>.log`.
     pub data_dir: PathBuf,
@@ -94,7 +99,8 @@ pub struct SupervisorConfig {
     /// The host put in `Running.address` for the gateway to reach (default `127.0.0.1`).
     /// With a loopback `bind_host`, only a gateway on this machine can reach backends.
     pub advertise_host: String,
-    /// How long a backend gets between SIGTERM and SIGKILL (default 30 s).
+    /// How long a backend gets between SIGTERM and SIGKILL (default
+    /// [`DEFAULT_STOP_GRACE_PERIOD`]).
     pub stop_grace_period: Duration,
     /// How long any backend may take to become ready; each backend's own default
     /// (`gantry_backends::Backend::readiness_deadline`, 10 min) when `None`.
@@ -110,11 +116,11 @@ impl SupervisorConfig {
     /// The defaults, with logs under `data_dir`.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
-            port_range: 40000..=40999,
+            port_range: DEFAULT_PORT_RANGE,
             data_dir: data_dir.into(),
             bind_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             advertise_host: Ipv4Addr::LOCALHOST.to_string(),
-            stop_grace_period: Duration::from_secs(30),
+            stop_grace_period: DEFAULT_STOP_GRACE_PERIOD,
             readiness_deadline: None,
             restart: RestartPolicy::default(),
             backends: BackendSettings::default(),

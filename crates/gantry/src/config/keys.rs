@@ -1,0 +1,167 @@
+//! The table of configuration keys: the one place a key is declared. Each entry gives
+//! the key's doc (shown in `--help` and the README), its name (the YAML key, the flag
+//! `--key-name`, the variable `GANTRY_KEY_NAME` and the field of [`Config`]), its kind
+//! (how its value is read and written, `kinds.rs`), its default, and optionally how the
+//! default is described when it depends on the machine or the command (`shown`) and
+//! other spellings of its flag (`also`). Keys are grouped by the commands that read them:
+//! `global` (every command), `server` (`gantry server`, `gantry start`) and `worker`
+//! (`gantry worker`, `gantry start`).
+//!
+//! Defaults that a library crate also uses are that crate's constants, never a second
+//! literal.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use gantry_backends::{llama_cpp, sglang, vllm};
+use gantry_server::config as server;
+use gantry_worker::supervisor;
+
+use super::kinds::{
+    BodyLimit, Bool, DatabaseUrl, Dir, Duration, IpAddr, Kind, Labels, LogFilter, LogFormat,
+    Optional, Port, PortRange, SchedulingMode, ServerId, SimulatedGpus, Text, Urls, WorkerName,
+};
+use super::{DefaultText, Key, Layers, Scope};
+
+/// Said of every key that is read but does nothing yet.
+macro_rules! not_used_yet {
+    () => {
+        " Not used yet: every server schedules alone until the high-availability work lands."
+    };
+}
+
+config_table! {
+    global {
+        /// Where gantry keeps its database, secrets and bootstrap files.
+        data_dir: Dir = default_data_dir(),
+            shown format!("`~/{USER_DATA_DIR}` (`{ROOT_DATA_DIR}` as root)");
+        /// Log filter: a level, or target=level pairs such as `gantry_server=debug,info`.
+        log_level: LogFilter = "info".to_owned();
+        /// Log line format: `text` or `json`.
+        log_format: LogFormat = LogFormat::Text;
+        /// Interval of worker heartbeats; servers expect it too.
+        heartbeat_interval: Duration = server::DEFAULT_HEARTBEAT_INTERVAL;
+        /// Every server's URL, comma-separated or repeated; a worker joins them and fails
+        /// over between them.
+        server_urls: Urls = Vec::new(), also "server-url";
+    }
+    server {
+        /// Address the server listens on.
+        host: Text = server::DEFAULT_HOST.to_owned();
+        /// Port of the management API, the web console and the OpenAI-compatible gateway.
+        port: Port = server::DEFAULT_PORT;
+        /// `postgres://…` to share state between several servers, or `sqlite:…`.
+        database_url: Optional<DatabaseUrl> = None, shown "SQLite file in `data_dir`";
+        /// Signs session tokens; required with PostgreSQL (every server needs the same).
+        jwt_secret: Optional<Text> = None, shown "generated into `data_dir`";
+        /// Password of the first admin.
+        bootstrap_password: Optional<Text> = None,
+            shown "generated into `<data_dir>/initial_admin_password`";
+        /// This server's name in logs.
+        server_id: ServerId = default_server_id(), shown "the hostname";
+        /// How scheduling is shared between servers: `local`, `distributed` or `auto`.
+        #[doc = not_used_yet!()]
+        scheduling_mode: SchedulingMode = SchedulingMode::Auto;
+        /// Silence after which a server or worker counts as gone.
+        server_timeout: Duration = server::DEFAULT_SERVER_TIMEOUT;
+        /// Default timeout of distributed locks.
+        #[doc = not_used_yet!()]
+        lock_timeout: Duration = server::DEFAULT_LOCK_TIMEOUT;
+        /// Let several servers share scheduling under locks.
+        #[doc = not_used_yet!()]
+        distributed_scheduling: Bool = server::DEFAULT_DISTRIBUTED_SCHEDULING;
+        /// Timeout of the per-instance scheduling lock.
+        #[doc = not_used_yet!()]
+        schedule_lock_timeout: Duration = server::DEFAULT_SCHEDULE_LOCK_TIMEOUT;
+        /// Largest management-API request body.
+        max_request_body: BodyLimit = server::DEFAULT_MAX_REQUEST_BODY;
+        /// Largest request body of the OpenAI-compatible gateway (`/v1/*`).
+        gateway_max_request_body: BodyLimit = server::DEFAULT_GATEWAY_MAX_REQUEST_BODY;
+    }
+    worker {
+        /// Registration token, from the server's `<data_dir>/registration_token`; needed
+        /// for the first registration only.
+        token: Optional<Text> = None,
+            shown "none (`gantry start` reads its server's token file)";
+        /// This worker's name, unique in the cluster.
+        worker_name: WorkerName = default_worker_name(), shown "the hostname", also "name";
+        /// Labels `k=v`, comma-separated or repeated.
+        labels: Labels = Default::default(), also "label";
+        /// Declare simulated GPUs instead of detecting real ones, such as `4x80GiB`.
+        simulate_gpus: Optional<SimulatedGpus> = None,
+            shown "none: real GPUs, found through NVML";
+        /// Address of the worker's own API (`gantry start` keeps it on loopback).
+        worker_host: Text = Ipv4Addr::UNSPECIFIED.to_string();
+        /// Port of the worker's own API (`gantry start` picks a free one).
+        worker_port: Port = 10150;
+        /// Host name or IP through which servers reach this worker and its backends.
+        advertise_host: Optional<Text> = None,
+            shown format!("the hostname (`{}` for `gantry start`)", Ipv4Addr::LOCALHOST);
+        /// Address backends listen on.
+        backend_host: Optional<IpAddr> = None, shown format!(
+            "`{}` (`{}` for `gantry start`)",
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::LOCALHOST
+        );
+        /// Ports for backend processes.
+        port_range: PortRange = supervisor::DEFAULT_PORT_RANGE;
+        /// The llama.cpp server: a path, or a name looked up on `PATH`.
+        llama_server_path: Text = llama_cpp::PROGRAM.to_owned();
+        /// The vLLM program: a path, or a name looked up on `PATH`.
+        vllm_path: Text = vllm::PROGRAM.to_owned();
+        /// The Python that has SGLang installed: a path, or a name looked up on `PATH`.
+        sglang_python: Text = sglang::PYTHON.to_owned();
+        /// Time between SIGTERM and SIGKILL when a backend is stopped.
+        stop_grace_period: Duration = supervisor::DEFAULT_STOP_GRACE_PERIOD;
+        /// How long a backend may take to become healthy.
+        backend_ready_timeout: Duration = gantry_backends::DEFAULT_READINESS_DEADLINE;
+    }
+}
+
+/// Where root keeps gantry's state.
+const ROOT_DATA_DIR: &str = "/var/lib/gantry";
+/// Where everyone else keeps it, under their home directory.
+const USER_DATA_DIR: &str = ".local/share/gantry";
+
+/// [`ROOT_DATA_DIR`] for root, [`USER_DATA_DIR`] in the home directory for everyone
+/// else (`.gantry` in the working directory without a home).
+fn default_data_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from(ROOT_DATA_DIR);
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => PathBuf::from(home).join(USER_DATA_DIR),
+        None => PathBuf::from(".gantry"),
+    }
+}
+
+/// The hostname, or the server crate's name for hosts without one.
+fn default_server_id() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| server::DEFAULT_SERVER_ID.to_owned())
+}
+
+/// The hostname made into a valid worker name.
+fn default_worker_name() -> String {
+    let host = default_server_id().to_lowercase();
+    let cleaned: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    let cleaned = cleaned.trim_start_matches(['-', '_', '.']).to_owned();
+    if cleaned.is_empty() {
+        "worker".to_owned()
+    } else {
+        cleaned
+    }
+}
