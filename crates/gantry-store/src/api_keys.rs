@@ -1,11 +1,11 @@
 //! The `api_keys` table. Keys are stored as a fast lookup digest of the whole key plus
 //! an argon2 hash of the secret half; the secret itself is never stored.
 
-use gantry_types::{ApiKey, Timestamp};
+use gantry_types::{ApiKey, ApiKeyFilter, Timestamp};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Arg, Filter, Page};
+use crate::query::{Filter, Page};
 use crate::rows::{int, opt_int, text};
 use crate::{Store, StoreError};
 
@@ -98,13 +98,10 @@ impl Store {
     /// Lists keys, of one user when `user_id` is given.
     pub async fn list_api_keys(
         &self,
-        user_id: Option<i64>,
+        filter: &ApiKeyFilter,
         page: Page,
     ) -> Result<(Vec<ApiKey>, u64), StoreError> {
-        let mut f = Filter::default();
-        if let Some(user_id) = user_id {
-            f.eq("user_id", Arg::Int(user_id));
-        }
+        let f = Filter::of(filter, None);
         let total = self.count("api_keys", &f).await?;
         let rows = sqlx::query_with(
             &format!(

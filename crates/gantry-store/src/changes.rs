@@ -18,3 +18,45 @@ pub enum Change {
     Model(ChangeKind, Model),
     Instance(ChangeKind, ModelInstance),
 }
+
+impl Change {
+    /// The model of a model change.
+    pub fn model(&self) -> Option<(ChangeKind, &Model)> {
+        match self {
+            Change::Model(kind, model) => Some((*kind, model)),
+            _ => None,
+        }
+    }
+
+    /// The instance of an instance change.
+    pub fn instance(&self) -> Option<(ChangeKind, &ModelInstance)> {
+        match self {
+            Change::Instance(kind, instance) => Some((*kind, instance)),
+            _ => None,
+        }
+    }
+
+    /// The worker of a worker change.
+    pub fn worker(&self) -> Option<(ChangeKind, &Worker)> {
+        match self {
+            Change::Worker(kind, worker) => Some((*kind, worker)),
+            _ => None,
+        }
+    }
+
+    /// The user of a user change.
+    pub fn user(&self) -> Option<(ChangeKind, &User)> {
+        match self {
+            Change::User(kind, user) => Some((*kind, user)),
+            _ => None,
+        }
+    }
+
+    /// The key of an API-key change.
+    pub fn api_key(&self) -> Option<(ChangeKind, &ApiKey)> {
+        match self {
+            Change::ApiKey(kind, key) => Some((*kind, key)),
+            _ => None,
+        }
+    }
+}

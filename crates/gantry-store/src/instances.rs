@@ -1,21 +1,13 @@
 //! The `model_instances` table.
 
-use gantry_types::{InstanceState, ModelInstance, Timestamp};
+use gantry_types::{InstanceFilter, InstanceState, ModelInstance, Timestamp};
 use sqlx::any::AnyRow;
 use sqlx::Any;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Arg, Filter, Page};
+use crate::query::{Filter, Page};
 use crate::rows::{int, json, opt_int, opt_text, parse_enum, text, to_json, u32_of};
 use crate::{Store, StoreError};
-
-/// List filters for model instances.
-#[derive(Debug, Clone, Default)]
-pub struct InstanceFilter {
-    pub model_id: Option<i64>,
-    pub worker_id: Option<i64>,
-    pub state: Option<InstanceState>,
-}
 
 const SELECT: &str = "SELECT i.id, i.name, i.model_id, m.name AS model_name, i.replica, \
      i.worker_id, w.name AS worker_name, i.gpu_indexes, i.port, i.address, i.state, \
@@ -81,16 +73,7 @@ impl Store {
         page: Page,
     ) -> Result<(Vec<ModelInstance>, u64), StoreError> {
         // Columns qualified with the alias, so one filter serves the count and the join.
-        let mut qualified = Filter::default();
-        if let Some(model_id) = filter.model_id {
-            qualified.eq("i.model_id", Arg::Int(model_id));
-        }
-        if let Some(worker_id) = filter.worker_id {
-            qualified.eq("i.worker_id", Arg::Int(worker_id));
-        }
-        if let Some(state) = filter.state {
-            qualified.eq("i.state", Arg::Text(state.as_str().to_string()));
-        }
+        let qualified = Filter::of(filter, Some("i"));
         let total = self.count("model_instances i", &qualified).await?;
         let rows = sqlx::query_with(
             &format!(

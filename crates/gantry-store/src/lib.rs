@@ -48,18 +48,19 @@ use tokio::sync::broadcast;
 pub use api_keys::{ApiKeyRecord, NewApiKey};
 pub use changes::{Change, ChangeKind};
 pub use error::StoreError;
-pub use instances::{InstanceFilter, ManualPlacement};
-pub use models::ModelFilter;
+pub use instances::ManualPlacement;
 pub use placement_record::{undecodable_placement_records, StoredPlacement};
 pub use query::Page;
+// The list filters are the API's own: the store reads them as SQL, a watch as a predicate.
+pub use gantry_types::{ApiKeyFilter, InstanceFilter, ModelFilter, UserFilter, WorkerFilter};
 pub use scheduling::{NewPlacement, PlacedInstanceClaim};
 pub use settings::REGISTRATION_TOKEN_DIGEST;
 pub use usage::{
     usage_minute_of, UsageByApiKey, UsageByModel, UsageFilter, UsageIncrement, UsageSums,
     USAGE_BUCKET_MILLIS,
 };
-pub use users::{NewUser, UserFilter, UserRecord};
-pub use workers::{WorkerFilter, WorkerRegistration};
+pub use users::{NewUser, UserRecord};
+pub use workers::WorkerRegistration;
 
 /// Which database engine backs the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

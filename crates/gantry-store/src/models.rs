@@ -3,25 +3,16 @@
 use std::collections::BTreeMap;
 
 use gantry_types::{
-    BackendKind, GpuSelector, Model, ModelCreate, ModelInstance, ModelSource, PlacementStrategy,
-    Timestamp,
+    BackendKind, GpuSelector, Model, ModelCreate, ModelFilter, ModelInstance, ModelSource,
+    PlacementStrategy, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Arg, Filter, Page};
+use crate::query::{Filter, Page};
 use crate::rows::{int, json, parse_enum, text, to_json, u32_of};
 use crate::{Store, StoreError};
-
-/// List filters for models.
-#[derive(Debug, Clone, Default)]
-pub struct ModelFilter {
-    pub name: Option<String>,
-    pub backend: Option<BackendKind>,
-    /// Substring of the name.
-    pub search: Option<String>,
-}
 
 /// The model fields kept as one JSON column: nothing filters on them in SQL.
 #[derive(Debug, Serialize, Deserialize)]
@@ -154,16 +145,7 @@ impl Store {
         filter: &ModelFilter,
         page: Page,
     ) -> Result<(Vec<Model>, u64), StoreError> {
-        let mut f = Filter::default();
-        if let Some(name) = &filter.name {
-            f.eq("name", Arg::Text(name.clone()));
-        }
-        if let Some(backend) = filter.backend {
-            f.eq("backend", Arg::Text(backend.as_str().to_string()));
-        }
-        if let Some(search) = &filter.search {
-            f.contains("name", &search.to_lowercase());
-        }
+        let f = Filter::of(filter, None);
         let total = self.count("models", &f).await?;
         let rows = sqlx::query_with(
             &format!(

@@ -1,6 +1,7 @@
 //! A small builder for filtered, paginated SELECTs with `$n` placeholders, which both
 //! engines accept.
 
+use gantry_types::query::{Condition, ListFilter, Value};
 use sqlx::any::AnyArguments;
 use sqlx::Arguments;
 
@@ -39,15 +40,43 @@ impl Filter {
             .push(format!("{column} = ${}", self.args.len()));
     }
 
-    /// Adds `<column> LIKE %value%` on a lowercase value.
+    /// Adds "`<column>` contains `needle`, ignoring ASCII case" (`LOWER(column) LIKE
+    /// %needle%`, with the needle lowered the same way and its wildcards escaped).
     pub(crate) fn contains(&mut self, column: &str, needle: &str) {
         let escaped = needle
+            .to_ascii_lowercase()
             .replace('\\', "\\\\")
             .replace('%', "\\%")
             .replace('_', "\\_");
         self.args.push(Arg::Text(format!("%{escaped}%")));
-        self.clauses
-            .push(format!("{column} LIKE ${} ESCAPE '\\'", self.args.len()));
+        self.clauses.push(format!(
+            "LOWER({column}) LIKE ${} ESCAPE '\\'",
+            self.args.len()
+        ));
+    }
+
+    /// The `WHERE` of a list filter's conditions: the same conditions a watch applies
+    /// with [`ListFilter::matches`]. Each condition's column is the table's column of that
+    /// name, prefixed with `table_alias.` when given.
+    pub(crate) fn of<F: ListFilter>(filter: &F, table_alias: Option<&str>) -> Self {
+        let mut f = Filter::default();
+        let qualified = |column: &str| match table_alias {
+            Some(alias) => format!("{alias}.{column}"),
+            None => column.to_owned(),
+        };
+        for condition in filter.conditions() {
+            match condition {
+                Condition::Equals { column, value } => {
+                    let arg = match value {
+                        Value::Int(v) => Arg::Int(v),
+                        Value::Text(v) => Arg::Text(v.to_owned()),
+                    };
+                    f.eq(&qualified(column), arg);
+                }
+                Condition::Contains { column, text } => f.contains(&qualified(column), text),
+            }
+        }
+        f
     }
 
     pub(crate) fn where_sql(&self) -> String {

@@ -1,10 +1,10 @@
 //! The `users` table.
 
-use gantry_types::{Role, Timestamp, User};
+use gantry_types::{Role, Timestamp, User, UserFilter};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Arg, Filter, Page};
+use crate::query::{Filter, Page};
 use crate::rows::{int, parse_enum, text};
 use crate::{Store, StoreError};
 
@@ -26,14 +26,6 @@ pub struct NewUser {
     pub role: Role,
     pub full_name: String,
     pub require_password_change: bool,
-}
-
-/// List filters for users.
-#[derive(Debug, Clone, Default)]
-pub struct UserFilter {
-    pub role: Option<Role>,
-    /// Substring of the username.
-    pub search: Option<String>,
 }
 
 const COLUMNS: &str = "id, username, password_hash, role, full_name, require_password_change, \
@@ -126,13 +118,7 @@ impl Store {
         filter: &UserFilter,
         page: Page,
     ) -> Result<(Vec<User>, u64), StoreError> {
-        let mut f = Filter::default();
-        if let Some(role) = filter.role {
-            f.eq("role", Arg::Text(role.as_str().to_string()));
-        }
-        if let Some(search) = &filter.search {
-            f.contains("username", &search.to_lowercase());
-        }
+        let f = Filter::of(filter, None);
         let total = self.count("users", &f).await?;
         let rows = sqlx::query_with(
             &format!(
@@ -234,9 +220,11 @@ impl Store {
 
     /// Number of admins; the API refuses to delete or demote the last one.
     pub async fn count_admins(&self) -> Result<u64, StoreError> {
-        let mut f = Filter::default();
-        f.eq("role", Arg::Text("admin".into()));
-        self.count("users", &f).await
+        let admins = UserFilter {
+            role: Some(Role::Admin),
+            search: None,
+        };
+        self.count("users", &Filter::of(&admins, None)).await
     }
 
     pub(crate) async fn count(&self, table: &str, filter: &Filter) -> Result<u64, StoreError> {

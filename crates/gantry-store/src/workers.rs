@@ -2,11 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use gantry_types::{InstanceState, Timestamp, Worker, WorkerState, WorkerStatus};
+use gantry_types::{InstanceState, Timestamp, Worker, WorkerFilter, WorkerState, WorkerStatus};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Arg, Filter, Page};
+use crate::query::{Filter, Page};
 use crate::rows::{int, json, opt_int, parse_enum, text, to_json};
 use crate::{Store, StoreError};
 
@@ -17,13 +17,6 @@ pub struct WorkerRegistration<'a> {
     /// `host:port` of the worker's own API.
     pub address: &'a str,
     pub status: &'a WorkerStatus,
-}
-
-/// List filters for workers.
-#[derive(Debug, Clone, Default)]
-pub struct WorkerFilter {
-    pub state: Option<WorkerState>,
-    pub name: Option<String>,
 }
 
 const COLUMNS: &str =
@@ -127,13 +120,7 @@ impl Store {
         filter: &WorkerFilter,
         page: Page,
     ) -> Result<(Vec<Worker>, u64), StoreError> {
-        let mut f = Filter::default();
-        if let Some(state) = filter.state {
-            f.eq("state", Arg::Text(state.as_str().to_string()));
-        }
-        if let Some(name) = &filter.name {
-            f.eq("name", Arg::Text(name.clone()));
-        }
+        let f = Filter::of(filter, None);
         let total = self.count("workers", &f).await?;
         let rows = sqlx::query_with(
             &format!(

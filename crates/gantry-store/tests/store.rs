@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 
 use gantry_store::{
-    Change, ChangeKind, InstanceFilter, ModelFilter, NewApiKey, NewUser, Page, StoreError,
-    UserFilter, WorkerFilter,
+    ApiKeyFilter, Change, ChangeKind, InstanceFilter, ModelFilter, NewApiKey, NewUser, Page,
+    StoreError, UserFilter, WorkerFilter,
 };
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
+use gantry_types::ListFilter;
 use gantry_types::{BackendKind, GpuDevice, InstanceState, ModelCreate, Role, WorkerStatus};
 
 fn new_user(name: &str, role: Role) -> NewUser {
@@ -167,7 +168,10 @@ async fn api_keys_are_found_by_digest_and_cascade_with_their_user(engine: TestEn
         Some(at)
     );
 
-    assert_eq!(store.list_api_keys(Some(alice.id), ALL).await.unwrap().1, 1);
+    let alices = ApiKeyFilter {
+        user_id: Some(alice.id),
+    };
+    assert_eq!(store.list_api_keys(&alices, ALL).await.unwrap().1, 1);
     store.delete_user(alice.id).await.unwrap();
     assert!(store.api_key_by_digest("digest-1").await.is_err());
 }
@@ -343,6 +347,157 @@ async fn lists_paginate_and_filter(engine: TestEngine) {
     assert_eq!(store.list_workers(&ready, ALL).await.unwrap().1, 1);
 }
 
+/// Checks that the store's SQL for `filter` selects exactly the items of `all` that
+/// `ListFilter::matches` accepts (in the same order).
+fn agree<F, T>(filter: &F, all: &[T], listed: &[T])
+where
+    F: ListFilter<Item = T> + std::fmt::Debug,
+    T: PartialEq + std::fmt::Debug,
+{
+    let expected: Vec<&T> = all.iter().filter(|item| filter.matches(item)).collect();
+    let listed: Vec<&T> = listed.iter().collect();
+    assert_eq!(listed, expected, "SQL and watch disagree on {filter:?}");
+}
+
+async fn lists_and_watches_read_a_filter_the_same_way(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let big: Page = Page {
+        page: 1,
+        per_page: 1000,
+    };
+    for (name, backend) in [
+        ("tiny-llama", "llama.cpp"),
+        ("qwen_7b", "vllm"),
+        ("Llama-Big", "llama.cpp"),
+        ("llama%1", "sglang"),
+    ] {
+        let mut create = model_create(&name.to_lowercase(), 0);
+        create.backend = BackendKind::parse(backend).unwrap();
+        let model = store.create_model(&create).await.unwrap();
+        store.create_instances(&model, &[0, 1]).await.unwrap();
+    }
+    for name in ["Alice", "bob", "ALBERT", "carol_a"] {
+        store
+            .create_user(&new_user(name, Role::User))
+            .await
+            .unwrap();
+    }
+    for name in ["w1", "w2"] {
+        store
+            .create_worker(name, &BTreeMap::new(), "127.0.0.1:1", &gpu_status(1), name)
+            .await
+            .unwrap();
+    }
+    let models = store
+        .list_models(&ModelFilter::default(), big)
+        .await
+        .unwrap()
+        .0;
+    for filter in [
+        ModelFilter::default(),
+        ModelFilter {
+            search: Some("LLAMA".into()),
+            ..Default::default()
+        },
+        ModelFilter {
+            search: Some("%".into()),
+            ..Default::default()
+        },
+        ModelFilter {
+            search: Some("_".into()),
+            ..Default::default()
+        },
+        ModelFilter {
+            backend: Some(BackendKind::LlamaCpp),
+            search: Some("big".into()),
+            ..Default::default()
+        },
+        ModelFilter {
+            name: Some("qwen_7b".into()),
+            ..Default::default()
+        },
+    ] {
+        let listed = store.list_models(&filter, big).await.unwrap().0;
+        agree(&filter, &models, &listed);
+    }
+    let users = store
+        .list_users(&UserFilter::default(), big)
+        .await
+        .unwrap()
+        .0;
+    for filter in [
+        UserFilter {
+            search: Some("al".into()),
+            ..Default::default()
+        },
+        UserFilter {
+            role: Some(Role::Admin),
+            ..Default::default()
+        },
+        UserFilter {
+            role: Some(Role::User),
+            search: Some("A".into()),
+        },
+    ] {
+        let listed = store.list_users(&filter, big).await.unwrap().0;
+        agree(&filter, &users, &listed);
+    }
+    let instances = store
+        .list_instances(&InstanceFilter::default(), big)
+        .await
+        .unwrap()
+        .0;
+    let first = &instances[0];
+    let worker = store.get_worker_by_name("w2").await.unwrap();
+    place_by_hand(&store, first.id, worker.id, &[0]).await;
+    let instances = store
+        .list_instances(&InstanceFilter::default(), big)
+        .await
+        .unwrap()
+        .0;
+    for filter in [
+        InstanceFilter {
+            model_id: Some(first.model_id),
+            ..Default::default()
+        },
+        InstanceFilter {
+            worker_id: Some(worker.id),
+            ..Default::default()
+        },
+        InstanceFilter {
+            state: Some(InstanceState::Pending),
+            model_id: Some(first.model_id),
+            ..Default::default()
+        },
+        InstanceFilter {
+            state: Some(InstanceState::Scheduled),
+            ..Default::default()
+        },
+    ] {
+        let listed = store.list_instances(&filter, big).await.unwrap().0;
+        agree(&filter, &instances, &listed);
+    }
+    let workers = store
+        .list_workers(&WorkerFilter::default(), big)
+        .await
+        .unwrap()
+        .0;
+    for filter in [
+        WorkerFilter {
+            name: Some("w1".into()),
+            ..Default::default()
+        },
+        WorkerFilter {
+            state: Some(gantry_types::WorkerState::Ready),
+            ..Default::default()
+        },
+    ] {
+        let listed = store.list_workers(&filter, big).await.unwrap().0;
+        agree(&filter, &workers, &listed);
+    }
+}
+
 async fn committed_writes_are_published_as_changes(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
@@ -389,6 +544,7 @@ test_both_engines!(
     an_instance_is_deleted_only_as_it_was_read,
     deleting_a_model_deletes_its_instances,
     a_placement_by_hand_records_the_launch_and_a_deleted_worker_unplaces,
+    lists_and_watches_read_a_filter_the_same_way,
     lists_paginate_and_filter,
     committed_writes_are_published_as_changes,
     reopening_a_database_keeps_data_and_skips_applied_migrations,

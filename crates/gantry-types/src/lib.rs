@@ -13,6 +13,7 @@ pub mod instance;
 pub mod list;
 pub mod model;
 pub mod placement;
+pub mod query;
 pub mod time;
 pub mod units;
 pub mod user;
@@ -32,6 +33,10 @@ pub use model::{
 };
 pub use placement::{
     GpuShare, LaunchTemplate, LlamaLayout, Placement, PlacementKind, PlacementRecord, Reservation,
+};
+pub use query::{
+    ApiKeyFilter, ApiKeyQuery, InstanceFilter, InstanceQuery, ListFilter, ModelFilter, ModelQuery,
+    UserFilter, UserQuery, WorkerFilter, WorkerQuery,
 };
 pub use time::Timestamp;
 pub use user::{Role, User, UserCreate, UserUpdate};

@@ -6,44 +6,23 @@ use axum::response::Response;
 use axum::Json;
 use gantry_store::{Change, NewApiKey};
 use gantry_types::{
-    ApiKey, ApiKeyCreate, ApiKeyCreated, FieldError, ListResponse, Role, Timestamp, Validate,
+    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyFilter, ApiKeyQuery, ListResponse, Role, Timestamp,
 };
-use serde::Deserialize;
-use utoipa::IntoParams;
 
-use super::{check_page, created, page_of};
+use super::{created, page_of};
 use crate::auth::secrets::{digest, GeneratedApiKey};
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::state::AppState;
 
-/// Filters and paging for the key list.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ApiKeyListQuery {
-    /// Admins only: keys of this user (default: every user's for admins, your own
-    /// for everyone else).
-    pub user_id: Option<i64>,
-    pub page: Option<u32>,
-    pub per_page: Option<u32>,
-    pub watch: Option<bool>,
-}
-
-impl Validate for ApiKeyListQuery {
-    fn validate(&self) -> Result<(), FieldError> {
-        check_page(self.page, self.per_page)
-    }
-}
-
 /// Lists API keys (never their secrets).
-#[utoipa::path(get, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])), params(ApiKeyListQuery),
+#[utoipa::path(get, path = "/api/v1/api-keys", tag = "api-keys", security(("bearer" = [])), params(ApiKeyQuery),
     responses((status = 200, body = ListResponse<ApiKey>)))]
 pub async fn list(
     State(state): State<AppState>,
     Auth(principal): Auth,
-    ApiQuery(query): ApiQuery<ApiKeyListQuery>,
+    ApiQuery(query): ApiQuery<ApiKeyQuery>,
 ) -> ApiResult<Response> {
     let user = principal.require_user()?;
     let owner = match (user.role, query.user_id) {
@@ -56,17 +35,14 @@ pub async fn list(
             ))
         }
     };
+    let filter = ApiKeyFilter { user_id: owner };
     super::list_or_watch(
         &state,
         query.watch,
         page_of(query.page, query.per_page),
-        |page| state.store.list_api_keys(owner, page),
-        move |change| match change {
-            Change::ApiKey(kind, key) if owner.is_none_or(|o| o == key.user_id) => {
-                Some((*kind, key.clone()))
-            }
-            _ => None,
-        },
+        filter.clone(),
+        |page| state.store.list_api_keys(&filter, page),
+        Change::api_key,
     )
     .await
 }

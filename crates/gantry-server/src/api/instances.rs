@@ -6,71 +6,37 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
-use gantry_store::{Change, InstanceFilter};
+use gantry_store::Change;
 use gantry_types::{
-    ErrorCode, FieldError, InstancePatch, InstanceState, ListResponse, ModelInstance, Validate,
+    ErrorCode, FieldError, InstancePatch, InstanceQuery, ListResponse, ModelInstance, Validate,
 };
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::{check_page, page_of};
+use super::page_of;
 use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::service;
 use crate::state::AppState;
 
-/// Filters and paging for the instance list.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct InstanceListQuery {
-    pub model_id: Option<i64>,
-    pub worker_id: Option<i64>,
-    pub state: Option<InstanceState>,
-    pub page: Option<u32>,
-    pub per_page: Option<u32>,
-    pub watch: Option<bool>,
-}
-
-impl Validate for InstanceListQuery {
-    fn validate(&self) -> Result<(), FieldError> {
-        check_page(self.page, self.per_page)
-    }
-}
-
 /// Lists model instances.
 #[utoipa::path(get, path = "/api/v1/model-instances", tag = "model-instances", security(("bearer" = [])),
-    params(InstanceListQuery), responses((status = 200, body = ListResponse<ModelInstance>)))]
+    params(InstanceQuery), responses((status = 200, body = ListResponse<ModelInstance>)))]
 pub async fn list(
     State(state): State<AppState>,
     Auth(principal): Auth,
-    ApiQuery(query): ApiQuery<InstanceListQuery>,
+    ApiQuery(query): ApiQuery<InstanceQuery>,
 ) -> ApiResult<Response> {
     principal.require_user()?;
-    let filter = InstanceFilter {
-        model_id: query.model_id,
-        worker_id: query.worker_id,
-        state: query.state,
-    };
-    let watched = filter.clone();
+    let filter = query.filter();
     super::list_or_watch(
         &state,
         query.watch,
         page_of(query.page, query.per_page),
+        filter.clone(),
         |page| state.store.list_instances(&filter, page),
-        move |change| match change {
-            Change::Instance(kind, instance)
-                if watched.model_id.is_none_or(|m| m == instance.model_id)
-                    && watched
-                        .worker_id
-                        .is_none_or(|w| Some(w) == instance.worker_id)
-                    && watched.state.is_none_or(|s| s == instance.state) =>
-            {
-                Some((*kind, instance.clone()))
-            }
-            _ => None,
-        },
+        Change::instance,
     )
     .await
 }

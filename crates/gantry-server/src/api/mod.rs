@@ -23,15 +23,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
 use gantry_store::Page;
-use gantry_types::FieldError;
+use gantry_types::query::{ListFilter, DEFAULT_PER_PAGE, MAX_PER_PAGE};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-
-/// Largest page a list returns.
-pub const MAX_PER_PAGE: u32 = 1000;
-/// Page size when the client does not say.
-pub const DEFAULT_PER_PAGE: u32 = 100;
 
 /// Every route of the server.
 pub fn router(state: AppState) -> Router {
@@ -131,22 +126,6 @@ async fn log_requests(request: Request, next: Next) -> Response {
     response
 }
 
-/// Checks `page`/`per_page` from a query string.
-pub fn check_page(page: Option<u32>, per_page: Option<u32>) -> Result<(), FieldError> {
-    if page == Some(0) {
-        return Err(FieldError::new("page", "pages are numbered from 1"));
-    }
-    if let Some(per_page) = per_page {
-        if !(1..=MAX_PER_PAGE).contains(&per_page) {
-            return Err(FieldError::new(
-                "per_page",
-                format!("must be between 1 and {MAX_PER_PAGE}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The page a query asks for, with defaults.
 pub fn page_of(page: Option<u32>, per_page: Option<u32>) -> Page {
     Page {
@@ -173,26 +152,34 @@ pub fn list_response<T: serde::Serialize>(items: Vec<T>, page: Page, total: u64)
     .into_response()
 }
 
-/// The answer of a list endpoint: one page, or with `watch=true` the whole list as
-/// `CREATED` events followed by the live changes `select` picks.
-pub async fn list_or_watch<T, L, Fut, S>(
+/// Picks one resource out of a change: `Change::model`, `Change::instance`, …
+pub type ChangeOf<T> = fn(&gantry_store::Change) -> Option<(gantry_store::ChangeKind, &T)>;
+
+/// The answer of a list endpoint: one page of the items `filter` selects, or with
+/// `watch=true` all of them as `CREATED` events followed by the live changes that pass the
+/// same filter (`of` picks the list's resource out of a change).
+pub async fn list_or_watch<F, L, Fut>(
     state: &crate::state::AppState,
     watch: Option<bool>,
     page: Page,
+    filter: F,
     list: L,
-    select: S,
+    of: ChangeOf<F::Item>,
 ) -> Result<Response, ApiError>
 where
-    T: serde::Serialize + Send + 'static,
+    F: ListFilter + Send + 'static,
+    F::Item: serde::Serialize + Clone + Send + 'static,
     L: Fn(Page) -> Fut,
-    Fut: std::future::Future<Output = Result<(Vec<T>, u64), gantry_store::StoreError>>,
-    S: Fn(&gantry_store::Change) -> Option<(gantry_store::ChangeKind, T)> + Send + 'static,
+    Fut: std::future::Future<Output = Result<(Vec<F::Item>, u64), gantry_store::StoreError>>,
 {
     if watch == Some(true) {
         // Subscribe before reading, so no change between the two is lost.
         let changes = state.store.subscribe();
         let initial = watch_all(&list).await?;
-        return Ok(watch::respond(state, changes, initial, select));
+        return Ok(watch::respond(state, changes, initial, move |change| {
+            let (kind, item) = of(change)?;
+            filter.matches(item).then(|| (kind, item.clone()))
+        }));
     }
     let (items, total) = list(page).await?;
     Ok(list_response(items, page, total))

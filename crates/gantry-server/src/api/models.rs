@@ -4,74 +4,33 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
-use gantry_store::{Change, ModelFilter};
-use gantry_types::{
-    BackendKind, FieldError, ListResponse, Model, ModelCreate, ModelUpdate, Validate,
-};
-use serde::Deserialize;
-use utoipa::IntoParams;
+use gantry_store::Change;
+use gantry_types::{ListResponse, Model, ModelCreate, ModelQuery, ModelUpdate};
 
-use super::{check_page, created, page_of};
+use super::{created, page_of};
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::service;
 use crate::state::AppState;
 
-/// Filters and paging for the model list.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ModelListQuery {
-    pub name: Option<String>,
-    #[param(value_type = Option<String>)]
-    pub backend: Option<BackendKind>,
-    /// Substring of the name.
-    pub search: Option<String>,
-    pub page: Option<u32>,
-    pub per_page: Option<u32>,
-    pub watch: Option<bool>,
-}
-
-impl Validate for ModelListQuery {
-    fn validate(&self) -> Result<(), FieldError> {
-        check_page(self.page, self.per_page)
-    }
-}
-
 /// Lists models.
-#[utoipa::path(get, path = "/api/v1/models", tag = "models", security(("bearer" = [])), params(ModelListQuery),
+#[utoipa::path(get, path = "/api/v1/models", tag = "models", security(("bearer" = [])), params(ModelQuery),
     responses((status = 200, body = ListResponse<Model>)))]
 pub async fn list(
     State(state): State<AppState>,
     Auth(principal): Auth,
-    ApiQuery(query): ApiQuery<ModelListQuery>,
+    ApiQuery(query): ApiQuery<ModelQuery>,
 ) -> ApiResult<Response> {
     principal.require_user()?;
-    let filter = ModelFilter {
-        name: query.name.clone(),
-        backend: query.backend,
-        search: query.search.clone(),
-    };
-    let watched = filter.clone();
+    let filter = query.filter();
     super::list_or_watch(
         &state,
         query.watch,
         page_of(query.page, query.per_page),
+        filter.clone(),
         |page| state.store.list_models(&filter, page),
-        move |change| match change {
-            Change::Model(kind, model)
-                if watched.name.as_ref().is_none_or(|n| *n == model.name)
-                    && watched.backend.is_none_or(|b| b == model.backend)
-                    && watched
-                        .search
-                        .as_ref()
-                        .is_none_or(|s| model.name.contains(&s.to_lowercase())) =>
-            {
-                Some((*kind, model.clone()))
-            }
-            _ => None,
-        },
+        Change::model,
     )
     .await
 }

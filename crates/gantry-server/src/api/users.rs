@@ -4,68 +4,32 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
-use gantry_store::{Change, NewUser, UserFilter};
-use gantry_types::{FieldError, ListResponse, Role, User, UserCreate, UserUpdate, Validate};
-use serde::Deserialize;
-use utoipa::IntoParams;
+use gantry_store::{Change, NewUser};
+use gantry_types::{ListResponse, Role, User, UserCreate, UserQuery, UserUpdate};
 
-use super::{check_page, created, page_of};
+use super::{created, page_of};
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::state::AppState;
 
-/// Filters and paging for the user list.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct UserListQuery {
-    pub role: Option<Role>,
-    /// Substring of the username.
-    pub search: Option<String>,
-    pub page: Option<u32>,
-    pub per_page: Option<u32>,
-    /// Stream changes as NDJSON instead of returning one page.
-    pub watch: Option<bool>,
-}
-
-impl Validate for UserListQuery {
-    fn validate(&self) -> Result<(), FieldError> {
-        check_page(self.page, self.per_page)
-    }
-}
-
 /// Lists users.
-#[utoipa::path(get, path = "/api/v1/users", tag = "users", security(("bearer" = [])), params(UserListQuery),
+#[utoipa::path(get, path = "/api/v1/users", tag = "users", security(("bearer" = [])), params(UserQuery),
     responses((status = 200, body = ListResponse<User>), (status = 403, body = gantry_types::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     Auth(principal): Auth,
-    ApiQuery(query): ApiQuery<UserListQuery>,
+    ApiQuery(query): ApiQuery<UserQuery>,
 ) -> ApiResult<Response> {
     principal.require_admin()?;
-    let filter = UserFilter {
-        role: query.role,
-        search: query.search.clone(),
-    };
-    let watched = filter.clone();
+    let filter = query.filter();
     super::list_or_watch(
         &state,
         query.watch,
         page_of(query.page, query.per_page),
+        filter.clone(),
         |page| state.store.list_users(&filter, page),
-        move |change| match change {
-            Change::User(kind, user)
-                if watched.role.is_none_or(|r| r == user.role)
-                    && watched
-                        .search
-                        .as_ref()
-                        .is_none_or(|s| user.username.contains(&s.to_lowercase())) =>
-            {
-                Some((*kind, user.clone()))
-            }
-            _ => None,
-        },
+        Change::user,
     )
     .await
 }

@@ -4,63 +4,32 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
-use gantry_store::{Change, WorkerFilter};
-use gantry_types::{FieldError, ListResponse, Validate, Worker, WorkerLabelsUpdate, WorkerState};
-use serde::Deserialize;
-use utoipa::IntoParams;
+use gantry_store::Change;
+use gantry_types::{ListResponse, Worker, WorkerLabelsUpdate, WorkerQuery};
 
-use super::{check_page, page_of};
+use super::page_of;
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::state::AppState;
 
-/// Filters and paging for the worker list.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct WorkerListQuery {
-    pub state: Option<WorkerState>,
-    pub name: Option<String>,
-    pub page: Option<u32>,
-    pub per_page: Option<u32>,
-    pub watch: Option<bool>,
-}
-
-impl Validate for WorkerListQuery {
-    fn validate(&self) -> Result<(), FieldError> {
-        check_page(self.page, self.per_page)
-    }
-}
-
 /// Lists workers.
-#[utoipa::path(get, path = "/api/v1/workers", tag = "workers", security(("bearer" = [])), params(WorkerListQuery),
+#[utoipa::path(get, path = "/api/v1/workers", tag = "workers", security(("bearer" = [])), params(WorkerQuery),
     responses((status = 200, body = ListResponse<Worker>), (status = 403, body = gantry_types::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     Auth(principal): Auth,
-    ApiQuery(query): ApiQuery<WorkerListQuery>,
+    ApiQuery(query): ApiQuery<WorkerQuery>,
 ) -> ApiResult<Response> {
     principal.require_admin()?;
-    let filter = WorkerFilter {
-        state: query.state,
-        name: query.name.clone(),
-    };
-    let watched = filter.clone();
+    let filter = query.filter();
     super::list_or_watch(
         &state,
         query.watch,
         page_of(query.page, query.per_page),
+        filter.clone(),
         |page| state.store.list_workers(&filter, page),
-        move |change| match change {
-            Change::Worker(kind, worker)
-                if watched.state.is_none_or(|s| s == worker.state)
-                    && watched.name.as_ref().is_none_or(|n| *n == worker.name) =>
-            {
-                Some((*kind, worker.clone()))
-            }
-            _ => None,
-        },
+        Change::worker,
     )
     .await
 }
