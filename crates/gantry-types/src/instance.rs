@@ -2,7 +2,7 @@
 //! state that the scheduler and the worker move forward.
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::time::Timestamp;
 use crate::validate::{FieldError, Validate};
@@ -168,5 +168,27 @@ impl Validate for InstanceStateReport {
             ));
         }
         crate::validate::check_text("state_message", &self.state_message, 16_384)
+    }
+}
+
+/// Query of the log endpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LogQuery {
+    /// Last N lines (default 100, at most 100000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<u32>,
+    /// Keep the response open and send new lines as they are written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<bool>,
+}
+
+impl Validate for LogQuery {
+    fn validate(&self) -> Result<(), FieldError> {
+        if self.tail.is_some_and(|t| t > 100_000) {
+            return Err(FieldError::new("tail", "must be at most 100000"));
+        }
+        Ok(())
     }
 }

@@ -16,6 +16,7 @@ pub mod placement;
 pub mod query;
 pub mod time;
 pub mod units;
+pub mod usage;
 pub mod user;
 pub mod validate;
 pub mod worker;
@@ -26,7 +27,7 @@ pub use claim::{
     EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
 };
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
-pub use instance::{InstancePatch, InstanceState, InstanceStateReport, ModelInstance};
+pub use instance::{InstancePatch, InstanceState, InstanceStateReport, LogQuery, ModelInstance};
 pub use list::{ChangeKind, ListResponse, Pagination, WatchEvent};
 pub use model::{
     BackendKind, GpuSelector, Model, ModelCreate, ModelSource, ModelUpdate, PlacementStrategy,

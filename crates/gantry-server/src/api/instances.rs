@@ -8,10 +8,8 @@ use axum::Json;
 use futures_util::StreamExt;
 use gantry_store::Change;
 use gantry_types::{
-    ErrorCode, FieldError, InstancePatch, InstanceQuery, ListResponse, ModelInstance, Validate,
+    ErrorCode, InstancePatch, InstanceQuery, ListResponse, LogQuery, ModelInstance,
 };
-use serde::Deserialize;
-use utoipa::IntoParams;
 
 use super::page_of;
 use crate::auth::Auth;
@@ -85,26 +83,6 @@ pub async fn delete(
     let instance = state.store.delete_instance(id).await?;
     tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, "deleted instance");
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Query of the log endpoint.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct LogQuery {
-    /// Last N lines (default 100, at most 100000).
-    pub tail: Option<u32>,
-    /// Keep the response open and send new lines as they are written.
-    pub follow: Option<bool>,
-}
-
-impl Validate for LogQuery {
-    fn validate(&self) -> Result<(), FieldError> {
-        if self.tail.is_some_and(|t| t > 100_000) {
-            return Err(FieldError::new("tail", "must be at most 100000"));
-        }
-        Ok(())
-    }
 }
 
 /// The backend's output (stdout and stderr) of an instance, fetched from its worker.

@@ -8,100 +8,13 @@ use std::collections::BTreeMap;
 use axum::extract::State;
 use axum::Json;
 use gantry_store::{UsageFilter, UsageSums};
-use gantry_types::{FieldError, Role, Timestamp, Validate};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use gantry_types::usage::{ApiKeyUsage, ModelUsage, UsageQuery, UsageReport, UsageTotals};
+use gantry_types::Role;
 
 use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiQuery;
 use crate::state::AppState;
-
-/// Filters of the usage report; every one narrows it.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct UsageQuery {
-    /// Admins only (others may give only their own id).
-    pub user_id: Option<i64>,
-    pub api_key_id: Option<i64>,
-    /// Model name.
-    pub model: Option<String>,
-    /// RFC 3339; minutes starting at or after this time.
-    pub from: Option<Timestamp>,
-    /// RFC 3339; minutes starting before this time.
-    pub to: Option<Timestamp>,
-}
-
-impl Validate for UsageQuery {
-    fn validate(&self) -> Result<(), FieldError> {
-        if let (Some(from), Some(to)) = (self.from, self.to) {
-            if from >= to {
-                return Err(FieldError::new("to", "must be later than from"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Request count and token sums.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
-pub struct UsageTotals {
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub total_tokens: u64,
-}
-
-impl From<UsageSums> for UsageTotals {
-    fn from(s: UsageSums) -> Self {
-        Self {
-            requests: s.requests,
-            prompt_tokens: s.prompt_tokens,
-            completion_tokens: s.completion_tokens,
-            total_tokens: s.total_tokens,
-        }
-    }
-}
-
-/// Usage of one model.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ModelUsage {
-    pub model: String,
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub total_tokens: u64,
-}
-
-/// Usage of one model through one API key (`api_key_id: null`: session tokens).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ApiKeyUsage {
-    pub user_id: i64,
-    pub api_key_id: Option<i64>,
-    pub model: String,
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub total_tokens: u64,
-}
-
-/// The usage report.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct UsageReport {
-    /// The filters applied (the caller's own id for non-admins).
-    pub user_id: Option<i64>,
-    pub api_key_id: Option<i64>,
-    pub model: Option<String>,
-    pub from: Option<Timestamp>,
-    pub to: Option<Timestamp>,
-    /// Everything selected.
-    pub total: UsageTotals,
-    /// Per model, by name.
-    pub models: Vec<ModelUsage>,
-    /// Per user, API key and model.
-    pub api_keys: Vec<ApiKeyUsage>,
-}
 
 /// Requests and tokens served by the gateway, per model and per API key.
 #[utoipa::path(get, path = "/api/v1/usage", tag = "usage", security(("bearer" = [])), params(UsageQuery),
@@ -158,7 +71,7 @@ pub async fn report(
         model: query.model,
         from: query.from,
         to: query.to,
-        total: total.into(),
+        total: totals(total),
         models,
         api_keys: by_key
             .into_iter()
@@ -173,4 +86,13 @@ pub async fn report(
             })
             .collect(),
     }))
+}
+
+fn totals(sums: UsageSums) -> UsageTotals {
+    UsageTotals {
+        requests: sums.requests,
+        prompt_tokens: sums.prompt_tokens,
+        completion_tokens: sums.completion_tokens,
+        total_tokens: sums.total_tokens,
+    }
 }

@@ -18,10 +18,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use gantry_backends::LaunchSpec;
 use gantry_types::{InstanceState, InstanceStateReport, ModelInstance, ModelSource, WatchEvent};
-use reqwest::Method;
 
 use super::report::Reporter;
 use super::Shared;
@@ -54,10 +52,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, reporter: Arc<Reporter>) {
 
 /// One list-then-watch cycle; returns when the stream ends.
 async fn follow_once(shared: &Arc<Shared>, reporter: &Arc<Reporter>) -> anyhow::Result<()> {
-    let list: Vec<ModelInstance> = shared
-        .client
-        .json(Method::GET, "/api/v1/worker/assignments", None, None)
-        .await?;
+    let list = shared.client.assignments().await?;
     let wanted: BTreeSet<i64> = list.iter().map(|instance| instance.id).collect();
     for id in shared.supervisor.wanted() {
         if !wanted.contains(&id) {
@@ -72,56 +67,37 @@ async fn follow_once(shared: &Arc<Shared>, reporter: &Arc<Reporter>) -> anyhow::
         apply(shared, reporter, &instance);
     }
 
-    let response = shared
-        .client
-        .send(
-            Method::GET,
-            "/api/v1/worker/assignments?watch=true",
-            None,
-            None,
-            None,
-        )
-        .await?;
+    let mut events = shared.client.watch_assignments().await?;
     tracing::info!(server = %shared.client.current_url(), "following assignments");
-    let mut body = response.bytes_stream();
-    let mut buffer: Vec<u8> = Vec::new();
     loop {
-        let chunk = tokio::select! {
+        let event = tokio::select! {
             () = shared.shutdown.cancelled() => return Ok(()),
-            chunk = tokio::time::timeout(SILENT_STREAM, body.next()) => chunk,
+            event = tokio::time::timeout(SILENT_STREAM, events.next()) => event,
         };
-        let chunk = match chunk {
+        let event = match event {
             Err(_) => anyhow::bail!("the assignment stream was silent for {SILENT_STREAM:?}"),
             Ok(None) => anyhow::bail!("the server closed the assignment stream"),
-            Ok(Some(Err(e))) => anyhow::bail!("reading the assignment stream: {e}"),
-            Ok(Some(Ok(chunk))) => chunk,
+            Ok(Some(Err(e))) => {
+                tracing::warn!(error = %e, "unreadable event in the assignment stream");
+                continue;
+            }
+            Ok(Some(Ok(event))) => event,
         };
-        buffer.extend_from_slice(&chunk);
-        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=end).collect();
-            let event: WatchEvent<ModelInstance> = match serde_json::from_slice(&line) {
-                Ok(event) => event,
-                Err(e) => {
-                    tracing::warn!(error = %e, "unreadable line in the assignment stream");
-                    continue;
-                }
-            };
-            match event {
-                WatchEvent::Heartbeat => {}
-                WatchEvent::Error { error } => {
-                    anyhow::bail!(
-                        "the server ended the stream ({}): {}",
-                        error.code,
-                        error.message
-                    )
-                }
-                WatchEvent::Deleted { object } => {
-                    tracing::info!(instance_id = object.id, instance = %object.name, "instance removed from this worker; stopping it");
-                    remove(shared, reporter, object.id);
-                }
-                WatchEvent::Created { object } | WatchEvent::Updated { object } => {
-                    apply(shared, reporter, &object)
-                }
+        match event {
+            WatchEvent::Heartbeat => {}
+            WatchEvent::Error { error } => {
+                anyhow::bail!(
+                    "the server ended the stream ({}): {}",
+                    error.code,
+                    error.message
+                )
+            }
+            WatchEvent::Deleted { object } => {
+                tracing::info!(instance_id = object.id, instance = %object.name, "instance removed from this worker; stopping it");
+                remove(shared, reporter, object.id);
+            }
+            WatchEvent::Created { object } | WatchEvent::Updated { object } => {
+                apply(shared, reporter, &object)
             }
         }
     }

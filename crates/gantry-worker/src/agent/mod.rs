@@ -4,7 +4,6 @@
 //! servers' HTTP API, to whichever server answers.
 
 pub mod assignments;
-pub mod client;
 pub mod identity;
 pub mod register;
 pub mod report;
@@ -16,15 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use gantry_types::{WorkerRegister, WorkerStatus};
-use reqwest::{Method, StatusCode};
+use gantry_client::Client;
+use gantry_types::{ErrorCode, WorkerRegister, WorkerStatus};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::gpu::{GpuProbe, SimulatedGpus};
 use crate::supervisor::{Supervisor, SupervisorConfig};
-use client::ServerClient;
 use identity::Identity;
 
 /// How the worker runs.
@@ -66,7 +64,7 @@ pub struct RunningWorker {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub config: WorkerConfig,
-    pub client: ServerClient,
+    pub client: Client,
     pub supervisor: Supervisor,
     /// Backends whose programs this worker found at start.
     pub backends: Vec<String>,
@@ -121,7 +119,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     let supervisor = Supervisor::new(config.supervisor.clone(), events_tx)
         .context("start the backend supervisor")?;
     let backends = available_backends(&config.supervisor);
-    let client = ServerClient::new(config.server_urls.clone());
+    let client = Client::with_servers(config.server_urls.clone());
     let mut shared = Shared {
         config,
         client,
@@ -146,7 +144,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
         &shutdown,
     )
     .await?;
-    shared.client.set_credential(&identity.credential);
+    shared.client.set_token(identity.credential.clone());
     shared.api_token = identity.api_token.clone();
     let shared = Arc::new(shared);
 
@@ -172,18 +170,13 @@ impl RunningWorker {
         // loops.
         self.shared.supervisor.shutdown().await;
         self.shared.shutdown.cancel();
-        match self
-            .shared
-            .client
-            .send(
-                Method::POST,
-                "/api/v1/worker/goodbye",
-                None,
-                Some(Duration::from_secs(5)),
-                None,
-            )
-            .await
-        {
+        let goodbye = tokio::time::timeout(Duration::from_secs(5), self.shared.client.goodbye());
+        match goodbye.await.unwrap_or_else(|_| {
+            Err(gantry_client::ClientError::Unreachable {
+                tried: 1,
+                last: "no answer within 5 s".to_owned(),
+            })
+        }) {
             Ok(_) => tracing::info!("told the server this worker is going away"),
             Err(e) => {
                 tracing::warn!(error = %e, "could not tell the server this worker is going away")
@@ -206,17 +199,14 @@ fn spawn_heartbeat(shared: Arc<Shared>) {
                 () = shared.shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let result = shared
-                .client
-                .send(Method::POST, "/api/v1/worker/heartbeat", None, Some(Duration::from_secs(10)), None)
-                .await;
+            let result = shared.client.heartbeat().await;
             match result {
                 Ok(_) if failing => {
                     failing = false;
                     tracing::info!(server = %shared.client.current_url(), "heartbeats reach a server again");
                 }
                 Ok(_) => {}
-                Err(e) if e.status() == Some(StatusCode::UNAUTHORIZED) => {
+                Err(e) if e.code() == Some(ErrorCode::Unauthorized) => {
                     tracing::error!(error = %e, "the servers no longer accept this worker's credential (was it deleted?); restart the worker to register it again");
                 }
                 Err(e) => {
@@ -258,24 +248,7 @@ fn spawn_status(shared: Arc<Shared>) {
             if !force && !changed {
                 continue;
             }
-            let body = match serde_json::to_value(&status) {
-                Ok(body) => body,
-                Err(e) => {
-                    tracing::error!(error = %e, "serialise the status report");
-                    continue;
-                }
-            };
-            match shared
-                .client
-                .send(
-                    Method::PUT,
-                    "/api/v1/worker/status",
-                    Some(&body),
-                    Some(Duration::from_secs(10)),
-                    None,
-                )
-                .await
-            {
+            match shared.client.report_status(&status).await {
                 Ok(_) => last_sent = Some(status),
                 Err(e) => tracing::warn!(error = %e, "status report failed"),
             }

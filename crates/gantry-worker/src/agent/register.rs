@@ -6,11 +6,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::bail;
-use gantry_types::{WorkerRegister, WorkerRegistered};
-use reqwest::{Method, StatusCode};
+use gantry_client::{Client, ClientError};
+use gantry_types::WorkerRegister;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{ClientError, ServerClient};
 use super::identity::{self, Identity};
 
 /// First and longest wait between registration attempts.
@@ -20,7 +19,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Registers until a server accepts, returning the worker's identity. Fails at once
 /// on answers that retrying cannot fix (a bad token, a name taken by another worker).
 pub async fn register(
-    client: &ServerClient,
+    client: &Client,
     data_dir: &Path,
     registration_token: Option<&str>,
     request: &WorkerRegister,
@@ -49,31 +48,23 @@ enum Attempt {
 }
 
 async fn try_register(
-    client: &ServerClient,
+    client: &Client,
     data_dir: &Path,
     registration_token: Option<&str>,
     request: &WorkerRegister,
 ) -> Result<Identity, Attempt> {
-    let body = serde_json::to_value(request).map_err(|e| Attempt::Fatal(e.into()))?;
     if let Some(saved) = identity::load(data_dir).map_err(Attempt::Fatal)? {
         if saved.name == request.name {
-            let answer: Result<WorkerRegistered, _> = client
-                .json(
-                    Method::POST,
-                    "/api/v1/workers/register",
-                    Some(&body),
-                    Some(&saved.credential),
-                )
-                .await;
+            let answer = client.register_worker(&saved.credential, request).await;
             match answer {
-                Ok(registered) => {
+                Ok((registered, _)) => {
                     tracing::info!(worker_id = registered.worker.id, worker = %registered.worker.name, server = %client.current_url(), "registered again with the saved credential");
                     return Ok(Identity {
                         worker_id: registered.worker.id,
                         ..saved
                     });
                 }
-                Err(e) if e.status() == Some(StatusCode::UNAUTHORIZED) => {
+                Err(e) if e.status() == Some(401) => {
                     tracing::warn!(error = %e, "the saved credential is no longer accepted (the worker was deleted?); registering anew");
                     identity::forget(data_dir);
                 }
@@ -88,13 +79,8 @@ async fn try_register(
             "this worker has no saved credential and no registration token: pass --token (the server writes it to <data_dir>/registration_token)"
         )));
     };
-    let registered: WorkerRegistered = client
-        .json(
-            Method::POST,
-            "/api/v1/workers/register",
-            Some(&body),
-            Some(token),
-        )
+    let (registered, _) = client
+        .register_worker(token, request)
         .await
         .map_err(classify)?;
     let (Some(credential), Some(api_token)) = (registered.credential, registered.api_token) else {
@@ -115,9 +101,7 @@ async fn try_register(
 
 fn classify(error: ClientError) -> Attempt {
     match error.status() {
-        Some(
-            StatusCode::UNAUTHORIZED | StatusCode::CONFLICT | StatusCode::UNPROCESSABLE_ENTITY,
-        ) => Attempt::Fatal(anyhow::anyhow!("registration refused: {error}")),
+        Some(401 | 409 | 422) => Attempt::Fatal(anyhow::anyhow!("registration refused: {error}")),
         _ => Attempt::Retry(error.into()),
     }
 }

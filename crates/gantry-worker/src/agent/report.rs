@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_types::{InstanceState, InstanceStateReport};
-use reqwest::{Method, StatusCode};
+use gantry_types::{ErrorCode, InstanceState, InstanceStateReport};
 use tokio::sync::{mpsc, Notify};
 
 use super::Shared;
@@ -156,24 +155,9 @@ pub(crate) fn spawn(
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             for (instance_id, report) in sender.take_pending() {
-                let body = match serde_json::to_value(&report) {
-                    Ok(body) => body,
-                    Err(_) => continue,
-                };
-                let path = format!("/api/v1/worker/instances/{instance_id}/state");
-                match shared
-                    .client
-                    .send(
-                        Method::POST,
-                        &path,
-                        Some(&body),
-                        Some(Duration::from_secs(10)),
-                        None,
-                    )
-                    .await
-                {
+                match shared.client.report_state(instance_id, &report).await {
                     Ok(_) => {}
-                    Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
+                    Err(e) if e.code() == Some(ErrorCode::NotFound) => {
                         // The instance was deleted or moved away; the assignment stream
                         // stops it. Nothing to report any more.
                         tracing::debug!(
@@ -181,7 +165,7 @@ pub(crate) fn spawn(
                             "state report for an instance no longer placed here"
                         );
                     }
-                    Err(e) if e.status().is_some_and(|s| s.is_client_error()) => {
+                    Err(e) if e.status().is_some_and(|s| (400..500).contains(&s)) => {
                         tracing::error!(instance_id, error = %e, "state report refused");
                     }
                     Err(e) => {

@@ -1,0 +1,80 @@
+//! The worker agent's endpoints, called with the worker's credential (registration with
+//! the cluster's registration token the first time).
+
+use gantry_types::{
+    InstanceStateReport, ModelInstance, Worker, WorkerRegister, WorkerRegistered, WorkerStatus,
+};
+use reqwest::{Method, StatusCode};
+
+use crate::transport::{decode, Call};
+use crate::{Client, ClientError, WatchStream};
+
+/// Only `watch=true`: the assignment stream has no other filter.
+#[derive(serde::Serialize)]
+struct Watch {
+    watch: bool,
+}
+
+impl Client {
+    /// Registers a worker with `token` (the registration token, or the worker's own
+    /// credential to register again). `true` when the worker is new.
+    pub async fn register_worker(
+        &self,
+        token: &str,
+        request: &WorkerRegister,
+    ) -> Result<(WorkerRegistered, bool), ClientError> {
+        let mut call = Call::new(Method::POST, "/api/v1/workers/register")
+            .body(request)
+            .bearer(token);
+        call.timeout = Some(crate::transport::DEFAULT_TIMEOUT);
+        let response = self.send(call).await?;
+        let created = response.status() == StatusCode::CREATED;
+        Ok((decode(response).await?, created))
+    }
+
+    /// Records a heartbeat of the calling worker.
+    pub async fn heartbeat(&self) -> Result<Worker, ClientError> {
+        self.json(Call::new(Method::POST, "/api/v1/worker/heartbeat"))
+            .await
+    }
+
+    /// Stores the calling worker's hardware report.
+    pub async fn report_status(&self, status: &WorkerStatus) -> Result<Worker, ClientError> {
+        self.json(Call::new(Method::PUT, "/api/v1/worker/status").body(status))
+            .await
+    }
+
+    /// The instances placed on the calling worker, each with what it runs.
+    pub async fn assignments(&self) -> Result<Vec<ModelInstance>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/worker/assignments"))
+            .await
+    }
+
+    /// The assignments and their changes; `DELETED` when an instance leaves this worker.
+    pub async fn watch_assignments(&self) -> Result<WatchStream<ModelInstance>, ClientError> {
+        let response = self
+            .send(
+                Call::new(Method::GET, "/api/v1/worker/assignments")
+                    .query(&Watch { watch: true })
+                    .streaming(),
+            )
+            .await?;
+        Ok(WatchStream::new(response))
+    }
+
+    /// Reports the state of an instance placed on the calling worker.
+    pub async fn report_state(
+        &self,
+        instance_id: i64,
+        report: &InstanceStateReport,
+    ) -> Result<ModelInstance, ClientError> {
+        let path = format!("/api/v1/worker/instances/{instance_id}/state");
+        self.json(Call::new(Method::POST, &path).body(report)).await
+    }
+
+    /// The calling worker is going away (it is marked `not_ready`).
+    pub async fn goodbye(&self) -> Result<(), ClientError> {
+        self.empty(Call::new(Method::POST, "/api/v1/worker/goodbye"))
+            .await
+    }
+}

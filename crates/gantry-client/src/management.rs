@@ -1,0 +1,253 @@
+//! The management API: sessions, users, API keys, workers, models, instances, usage.
+//! Every list has a watch form that streams the list and its changes.
+
+use gantry_types::usage::{UsageQuery, UsageReport};
+use gantry_types::{
+    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, ChangePasswordRequest, InstancePatch,
+    InstanceQuery, ListResponse, LogQuery, LoginRequest, LoginResponse, Model, ModelCreate,
+    ModelInstance, ModelQuery, ModelUpdate, User, UserCreate, UserQuery, UserUpdate, Worker,
+    WorkerLabelsUpdate, WorkerQuery,
+};
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::transport::Call;
+use crate::{Client, ClientError, WatchStream};
+
+/// A list query with `watch=true` set.
+#[derive(Serialize)]
+struct Watching<'a, Q: Serialize> {
+    #[serde(flatten)]
+    query: &'a Q,
+    watch: bool,
+}
+
+impl Client {
+    async fn watch<T: DeserializeOwned, Q: Serialize>(
+        &self,
+        path: &str,
+        query: &Q,
+    ) -> Result<WatchStream<T>, ClientError> {
+        let query = Watching { query, watch: true };
+        let response = self
+            .send(Call::new(Method::GET, path).query(&query).streaming())
+            .await?;
+        Ok(WatchStream::new(response))
+    }
+
+    // Sessions.
+
+    /// Logs in and returns the session token (not set on the client).
+    pub async fn login(
+        &self,
+        username: &str,
+        password: &str,
+    ) -> Result<LoginResponse, ClientError> {
+        let request = LoginRequest {
+            username: username.to_owned(),
+            password: password.to_owned(),
+        };
+        self.json(Call::new(Method::POST, "/auth/login").body(&request))
+            .await
+    }
+
+    /// Changes the caller's password; the answer carries a new session token.
+    pub async fn change_password(
+        &self,
+        request: &ChangePasswordRequest,
+    ) -> Result<LoginResponse, ClientError> {
+        self.json(Call::new(Method::POST, "/auth/change-password").body(request))
+            .await
+    }
+
+    /// Ends every session of the caller.
+    pub async fn logout(&self) -> Result<(), ClientError> {
+        self.empty(Call::new(Method::POST, "/auth/logout")).await
+    }
+
+    /// The caller.
+    pub async fn me(&self) -> Result<User, ClientError> {
+        self.json(Call::new(Method::GET, "/auth/me")).await
+    }
+
+    // Users.
+
+    pub async fn list_users(&self, query: &UserQuery) -> Result<ListResponse<User>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/users").query(query))
+            .await
+    }
+
+    pub async fn watch_users(&self, query: &UserQuery) -> Result<WatchStream<User>, ClientError> {
+        self.watch("/api/v1/users", query).await
+    }
+
+    pub async fn create_user(&self, user: &UserCreate) -> Result<User, ClientError> {
+        self.json(Call::new(Method::POST, "/api/v1/users").body(user))
+            .await
+    }
+
+    pub async fn update_user(&self, id: i64, update: &UserUpdate) -> Result<User, ClientError> {
+        let path = format!("/api/v1/users/{id}");
+        self.json(Call::new(Method::PATCH, &path).body(update))
+            .await
+    }
+
+    pub async fn delete_user(&self, id: i64) -> Result<(), ClientError> {
+        let path = format!("/api/v1/users/{id}");
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
+    // API keys.
+
+    /// Creates a key for the caller; the answer is the only time its secret is shown.
+    pub async fn create_api_key(&self, key: &ApiKeyCreate) -> Result<ApiKeyCreated, ClientError> {
+        self.json(Call::new(Method::POST, "/api/v1/api-keys").body(key))
+            .await
+    }
+
+    pub async fn list_api_keys(
+        &self,
+        query: &ApiKeyQuery,
+    ) -> Result<ListResponse<ApiKey>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/api-keys").query(query))
+            .await
+    }
+
+    pub async fn delete_api_key(&self, id: i64) -> Result<(), ClientError> {
+        let path = format!("/api/v1/api-keys/{id}");
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
+    // Workers.
+
+    pub async fn list_workers(
+        &self,
+        query: &WorkerQuery,
+    ) -> Result<ListResponse<Worker>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/workers").query(query))
+            .await
+    }
+
+    pub async fn watch_workers(
+        &self,
+        query: &WorkerQuery,
+    ) -> Result<WatchStream<Worker>, ClientError> {
+        self.watch("/api/v1/workers", query).await
+    }
+
+    pub async fn get_worker(&self, id: i64) -> Result<Worker, ClientError> {
+        let path = format!("/api/v1/workers/{id}");
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    pub async fn set_worker_labels(
+        &self,
+        id: i64,
+        labels: &WorkerLabelsUpdate,
+    ) -> Result<Worker, ClientError> {
+        let path = format!("/api/v1/workers/{id}/labels");
+        self.json(Call::new(Method::PUT, &path).body(labels)).await
+    }
+
+    pub async fn delete_worker(&self, id: i64) -> Result<(), ClientError> {
+        let path = format!("/api/v1/workers/{id}");
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
+    // Models.
+
+    pub async fn list_models(
+        &self,
+        query: &ModelQuery,
+    ) -> Result<ListResponse<Model>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/models").query(query))
+            .await
+    }
+
+    pub async fn watch_models(
+        &self,
+        query: &ModelQuery,
+    ) -> Result<WatchStream<Model>, ClientError> {
+        self.watch("/api/v1/models", query).await
+    }
+
+    /// Declares a model; its instances appear a moment later.
+    pub async fn create_model(&self, model: &ModelCreate) -> Result<Model, ClientError> {
+        self.json(Call::new(Method::POST, "/api/v1/models").body(model))
+            .await
+    }
+
+    pub async fn get_model(&self, id: i64) -> Result<Model, ClientError> {
+        let path = format!("/api/v1/models/{id}");
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    pub async fn update_model(&self, id: i64, update: &ModelUpdate) -> Result<Model, ClientError> {
+        let path = format!("/api/v1/models/{id}");
+        self.json(Call::new(Method::PATCH, &path).body(update))
+            .await
+    }
+
+    pub async fn delete_model(&self, id: i64) -> Result<(), ClientError> {
+        let path = format!("/api/v1/models/{id}");
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
+    // Model instances.
+
+    pub async fn list_instances(
+        &self,
+        query: &InstanceQuery,
+    ) -> Result<ListResponse<ModelInstance>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/model-instances").query(query))
+            .await
+    }
+
+    pub async fn watch_instances(
+        &self,
+        query: &InstanceQuery,
+    ) -> Result<WatchStream<ModelInstance>, ClientError> {
+        self.watch("/api/v1/model-instances", query).await
+    }
+
+    pub async fn get_instance(&self, id: i64) -> Result<ModelInstance, ClientError> {
+        let path = format!("/api/v1/model-instances/{id}");
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    /// Places an instance by hand, or unplaces it.
+    pub async fn place_instance(
+        &self,
+        id: i64,
+        patch: &InstancePatch,
+    ) -> Result<ModelInstance, ClientError> {
+        let path = format!("/api/v1/model-instances/{id}");
+        self.json(Call::new(Method::PATCH, &path).body(patch)).await
+    }
+
+    /// Deletes an instance; the model controller creates a replacement.
+    pub async fn delete_instance(&self, id: i64) -> Result<(), ClientError> {
+        let path = format!("/api/v1/model-instances/{id}");
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
+    /// The backend's output of an instance: the response, whose body is the text (with
+    /// `follow`, a stream that stays open).
+    pub async fn instance_logs(
+        &self,
+        id: i64,
+        query: &LogQuery,
+    ) -> Result<reqwest::Response, ClientError> {
+        let path = format!("/api/v1/model-instances/{id}/logs");
+        self.send(Call::new(Method::GET, &path).query(query).streaming())
+            .await
+    }
+
+    // Usage.
+
+    pub async fn usage(&self, query: &UsageQuery) -> Result<UsageReport, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/usage").query(query))
+            .await
+    }
+}
