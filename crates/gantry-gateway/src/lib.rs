@@ -262,6 +262,7 @@ pub async fn prometheus_metrics(State(gateway): State<Gateway>) -> Response {
         workers: workers
             .map_err(|e| tracing::error!(error = %e, "count workers for /metrics"))
             .ok(),
+        undecodable_placement_records: gantry_store::undecodable_placement_records(),
     };
     let text = metrics::render(&gateway.metrics, &gateway.routes, &cluster);
     (

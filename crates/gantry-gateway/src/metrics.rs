@@ -177,6 +177,8 @@ impl Metrics {
 pub struct ClusterCounts {
     pub instances: Option<Vec<(InstanceState, u64)>>,
     pub workers: Option<Vec<(WorkerState, u64)>>,
+    /// This process's count of placement records that did not decode.
+    pub undecodable_placement_records: u64,
 }
 
 const INSTANCE_STATES: [InstanceState; 7] = [
@@ -421,6 +423,17 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
             let _ = writeln!(out, "gantry_workers{{state=\"{}\"}} {n}", state.as_str());
         }
     }
+    header(
+        &mut out,
+        "gantry_store_undecodable_placement_records_total",
+        "counter",
+        "Reads of a stored placement record that did not decode (its instance keeps its GPUs booked; see the server log).",
+    );
+    let _ = writeln!(
+        out,
+        "gantry_store_undecodable_placement_records_total {}",
+        cluster.undecodable_placement_records
+    );
     out
 }
 
@@ -449,10 +462,12 @@ mod tests {
                     (InstanceState::Running, 4),
                 ]),
                 workers: Some(vec![(WorkerState::Ready, 3)]),
+                undecodable_placement_records: 2,
             },
         );
         for line in [
             "gantry_gateway_requests_total{model=\"tiny\",code=\"200\"} 2",
+            "gantry_store_undecodable_placement_records_total 2",
             "gantry_gateway_requests_total{model=\"\",code=\"401\"} 1",
             "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_connect\"} 1",
             "gantry_gateway_request_duration_seconds_bucket{model=\"tiny\",le=\"0.025\"} 1",
