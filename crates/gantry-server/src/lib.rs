@@ -1,6 +1,7 @@
-//! The gantry server: management API, authentication extractors, the controllers and
-//! the scheduler loop; it hosts the OpenAI-compatible gateway (`gantry-gateway`) on
-//! the same port.
+//! The gantry server: the management API (`api/`, thin handlers over the operations of
+//! `service/`), the authentication extractors, the web console, and the leader's control
+//! loops (`controllers/`: replica counts, rescheduling, rolls, placement); it hosts the
+//! OpenAI-compatible gateway (`gantry-gateway`) on the same port.
 //!
 //! Architecture invariant: this crate never spawns backend processes (that is the
 //! worker's job) and contains no SQL (that is `gantry-store`'s).
