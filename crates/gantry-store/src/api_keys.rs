@@ -5,7 +5,7 @@ use gantry_types::{ApiKey, ApiKeyFilter, Timestamp};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Filter, Page};
+use crate::query::{Listing, Page};
 use crate::rows::{int, opt_int, text};
 use crate::{Store, StoreError};
 
@@ -49,6 +49,16 @@ fn decode(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
         secret_hash: text(row, T, "secret_hash")?,
     })
 }
+
+/// How the `api_keys` list reads.
+const LISTING: Listing<ApiKey> = Listing {
+    columns: COLUMNS,
+    from: "api_keys",
+    count_from: "api_keys",
+    alias: None,
+    order_by: "id",
+    decode: |row| decode(row).map(|record| record.key),
+};
 
 impl Store {
     /// Inserts a key; `Conflict` if the user already has a key of that name.
@@ -101,23 +111,7 @@ impl Store {
         filter: &ApiKeyFilter,
         page: Page,
     ) -> Result<(Vec<ApiKey>, u64), StoreError> {
-        let f = Filter::of(filter, None);
-        let total = self.count("api_keys", &f).await?;
-        let rows = sqlx::query_with(
-            &format!(
-                "SELECT {COLUMNS} FROM api_keys{} ORDER BY id{}",
-                f.where_sql(),
-                f.limit_sql()
-            ),
-            f.arguments_with_page(page),
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let keys = rows
-            .iter()
-            .map(|r| decode(r).map(|k| k.key))
-            .collect::<Result<_, _>>()?;
-        Ok((keys, total))
+        self.list_page(&LISTING, filter, page).await
     }
 
     pub(crate) async fn api_keys_of(&self, user_id: i64) -> Result<Vec<ApiKey>, StoreError> {

@@ -5,14 +5,15 @@ use sqlx::any::AnyRow;
 use sqlx::Any;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Filter, Page};
+use crate::query::{Listing, Page};
 use crate::rows::{int, json, opt_int, opt_text, parse_enum, text, to_json, u32_of};
 use crate::{Store, StoreError};
 
-const SELECT: &str = "SELECT i.id, i.name, i.model_id, m.name AS model_name, i.replica, \
+/// An instance with the names of its model and worker.
+const COLUMNS: &str = "i.id, i.name, i.model_id, m.name AS model_name, i.replica, \
      i.worker_id, w.name AS worker_name, i.gpu_indexes, i.port, i.address, i.state, \
-     i.state_message, i.placement, i.restart_count, i.created_at, i.updated_at \
-     FROM model_instances i JOIN models m ON m.id = i.model_id \
+     i.state_message, i.placement, i.restart_count, i.created_at, i.updated_at";
+const FROM: &str = "model_instances i JOIN models m ON m.id = i.model_id \
      LEFT JOIN workers w ON w.id = i.worker_id";
 
 fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
@@ -50,16 +51,28 @@ pub(crate) async fn of_model<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Any>,
 {
-    let rows = sqlx::query(&format!("{SELECT} WHERE i.model_id = $1 ORDER BY i.id"))
-        .bind(model_id)
-        .fetch_all(executor)
-        .await?;
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM {FROM} WHERE i.model_id = $1 ORDER BY i.id"
+    ))
+    .bind(model_id)
+    .fetch_all(executor)
+    .await?;
     rows.iter().map(decode).collect()
 }
 
+/// How the `model_instances` list reads.
+const LISTING: Listing<ModelInstance> = Listing {
+    columns: COLUMNS,
+    from: FROM,
+    count_from: "model_instances i",
+    alias: Some("i"),
+    order_by: "i.id",
+    decode,
+};
+
 impl Store {
     pub async fn get_instance(&self, id: i64) -> Result<ModelInstance, StoreError> {
-        let row = sqlx::query(&format!("{SELECT} WHERE i.id = $1"))
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM {FROM} WHERE i.id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?
@@ -72,21 +85,7 @@ impl Store {
         filter: &InstanceFilter,
         page: Page,
     ) -> Result<(Vec<ModelInstance>, u64), StoreError> {
-        // Columns qualified with the alias, so one filter serves the count and the join.
-        let qualified = Filter::of(filter, Some("i"));
-        let total = self.count("model_instances i", &qualified).await?;
-        let rows = sqlx::query_with(
-            &format!(
-                "{SELECT}{} ORDER BY i.id{}",
-                qualified.where_sql(),
-                qualified.limit_sql()
-            ),
-            qualified.arguments_with_page(page),
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let instances = rows.iter().map(decode).collect::<Result<_, _>>()?;
-        Ok((instances, total))
+        self.list_page(&LISTING, filter, page).await
     }
 
     /// Deletes one instance. The model's replica count is not changed, so the model
@@ -213,10 +212,12 @@ impl Store {
         &self,
         worker_id: i64,
     ) -> Result<Vec<ModelInstance>, StoreError> {
-        let rows = sqlx::query(&format!("{SELECT} WHERE i.worker_id = $1 ORDER BY i.id"))
-            .bind(worker_id)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM {FROM} WHERE i.worker_id = $1 ORDER BY i.id"
+        ))
+        .bind(worker_id)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter().map(decode).collect()
     }
 }

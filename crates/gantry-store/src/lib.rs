@@ -50,7 +50,7 @@ pub use changes::{Change, ChangeKind};
 pub use error::StoreError;
 pub use instances::ManualPlacement;
 pub use placement_record::{undecodable_placement_records, StoredPlacement};
-pub use query::Page;
+pub use query::{Listed, Page};
 // The list filters are the API's own: the store reads them as SQL, a watch as a predicate.
 pub use gantry_types::{ApiKeyFilter, InstanceFilter, ModelFilter, UserFilter, WorkerFilter};
 pub use scheduling::{NewPlacement, PlacedInstanceClaim};

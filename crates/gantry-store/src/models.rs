@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Filter, Page};
+use crate::query::{Listing, Page};
 use crate::rows::{int, json, parse_enum, text, to_json, u32_of};
 use crate::{Store, StoreError};
 
@@ -77,6 +77,16 @@ fn decode(row: &AnyRow) -> Result<Model, StoreError> {
         updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
     })
 }
+
+/// How the `models` list reads.
+const LISTING: Listing<Model> = Listing {
+    columns: COLUMNS,
+    from: "models",
+    count_from: "models",
+    alias: None,
+    order_by: "id",
+    decode,
+};
 
 impl Store {
     /// Inserts a model. `Conflict` if the name is taken. Its instances are created by the
@@ -145,20 +155,7 @@ impl Store {
         filter: &ModelFilter,
         page: Page,
     ) -> Result<(Vec<Model>, u64), StoreError> {
-        let f = Filter::of(filter, None);
-        let total = self.count("models", &f).await?;
-        let rows = sqlx::query_with(
-            &format!(
-                "SELECT {COLUMNS} FROM models{} ORDER BY id{}",
-                f.where_sql(),
-                f.limit_sql()
-            ),
-            f.arguments_with_page(page),
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let models = rows.iter().map(decode).collect::<Result<_, _>>()?;
-        Ok((models, total))
+        self.list_page(&LISTING, filter, page).await
     }
 
     /// Writes an updated model (name, id and creation time are kept).

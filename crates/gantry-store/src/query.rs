@@ -2,8 +2,10 @@
 //! engines accept.
 
 use gantry_types::query::{Condition, ListFilter, Value};
-use sqlx::any::AnyArguments;
+use sqlx::any::{AnyArguments, AnyRow};
 use sqlx::Arguments;
+
+use crate::{Store, StoreError};
 
 /// Which slice of a list to return. `page` is 1-based.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,4 +114,82 @@ impl Filter {
         let _ = arguments.add(page.offset());
         arguments
     }
+}
+
+/// How one list endpoint's rows are read: one page of them, and how many there are.
+pub(crate) struct Listing<T> {
+    /// The selected columns.
+    pub columns: &'static str,
+    /// `<table> [<alias> <joins>]`.
+    pub from: &'static str,
+    /// `<table> [<alias>]`, what the count reads.
+    pub count_from: &'static str,
+    /// The alias the filter's columns are qualified with, when the select joins.
+    pub alias: Option<&'static str>,
+    /// The ordering column (`id`, or `<alias>.id`).
+    pub order_by: &'static str,
+    pub decode: fn(&AnyRow) -> Result<T, StoreError>,
+}
+
+impl Store {
+    /// One page of the rows `filter` selects, oldest first, and the count of all of them.
+    pub(crate) async fn list_page<T, F: ListFilter>(
+        &self,
+        listing: &Listing<T>,
+        filter: &F,
+        page: Page,
+    ) -> Result<(Vec<T>, u64), StoreError> {
+        let f = Filter::of(filter, listing.alias);
+        let total = self.count(listing.count_from, &f).await?;
+        let rows = sqlx::query_with(
+            &format!(
+                "SELECT {} FROM {}{} ORDER BY {}{}",
+                listing.columns,
+                listing.from,
+                f.where_sql(),
+                listing.order_by,
+                f.limit_sql()
+            ),
+            f.arguments_with_page(page),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let items = rows.iter().map(listing.decode).collect::<Result<_, _>>()?;
+        Ok((items, total))
+    }
+}
+
+/// A list filter the store can list: one page of its items and their count.
+pub trait Listed: ListFilter + Sync {
+    fn list<'a>(
+        &'a self,
+        store: &'a Store,
+        page: Page,
+    ) -> impl std::future::Future<Output = Result<(Vec<Self::Item>, u64), StoreError>> + Send + 'a;
+}
+
+macro_rules! listed {
+    ($($filter:ty => $method:ident,)*) => {
+        $(
+            impl Listed for $filter {
+                fn list<'a>(
+                    &'a self,
+                    store: &'a Store,
+                    page: Page,
+                ) -> impl std::future::Future<Output = Result<(Vec<Self::Item>, u64), StoreError>>
+                       + Send
+                       + 'a {
+                    store.$method(self, page)
+                }
+            }
+        )*
+    };
+}
+
+listed! {
+    gantry_types::ModelFilter => list_models,
+    gantry_types::InstanceFilter => list_instances,
+    gantry_types::WorkerFilter => list_workers,
+    gantry_types::UserFilter => list_users,
+    gantry_types::ApiKeyFilter => list_api_keys,
 }

@@ -4,7 +4,7 @@ use gantry_types::{Role, Timestamp, User, UserFilter};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Filter, Page};
+use crate::query::{Filter, Listing, Page};
 use crate::rows::{int, parse_enum, text};
 use crate::{Store, StoreError};
 
@@ -47,6 +47,16 @@ fn decode(row: &AnyRow) -> Result<UserRecord, StoreError> {
         session_version: int(row, T, "session_version")?,
     })
 }
+
+/// How the `users` list reads.
+const LISTING: Listing<User> = Listing {
+    columns: COLUMNS,
+    from: "users",
+    count_from: "users",
+    alias: None,
+    order_by: "id",
+    decode: |row| decode(row).map(|record| record.user),
+};
 
 impl Store {
     /// Inserts a user; `Conflict` if the username is taken.
@@ -118,23 +128,7 @@ impl Store {
         filter: &UserFilter,
         page: Page,
     ) -> Result<(Vec<User>, u64), StoreError> {
-        let f = Filter::of(filter, None);
-        let total = self.count("users", &f).await?;
-        let rows = sqlx::query_with(
-            &format!(
-                "SELECT {COLUMNS} FROM users{} ORDER BY id{}",
-                f.where_sql(),
-                f.limit_sql()
-            ),
-            f.arguments_with_page(page),
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let users = rows
-            .iter()
-            .map(|r| decode(r).map(|u| u.user))
-            .collect::<Result<_, _>>()?;
-        Ok((users, total))
+        self.list_page(&LISTING, filter, page).await
     }
 
     /// Updates role, name and flags; `None` leaves a field unchanged.

@@ -6,7 +6,7 @@ use gantry_types::{InstanceState, Timestamp, Worker, WorkerFilter, WorkerState, 
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
-use crate::query::{Filter, Page};
+use crate::query::{Listing, Page};
 use crate::rows::{int, json, opt_int, parse_enum, text, to_json};
 use crate::{Store, StoreError};
 
@@ -37,6 +37,16 @@ fn decode(row: &AnyRow) -> Result<Worker, StoreError> {
         updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
     })
 }
+
+/// How the `workers` list reads.
+const LISTING: Listing<Worker> = Listing {
+    columns: COLUMNS,
+    from: "workers",
+    count_from: "workers",
+    alias: None,
+    order_by: "id",
+    decode,
+};
 
 impl Store {
     /// Inserts a worker in state `ready`; `Conflict` if the name is taken.
@@ -120,20 +130,7 @@ impl Store {
         filter: &WorkerFilter,
         page: Page,
     ) -> Result<(Vec<Worker>, u64), StoreError> {
-        let f = Filter::of(filter, None);
-        let total = self.count("workers", &f).await?;
-        let rows = sqlx::query_with(
-            &format!(
-                "SELECT {COLUMNS} FROM workers{} ORDER BY id{}",
-                f.where_sql(),
-                f.limit_sql()
-            ),
-            f.arguments_with_page(page),
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let workers = rows.iter().map(decode).collect::<Result<_, _>>()?;
-        Ok((workers, total))
+        self.list_page(&LISTING, filter, page).await
     }
 
     /// Replaces a worker's labels.

@@ -36,8 +36,8 @@ pub use placement::{
     GpuShare, LaunchTemplate, LlamaLayout, Placement, PlacementKind, PlacementRecord, Reservation,
 };
 pub use query::{
-    ApiKeyFilter, ApiKeyQuery, InstanceFilter, InstanceQuery, ListFilter, ModelFilter, ModelQuery,
-    UserFilter, UserQuery, WorkerFilter, WorkerQuery,
+    ApiKeyFilter, ApiKeyQuery, InstanceFilter, InstanceQuery, ListFilter, ListQuery, ModelFilter,
+    ModelQuery, UserFilter, UserQuery, WorkerFilter, WorkerQuery,
 };
 pub use time::Timestamp;
 pub use user::{Role, User, UserCreate, UserUpdate};

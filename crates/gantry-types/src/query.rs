@@ -79,6 +79,18 @@ pub trait ListFilter {
     }
 }
 
+/// A list query: paging, watching, and the filter it stands for.
+pub trait ListQuery {
+    type Filter: ListFilter;
+
+    /// The filter part of the query.
+    fn filter(&self) -> Self::Filter;
+    /// `page` and `per_page` as asked.
+    fn paging(&self) -> (Option<u32>, Option<u32>);
+    /// Whether the list is to be watched rather than read once.
+    fn watch(&self) -> bool;
+}
+
 /// Paging and watching, common to every list query.
 fn check_page(page: Option<u32>, per_page: Option<u32>) -> Result<(), FieldError> {
     if page == Some(0) {
@@ -132,10 +144,19 @@ macro_rules! list_query {
             $( $(#[doc = $doc])* pub $field: Option<$ty>, )*
         }
 
-        impl $query {
-            /// The filter part of the query.
-            pub fn filter(&self) -> $filter {
+        impl ListQuery for $query {
+            type Filter = $filter;
+
+            fn filter(&self) -> $filter {
                 $filter { $( $field: self.$field.clone(), )* }
+            }
+
+            fn paging(&self) -> (Option<u32>, Option<u32>) {
+                (self.page, self.per_page)
+            }
+
+            fn watch(&self) -> bool {
+                self.watch == Some(true)
             }
         }
 
@@ -368,6 +389,7 @@ mod tests {
 
     #[test]
     fn queries_check_paging_and_keep_their_filter() {
+        use super::ListQuery;
         let query: InstanceQuery =
             serde_json::from_str(r#"{"model_id": 3, "state": "running", "per_page": 10}"#)
                 .expect("decodable");

@@ -6,10 +6,10 @@ use axum::response::Response;
 use axum::Json;
 use gantry_store::{Change, NewApiKey};
 use gantry_types::{
-    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyFilter, ApiKeyQuery, ListResponse, Role, Timestamp,
+    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, ListResponse, Role, Timestamp,
 };
 
-use super::{created, page_of};
+use super::created;
 use crate::auth::secrets::{digest, GeneratedApiKey};
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
@@ -35,16 +35,11 @@ pub async fn list(
             ))
         }
     };
-    let filter = ApiKeyFilter { user_id: owner };
-    super::list_or_watch(
-        &state,
-        query.watch,
-        page_of(query.page, query.per_page),
-        filter.clone(),
-        |page| state.store.list_api_keys(&filter, page),
-        Change::api_key,
-    )
-    .await
+    let query = ApiKeyQuery {
+        user_id: owner,
+        ..query
+    };
+    super::list_or_watch(&state, &query, Change::api_key).await
 }
 
 /// Creates a key for the caller. The answer is the only time the full key is shown.

@@ -11,7 +11,6 @@ use gantry_types::{
     ErrorCode, InstancePatch, InstanceQuery, ListResponse, LogQuery, ModelInstance,
 };
 
-use super::page_of;
 use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -27,16 +26,7 @@ pub async fn list(
     ApiQuery(query): ApiQuery<InstanceQuery>,
 ) -> ApiResult<Response> {
     principal.require_user()?;
-    let filter = query.filter();
-    super::list_or_watch(
-        &state,
-        query.watch,
-        page_of(query.page, query.per_page),
-        filter.clone(),
-        |page| state.store.list_instances(&filter, page),
-        Change::instance,
-    )
-    .await
+    super::list_or_watch(&state, &query, Change::instance).await
 }
 
 /// Shows an instance.

@@ -22,8 +22,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
-use gantry_store::Page;
-use gantry_types::query::{ListFilter, DEFAULT_PER_PAGE, MAX_PER_PAGE};
+use gantry_store::{Listed, Page};
+use gantry_types::query::{ListFilter, ListQuery, DEFAULT_PER_PAGE, MAX_PER_PAGE};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -155,33 +155,32 @@ pub fn list_response<T: serde::Serialize>(items: Vec<T>, page: Page, total: u64)
 /// Picks one resource out of a change: `Change::model`, `Change::instance`, …
 pub type ChangeOf<T> = fn(&gantry_store::Change) -> Option<(gantry_store::ChangeKind, &T)>;
 
-/// The answer of a list endpoint: one page of the items `filter` selects, or with
+/// The answer of a list endpoint: one page of the items `query` selects, or with
 /// `watch=true` all of them as `CREATED` events followed by the live changes that pass the
 /// same filter (`of` picks the list's resource out of a change).
-pub async fn list_or_watch<F, L, Fut>(
+pub async fn list_or_watch<Q>(
     state: &crate::state::AppState,
-    watch: Option<bool>,
-    page: Page,
-    filter: F,
-    list: L,
-    of: ChangeOf<F::Item>,
+    query: &Q,
+    of: ChangeOf<<Q::Filter as ListFilter>::Item>,
 ) -> Result<Response, ApiError>
 where
-    F: ListFilter + Send + 'static,
-    F::Item: serde::Serialize + Clone + Send + 'static,
-    L: Fn(Page) -> Fut,
-    Fut: std::future::Future<Output = Result<(Vec<F::Item>, u64), gantry_store::StoreError>>,
+    Q: ListQuery,
+    Q::Filter: Listed + Send + 'static,
+    <Q::Filter as ListFilter>::Item: serde::Serialize + Clone + Send + 'static,
 {
-    if watch == Some(true) {
+    let filter = query.filter();
+    if query.watch() {
         // Subscribe before reading, so no change between the two is lost.
         let changes = state.store.subscribe();
-        let initial = watch_all(&list).await?;
+        let initial = watch_all(|page| filter.list(&state.store, page)).await?;
         return Ok(watch::respond(state, changes, initial, move |change| {
             let (kind, item) = of(change)?;
             filter.matches(item).then(|| (kind, item.clone()))
         }));
     }
-    let (items, total) = list(page).await?;
+    let (page, per_page) = query.paging();
+    let page = page_of(page, per_page);
+    let (items, total) = filter.list(&state.store, page).await?;
     Ok(list_response(items, page, total))
 }
 

@@ -7,7 +7,7 @@ use axum::Json;
 use gantry_store::Change;
 use gantry_types::{ListResponse, Model, ModelCreate, ModelQuery, ModelUpdate};
 
-use super::{created, page_of};
+use super::created;
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -23,16 +23,7 @@ pub async fn list(
     ApiQuery(query): ApiQuery<ModelQuery>,
 ) -> ApiResult<Response> {
     principal.require_user()?;
-    let filter = query.filter();
-    super::list_or_watch(
-        &state,
-        query.watch,
-        page_of(query.page, query.per_page),
-        filter.clone(),
-        |page| state.store.list_models(&filter, page),
-        Change::model,
-    )
-    .await
+    super::list_or_watch(&state, &query, Change::model).await
 }
 
 /// Declares a model; its `replicas` instances appear in state `pending` a moment later.

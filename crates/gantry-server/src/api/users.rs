@@ -7,7 +7,7 @@ use axum::Json;
 use gantry_store::{Change, NewUser};
 use gantry_types::{ListResponse, Role, User, UserCreate, UserQuery, UserUpdate};
 
-use super::{created, page_of};
+use super::created;
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -22,16 +22,7 @@ pub async fn list(
     ApiQuery(query): ApiQuery<UserQuery>,
 ) -> ApiResult<Response> {
     principal.require_admin()?;
-    let filter = query.filter();
-    super::list_or_watch(
-        &state,
-        query.watch,
-        page_of(query.page, query.per_page),
-        filter.clone(),
-        |page| state.store.list_users(&filter, page),
-        Change::user,
-    )
-    .await
+    super::list_or_watch(&state, &query, Change::user).await
 }
 
 /// Creates a user.

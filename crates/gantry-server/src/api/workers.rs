@@ -7,7 +7,6 @@ use axum::Json;
 use gantry_store::Change;
 use gantry_types::{ListResponse, Worker, WorkerLabelsUpdate, WorkerQuery};
 
-use super::page_of;
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -22,16 +21,7 @@ pub async fn list(
     ApiQuery(query): ApiQuery<WorkerQuery>,
 ) -> ApiResult<Response> {
     principal.require_admin()?;
-    let filter = query.filter();
-    super::list_or_watch(
-        &state,
-        query.watch,
-        page_of(query.page, query.per_page),
-        filter.clone(),
-        |page| state.store.list_workers(&filter, page),
-        Change::worker,
-    )
-    .await
+    super::list_or_watch(&state, &query, Change::worker).await
 }
 
 /// Shows a worker with its last reported hardware.
