@@ -1,13 +1,64 @@
-//! What vLLM and SGLang have in common: the way the memory estimate's options are read from
-//! their arguments (each names its own flags), and the tensor-parallel flag a placement adds.
+//! What vLLM and SGLang have in common: a serving engine run as
+//! `<program> <model flag> <path> --host <bind> --port <port> <args…>`, healthy on
+//! `/health`, whose memory estimate reads a few options from its arguments (each engine
+//! names its own flags), and to which a placement adds its tensor-parallel size.
 
 use gantry_sched::{EngineOptions, ServingEngine};
-use gantry_types::Placement;
+use gantry_types::{BackendKind, Placement};
 
 use crate::args::{flag_value, parse_flag, ArgsError};
+use crate::command::{serve_argv, BackendError, BackendSettings, LaunchSpec, LaunchTarget};
+use crate::Backend;
+
+/// One serving engine.
+#[derive(Debug)]
+pub struct Engine {
+    pub kind: BackendKind,
+    /// The command prefix when the worker names none.
+    pub program: fn() -> Vec<String>,
+    /// What comes before the model path on the command line.
+    pub model_flag: &'static [&'static str],
+    pub flags: EngineFlags,
+}
+
+impl Engine {
+    /// Reads the options that change the engine's memory use from its arguments.
+    pub fn estimate_options(&self, args: &[String]) -> Result<EngineOptions, ArgsError> {
+        self.flags.estimate_options(args)
+    }
+}
+
+impl Backend for Engine {
+    fn kind(&self) -> BackendKind {
+        self.kind
+    }
+
+    fn default_program(&self) -> Vec<String> {
+        (self.program)()
+    }
+
+    fn argv(
+        &self,
+        settings: &BackendSettings,
+        spec: &LaunchSpec,
+        target: &LaunchTarget<'_>,
+    ) -> Result<Vec<String>, BackendError> {
+        serve_argv(settings, spec, target, self.model_flag)
+    }
+
+    fn placement_args(
+        &self,
+        user_args: &[String],
+        placement: &Placement,
+        _context_size: Option<u32>,
+    ) -> Vec<String> {
+        self.flags.placement_args(user_args, placement)
+    }
+}
 
 /// The flags one engine reads its estimate options from, each with its spellings.
-pub(crate) struct EngineFlags {
+#[derive(Debug)]
+pub struct EngineFlags {
     pub engine: ServingEngine,
     /// The fraction of each GPU the engine reserves.
     pub memory_fraction: &'static [&'static str],

@@ -22,7 +22,7 @@
 pub mod args;
 pub mod command;
 pub mod custom;
-mod engine;
+pub mod engine;
 pub mod llama_cpp;
 pub mod sglang;
 pub mod vllm;
@@ -91,8 +91,8 @@ pub trait Backend: Sync {
 pub fn backend(kind: BackendKind) -> &'static dyn Backend {
     match kind {
         BackendKind::LlamaCpp => &llama_cpp::LlamaCpp,
-        BackendKind::Vllm => &vllm::Vllm,
-        BackendKind::Sglang => &sglang::Sglang,
+        BackendKind::Vllm => &vllm::VLLM,
+        BackendKind::Sglang => &sglang::SGLANG,
         BackendKind::Custom => &custom::Custom,
     }
 }
@@ -101,8 +101,8 @@ pub fn backend(kind: BackendKind) -> &'static dyn Backend {
 pub fn all() -> [&'static dyn Backend; 4] {
     [
         &llama_cpp::LlamaCpp,
-        &vllm::Vllm,
-        &sglang::Sglang,
+        &vllm::VLLM,
+        &sglang::SGLANG,
         &custom::Custom,
     ]
 }

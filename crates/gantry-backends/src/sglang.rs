@@ -8,20 +8,10 @@
 //! tensor-parallel size.
 
 use gantry_sched::{EngineOptions, ServingEngine};
-use gantry_types::{BackendKind, Placement};
+use gantry_types::BackendKind;
 
 use crate::args::ArgsError;
-use crate::command::{serve_argv, BackendError, BackendSettings, LaunchSpec, LaunchTarget};
-use crate::engine::EngineFlags;
-use crate::Backend;
-
-const FLAGS: EngineFlags = EngineFlags {
-    engine: ServingEngine::Sglang,
-    memory_fraction: &["--mem-fraction-static"],
-    max_model_len: &["--context-length"],
-    tensor_parallel: &["--tp-size", "--tensor-parallel-size", "--tp"],
-    data_parallel: &["--dp-size", "--data-parallel-size", "--dp"],
-};
+use crate::engine::{Engine, EngineFlags};
 
 /// The Python that runs SGLang, looked up on `PATH` unless the worker names another.
 pub const PYTHON: &str = "python3";
@@ -34,49 +24,32 @@ pub fn program_with(python: &str) -> Vec<String> {
 }
 
 /// SGLang's server, run as a Python module.
-#[derive(Debug, Clone, Copy)]
-pub struct Sglang;
-
-impl Backend for Sglang {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Sglang
-    }
-
-    fn default_program(&self) -> Vec<String> {
-        program_with(PYTHON)
-    }
-
-    fn argv(
-        &self,
-        settings: &BackendSettings,
-        spec: &LaunchSpec,
-        target: &LaunchTarget<'_>,
-    ) -> Result<Vec<String>, BackendError> {
-        serve_argv(settings, spec, target, &["--model-path"])
-    }
-
-    fn placement_args(
-        &self,
-        user_args: &[String],
-        placement: &Placement,
-        _context_size: Option<u32>,
-    ) -> Vec<String> {
-        FLAGS.placement_args(user_args, placement)
-    }
-}
+pub const SGLANG: Engine = Engine {
+    kind: BackendKind::Sglang,
+    program: || program_with(PYTHON),
+    model_flag: &["--model-path"],
+    flags: EngineFlags {
+        engine: ServingEngine::Sglang,
+        memory_fraction: &["--mem-fraction-static"],
+        max_model_len: &["--context-length"],
+        tensor_parallel: &["--tp-size", "--tensor-parallel-size", "--tp"],
+        data_parallel: &["--dp-size", "--data-parallel-size", "--dp"],
+    },
+};
 
 /// Reads the options that change SGLang's memory use from its arguments.
 pub fn estimate_options(args: &[String]) -> Result<EngineOptions, ArgsError> {
-    FLAGS.estimate_options(args)
+    SGLANG.estimate_options(args)
 }
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::PlacementKind;
+    use gantry_types::{Placement, PlacementKind};
 
     use super::*;
     use crate::command::backend_command;
     use crate::command::tests::{argv, spec, target};
+    use crate::{Backend, BackendSettings};
 
     fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
@@ -117,11 +90,11 @@ mod tests {
             llama: None,
         };
         assert_eq!(
-            Sglang.placement_args(&[], &two, None),
+            SGLANG.placement_args(&[], &two, None),
             args(&["--tp-size", "2"])
         );
         for given in ["--tp", "--tp-size", "--tensor-parallel-size"] {
-            assert!(Sglang
+            assert!(SGLANG
                 .placement_args(&args(&[given, "2"]), &two, None)
                 .is_empty());
         }

@@ -6,68 +6,41 @@
 //! placement adds `--tensor-parallel-size N` unless the arguments give it.
 
 use gantry_sched::{EngineOptions, ServingEngine};
-use gantry_types::{BackendKind, Placement};
+use gantry_types::BackendKind;
 
 use crate::args::ArgsError;
-use crate::command::{serve_argv, BackendError, BackendSettings, LaunchSpec, LaunchTarget};
-use crate::engine::EngineFlags;
-use crate::Backend;
-
-const FLAGS: EngineFlags = EngineFlags {
-    engine: ServingEngine::Vllm,
-    memory_fraction: &["--gpu-memory-utilization"],
-    max_model_len: &["--max-model-len"],
-    tensor_parallel: &["--tensor-parallel-size", "-tp"],
-    data_parallel: &["--data-parallel-size", "-dp"],
-};
+use crate::engine::{Engine, EngineFlags};
 
 /// The program, looked up on `PATH` unless the worker names another.
 pub const PROGRAM: &str = "vllm";
 
 /// vLLM's OpenAI-compatible server.
-#[derive(Debug, Clone, Copy)]
-pub struct Vllm;
-
-impl Backend for Vllm {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Vllm
-    }
-
-    fn default_program(&self) -> Vec<String> {
-        vec![PROGRAM.to_owned()]
-    }
-
-    fn argv(
-        &self,
-        settings: &BackendSettings,
-        spec: &LaunchSpec,
-        target: &LaunchTarget<'_>,
-    ) -> Result<Vec<String>, BackendError> {
-        serve_argv(settings, spec, target, &["serve"])
-    }
-
-    fn placement_args(
-        &self,
-        user_args: &[String],
-        placement: &Placement,
-        _context_size: Option<u32>,
-    ) -> Vec<String> {
-        FLAGS.placement_args(user_args, placement)
-    }
-}
+pub const VLLM: Engine = Engine {
+    kind: BackendKind::Vllm,
+    program: || vec![PROGRAM.to_owned()],
+    model_flag: &["serve"],
+    flags: EngineFlags {
+        engine: ServingEngine::Vllm,
+        memory_fraction: &["--gpu-memory-utilization"],
+        max_model_len: &["--max-model-len"],
+        tensor_parallel: &["--tensor-parallel-size", "-tp"],
+        data_parallel: &["--data-parallel-size", "-dp"],
+    },
+};
 
 /// Reads the options that change vLLM's memory use from its arguments.
 pub fn estimate_options(args: &[String]) -> Result<EngineOptions, ArgsError> {
-    FLAGS.estimate_options(args)
+    VLLM.estimate_options(args)
 }
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::PlacementKind;
+    use gantry_types::{Placement, PlacementKind};
 
     use super::*;
     use crate::command::backend_command;
     use crate::command::tests::{argv, spec, target};
+    use crate::{Backend, BackendSettings};
 
     pub(crate) fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
@@ -112,10 +85,10 @@ mod tests {
             llama: None,
         };
         assert_eq!(
-            Vllm.placement_args(&[], &two, None),
+            VLLM.placement_args(&[], &two, None),
             args(&["--tensor-parallel-size", "2"])
         );
-        assert!(Vllm
+        assert!(VLLM
             .placement_args(&args(&["-tp", "2"]), &two, None)
             .is_empty());
     }

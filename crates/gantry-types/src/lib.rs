@@ -9,6 +9,8 @@ pub mod api_key;
 pub mod auth;
 pub mod claim;
 pub mod error;
+#[cfg(feature = "fixtures")]
+pub mod fixtures;
 pub mod instance;
 pub mod list;
 pub mod model;

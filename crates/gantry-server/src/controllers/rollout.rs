@@ -133,34 +133,19 @@ pub async fn roll(
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::{BackendKind, ModelSource, PlacementStrategy, Reservation, Timestamp};
+    use gantry_types::{fixtures, Reservation};
 
     use super::*;
 
     fn model(args: &[&str]) -> Model {
         Model {
-            id: 1,
-            name: "m".into(),
-            description: String::new(),
-            source: ModelSource::LocalPath { path: "/m".into() },
-            backend: BackendKind::LlamaCpp,
-            backend_version: None,
             backend_args: args.iter().map(|a| (*a).to_owned()).collect(),
-            env: Default::default(),
             replicas: 2,
-            worker_selector: Default::default(),
-            gpu_selector: None,
-            placement_strategy: PlacementStrategy::Spread,
-            data_parallel_size: None,
-            cpu_offload: true,
-            custom_command: None,
-            labels: Default::default(),
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
+            ..fixtures::model(1, "m")
         }
     }
 
-    /// An instance placed by the scheduler for `placed_for`, in `state`.
+    /// An instance placed by the scheduler on worker 1 for `placed_for`, in `state`.
     fn instance(id: i64, placed_for: &Model, state: InstanceState) -> ModelInstance {
         let mut record = PlacementRecord::by_hand(placed_for);
         record.reservation = Some(Reservation {
@@ -178,23 +163,12 @@ mod tests {
                 llama: None,
             },
         });
+        let replica = u32::try_from(id).expect("small");
         ModelInstance {
-            id,
-            name: format!("m-{id}"),
-            model_id: 1,
-            model_name: "m".into(),
-            replica: u32::try_from(id).expect("small"),
             worker_id: Some(1),
             worker_name: Some("w1".into()),
-            gpu_indexes: Vec::new(),
-            port: None,
-            address: None,
-            state,
-            state_message: String::new(),
             placement: Some(record),
-            restart_count: 0,
-            created_at: Timestamp::from_millis(id),
-            updated_at: Timestamp::from_millis(id),
+            ..fixtures::instance(id, placed_for, replica, state)
         }
     }
 

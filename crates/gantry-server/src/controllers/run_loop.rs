@@ -145,7 +145,7 @@ mod tests {
     use std::sync::Mutex;
 
     use gantry_coord::{Leadership, LocalCoordinator};
-    use gantry_types::{InstanceState, ModelInstance, Timestamp};
+    use gantry_types::{fixtures, InstanceState};
 
     use super::*;
 
@@ -236,26 +236,10 @@ mod tests {
     }
 
     fn instance_change(state: InstanceState) -> Arc<Change> {
+        let model = fixtures::model(1, "m");
         Arc::new(Change::Instance(
             gantry_store::ChangeKind::Updated,
-            ModelInstance {
-                id: 1,
-                name: "m-0".into(),
-                model_id: 1,
-                model_name: "m".into(),
-                replica: 0,
-                worker_id: None,
-                worker_name: None,
-                gpu_indexes: vec![],
-                port: None,
-                address: None,
-                state,
-                state_message: String::new(),
-                placement: None,
-                restart_count: 0,
-                created_at: Timestamp::from_millis(0),
-                updated_at: Timestamp::from_millis(0),
-            },
+            fixtures::instance(1, &model, 0, state),
         ))
     }
 

@@ -116,8 +116,8 @@ mod tests {
         FixedMemory, ModelMemory, Placement, PlacementKind, ResourceClaim, SnapshotState,
     };
     use gantry_types::{
-        BackendKind, GpuDevice, InstanceState, LaunchTemplate, ModelSource, PlacementRecord,
-        Reservation, SystemInfo, Timestamp, WorkerStatus,
+        fixtures, BackendKind, InstanceState, LaunchTemplate, ModelSource, PlacementRecord,
+        Reservation,
     };
 
     use super::*;
@@ -126,35 +126,9 @@ mod tests {
 
     fn worker(id: i64, state: WorkerState, gpus: u32) -> Worker {
         Worker {
-            id,
-            name: format!("w{id}"),
             state,
-            state_message: String::new(),
             labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
-            address: "127.0.0.1:1".to_owned(),
-            status: WorkerStatus {
-                gpus: (0..gpus)
-                    .map(|index| GpuDevice {
-                        index,
-                        name: "Simulated GPU".to_owned(),
-                        uuid: format!("SIM-{id}-{index}"),
-                        memory_total: 80 * GIB,
-                        memory_used: 0,
-                        utilization: None,
-                        temperature: None,
-                        simulated: true,
-                    })
-                    .collect(),
-                system: SystemInfo {
-                    cpu_count: 8,
-                    memory_total: 64 * GIB,
-                    ..SystemInfo::default()
-                },
-                backends: vec!["llama.cpp".to_owned(), "vllm".to_owned()],
-            },
-            last_heartbeat_at: None,
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
+            ..fixtures::worker(id, gpus)
         }
     }
 

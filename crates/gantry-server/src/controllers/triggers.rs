@@ -88,31 +88,14 @@ impl TriggerFilter {
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::ModelInstance;
+    use gantry_types::{fixtures, Timestamp, Worker, WorkerState};
 
     use super::*;
 
     #[test]
     fn only_changes_that_matter_trigger_a_pass() {
-        use gantry_types::Timestamp;
-        let instance = |state| ModelInstance {
-            id: 1,
-            name: "m-0".into(),
-            model_id: 1,
-            model_name: "m".into(),
-            replica: 0,
-            worker_id: None,
-            worker_name: None,
-            gpu_indexes: vec![],
-            port: None,
-            address: None,
-            state,
-            state_message: String::new(),
-            placement: None,
-            restart_count: 0,
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
-        };
+        let model = fixtures::model(1, "m");
+        let instance = |state| fixtures::instance(1, &model, 0, state);
         let updated = |state| Change::Instance(ChangeKind::Updated, instance(state));
         assert!(triggers_pass(&Change::Instance(
             ChangeKind::Created,
@@ -136,19 +119,7 @@ mod tests {
 
     #[test]
     fn worker_updates_trigger_only_when_placement_inputs_change() {
-        use gantry_types::{Timestamp, Worker, WorkerState, WorkerStatus};
-        let mut worker = Worker {
-            id: 1,
-            name: "w1".into(),
-            state: WorkerState::Ready,
-            state_message: String::new(),
-            labels: Default::default(),
-            address: "127.0.0.1:1".into(),
-            status: WorkerStatus::default(),
-            last_heartbeat_at: None,
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
-        };
+        let mut worker = fixtures::worker(1, 0);
         let mut filter = TriggerFilter::default();
         let updated = |w: &Worker| Change::Worker(ChangeKind::Updated, w.clone());
         assert!(filter.triggers(&updated(&worker)), "first sight");

@@ -99,37 +99,12 @@ pub async fn log_source(store: &Store, id: i64) -> ApiResult<LogSource> {
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::{GpuDevice, Timestamp, WorkerState, WorkerStatus};
+    use gantry_types::fixtures;
 
     use super::*;
 
     fn worker(gpus: u32) -> Worker {
-        Worker {
-            id: 1,
-            name: "w1".into(),
-            state: WorkerState::Ready,
-            state_message: String::new(),
-            labels: Default::default(),
-            address: "127.0.0.1:1".into(),
-            status: WorkerStatus {
-                gpus: (0..gpus)
-                    .map(|index| GpuDevice {
-                        index,
-                        name: "GPU".into(),
-                        uuid: format!("GPU-{index}"),
-                        memory_total: 1,
-                        memory_used: 0,
-                        utilization: None,
-                        temperature: None,
-                        simulated: true,
-                    })
-                    .collect(),
-                ..WorkerStatus::default()
-            },
-            last_heartbeat_at: None,
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
-        }
+        fixtures::worker(1, gpus)
     }
 
     #[test]

@@ -58,52 +58,19 @@ pub fn plan(model: &Model, instances: &[ModelInstance]) -> ReplicaPlan {
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::{BackendKind, ModelSource, PlacementStrategy, Timestamp};
+    use gantry_types::fixtures;
 
     use super::*;
 
     fn model(replicas: u32) -> Model {
         Model {
-            id: 1,
-            name: "m".into(),
-            description: String::new(),
-            source: ModelSource::LocalPath { path: "/m".into() },
-            backend: BackendKind::LlamaCpp,
-            backend_version: None,
-            backend_args: Vec::new(),
-            env: Default::default(),
             replicas,
-            worker_selector: Default::default(),
-            gpu_selector: None,
-            placement_strategy: PlacementStrategy::Spread,
-            data_parallel_size: None,
-            cpu_offload: true,
-            custom_command: None,
-            labels: Default::default(),
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
+            ..fixtures::model(1, "m")
         }
     }
 
     fn instance(id: i64, replica: u32, state: InstanceState) -> ModelInstance {
-        ModelInstance {
-            id,
-            name: format!("m-{replica}"),
-            model_id: 1,
-            model_name: "m".into(),
-            replica,
-            worker_id: None,
-            worker_name: None,
-            gpu_indexes: Vec::new(),
-            port: None,
-            address: None,
-            state,
-            state_message: String::new(),
-            placement: None,
-            restart_count: 0,
-            created_at: Timestamp::from_millis(id),
-            updated_at: Timestamp::from_millis(id),
-        }
+        fixtures::instance(id, &model(1), replica, state)
     }
 
     #[test]

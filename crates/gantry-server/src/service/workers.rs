@@ -148,22 +148,15 @@ pub async fn heartbeat(store: &Store, worker_id: i64) -> ApiResult<(Worker, Work
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::{Timestamp, WorkerStatus};
+    use gantry_types::fixtures;
 
     use super::*;
 
     fn worker(state: WorkerState, message: &str) -> Worker {
         Worker {
-            id: 1,
-            name: "w1".into(),
             state,
             state_message: message.into(),
-            labels: Default::default(),
-            address: "127.0.0.1:1".into(),
-            status: WorkerStatus::default(),
-            last_heartbeat_at: None,
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
+            ..fixtures::worker(1, 0)
         }
     }
 
