@@ -106,20 +106,15 @@ impl Store {
         id: i64,
         message: &str,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let result = sqlx::query(
+        let statement = sqlx::query(
             "UPDATE model_instances SET state = 'pending', state_message = $2, updated_at = $3 \
              WHERE id = $1 AND worker_id IS NULL AND state IN ('pending', 'analyzing') \
              AND NOT (state = 'pending' AND state_message = $2)",
         )
         .bind(id)
         .bind(message)
-        .bind(Timestamp::now().as_millis())
-        .execute(&self.pool)
-        .await?;
-        if result.rows_affected() == 0 {
-            return Ok(None);
-        }
-        self.publish_instance_update(id).await
+        .bind(Timestamp::now().as_millis());
+        self.conditional_instance_write(id, statement).await
     }
 
     /// Records the scheduler's placement in one statement: worker, GPUs, state
@@ -130,7 +125,7 @@ impl Store {
         &self,
         placement: &NewPlacement<'_>,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let result = sqlx::query(
+        let statement = sqlx::query(
             "UPDATE model_instances SET worker_id = $2, gpu_indexes = $3, port = NULL, \
              address = NULL, state = 'scheduled', state_message = $4, placement = $5, \
              restart_count = 0, updated_at = $6 \
@@ -145,13 +140,9 @@ impl Store {
         .bind(placement.state_message)
         .bind(to_json(placement.record))
         .bind(Timestamp::now().as_millis())
-        .bind(placement.model_updated_at.as_millis())
-        .execute(&self.pool)
-        .await?;
-        if result.rows_affected() == 0 {
-            return Ok(None);
-        }
-        self.publish_instance_update(placement.instance_id).await
+        .bind(placement.model_updated_at.as_millis());
+        self.conditional_instance_write(placement.instance_id, statement)
+            .await
     }
 
     /// Takes an instance off its worker for rescheduling: back to `pending` with no
@@ -164,7 +155,7 @@ impl Store {
         worker_id: i64,
         message: &str,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let result = sqlx::query(
+        let statement = sqlx::query(
             "UPDATE model_instances SET worker_id = NULL, gpu_indexes = '[]', port = NULL, \
              address = NULL, state = 'pending', state_message = $4, placement = NULL, \
              restart_count = 0, updated_at = $5 WHERE id = $1 AND state = $2 AND worker_id = $3",
@@ -173,13 +164,8 @@ impl Store {
         .bind(from_state.as_str())
         .bind(worker_id)
         .bind(message)
-        .bind(Timestamp::now().as_millis())
-        .execute(&self.pool)
-        .await?;
-        if result.rows_affected() == 0 {
-            return Ok(None);
-        }
-        self.publish_instance_update(id).await
+        .bind(Timestamp::now().as_millis());
+        self.conditional_instance_write(id, statement).await
     }
 
     /// Starts an instance placed by hand anew on the same worker and GPUs with `record`
@@ -192,7 +178,7 @@ impl Store {
         record: &PlacementRecord,
         message: &str,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let result = sqlx::query(
+        let statement = sqlx::query(
             "UPDATE model_instances SET placement = $2, state = 'scheduled', state_message = $3, \
              port = NULL, address = NULL, restart_count = 0, updated_at = $4 \
              WHERE id = $1 AND updated_at = $5 AND worker_id = $6",
@@ -202,13 +188,21 @@ impl Store {
         .bind(message)
         .bind(Timestamp::now().as_millis())
         .bind(seen.updated_at.as_millis())
-        .bind(seen.worker_id)
-        .execute(&self.pool)
-        .await?;
-        if result.rows_affected() == 0 {
+        .bind(seen.worker_id);
+        self.conditional_instance_write(seen.id, statement).await
+    }
+
+    /// Runs a conditional write of one instance: `None` when it changed nothing (the
+    /// row moved on, or is gone), else the instance as it is now, published.
+    async fn conditional_instance_write<'q>(
+        &self,
+        id: i64,
+        statement: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+    ) -> Result<Option<ModelInstance>, StoreError> {
+        if statement.execute(&self.pool).await?.rows_affected() == 0 {
             return Ok(None);
         }
-        self.publish_instance_update(seen.id).await
+        self.publish_instance_update(id).await
     }
 
     /// Re-reads an instance after a write and publishes it; `None` when it was deleted in

@@ -139,18 +139,16 @@ impl Store {
         id: i64,
         labels: &BTreeMap<String, String>,
     ) -> Result<Worker, StoreError> {
-        let row = sqlx::query(&format!(
+        let sql = format!(
             "UPDATE workers SET labels = $2, updated_at = $3 WHERE id = $1 RETURNING {COLUMNS}"
-        ))
-        .bind(id)
-        .bind(to_json(labels))
-        .bind(Timestamp::now().as_millis())
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| StoreError::not_found("worker", id))?;
-        let worker = decode(&row)?;
-        self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
-        Ok(worker)
+        );
+        let statement = sqlx::query(&sql)
+            .bind(id)
+            .bind(to_json(labels))
+            .bind(Timestamp::now().as_millis());
+        self.write_worker(statement, true)
+            .await?
+            .ok_or_else(|| StoreError::not_found("worker", id))
     }
 
     /// Updates what a registering worker reports about itself (a re-registration) and
@@ -164,27 +162,21 @@ impl Store {
         state: (WorkerState, &str),
     ) -> Result<Option<Worker>, StoreError> {
         let now = Timestamp::now().as_millis();
-        let row = sqlx::query(&format!(
+        let sql = format!(
             "UPDATE workers SET labels = $2, address = $3, status = $4, last_heartbeat_at = $5, \
              state = $6, state_message = $7, updated_at = $5 WHERE id = $1 AND state = $8 \
              RETURNING {COLUMNS}"
-        ))
-        .bind(id)
-        .bind(to_json(registration.labels))
-        .bind(registration.address)
-        .bind(to_json(registration.status))
-        .bind(now)
-        .bind(state.0.as_str())
-        .bind(state.1)
-        .bind(expected.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let worker = decode(&row)?;
-        self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
-        Ok(Some(worker))
+        );
+        let statement = sqlx::query(&sql)
+            .bind(id)
+            .bind(to_json(registration.labels))
+            .bind(registration.address)
+            .bind(to_json(registration.status))
+            .bind(now)
+            .bind(state.0.as_str())
+            .bind(state.1)
+            .bind(expected.as_str());
+        self.write_worker(statement, true).await
     }
 
     /// The token servers present to the worker's own API.
@@ -209,25 +201,17 @@ impl Store {
     ) -> Result<Option<Worker>, StoreError> {
         let now = Timestamp::now().as_millis();
         let moves = state.0 != expected;
-        let row = sqlx::query(&format!(
+        let sql = format!(
             "UPDATE workers SET last_heartbeat_at = $2, state = $3, state_message = $4 \
              WHERE id = $1 AND state = $5 RETURNING {COLUMNS}"
-        ))
-        .bind(id)
-        .bind(now)
-        .bind(state.0.as_str())
-        .bind(state.1)
-        .bind(expected.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let worker = decode(&row)?;
-        if moves {
-            self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
-        }
-        Ok(Some(worker))
+        );
+        let statement = sqlx::query(&sql)
+            .bind(id)
+            .bind(now)
+            .bind(state.0.as_str())
+            .bind(state.1)
+            .bind(expected.as_str());
+        self.write_worker(statement, moves).await
     }
 
     /// Stores a worker's hardware report.
@@ -236,18 +220,16 @@ impl Store {
         id: i64,
         status: &WorkerStatus,
     ) -> Result<Worker, StoreError> {
-        let row = sqlx::query(&format!(
+        let sql = format!(
             "UPDATE workers SET status = $2, updated_at = $3 WHERE id = $1 RETURNING {COLUMNS}"
-        ))
-        .bind(id)
-        .bind(to_json(status))
-        .bind(Timestamp::now().as_millis())
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| StoreError::not_found("worker", id))?;
-        let worker = decode(&row)?;
-        self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
-        Ok(worker)
+        );
+        let statement = sqlx::query(&sql)
+            .bind(id)
+            .bind(to_json(status))
+            .bind(Timestamp::now().as_millis());
+        self.write_worker(statement, true)
+            .await?
+            .ok_or_else(|| StoreError::not_found("worker", id))
     }
 
     /// Sets a worker's state by hand or on its way out (a worker shutting down).
@@ -257,20 +239,35 @@ impl Store {
         state: WorkerState,
         message: &str,
     ) -> Result<Worker, StoreError> {
-        let row = sqlx::query(&format!(
+        let sql = format!(
             "UPDATE workers SET state = $2, state_message = $3, updated_at = $4 WHERE id = $1 \
              RETURNING {COLUMNS}"
-        ))
-        .bind(id)
-        .bind(state.as_str())
-        .bind(message)
-        .bind(Timestamp::now().as_millis())
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| StoreError::not_found("worker", id))?;
+        );
+        let statement = sqlx::query(&sql)
+            .bind(id)
+            .bind(state.as_str())
+            .bind(message)
+            .bind(Timestamp::now().as_millis());
+        self.write_worker(statement, true)
+            .await?
+            .ok_or_else(|| StoreError::not_found("worker", id))
+    }
+
+    /// Runs an `UPDATE workers … RETURNING` of one worker: `None` when it matched no row,
+    /// else the worker as written, published when `publish`.
+    async fn write_worker<'q>(
+        &self,
+        statement: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+        publish: bool,
+    ) -> Result<Option<Worker>, StoreError> {
+        let Some(row) = statement.fetch_optional(&self.pool).await? else {
+            return Ok(None);
+        };
         let worker = decode(&row)?;
-        self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
-        Ok(worker)
+        if publish {
+            self.publish(Change::Worker(ChangeKind::Updated, worker.clone()));
+        }
+        Ok(Some(worker))
     }
 
     /// Moves workers whose last heartbeat is older than `not_ready_before` to
