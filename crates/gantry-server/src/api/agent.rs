@@ -13,7 +13,7 @@ use axum::Json;
 use gantry_store::{Change, ChangeKind};
 use gantry_types::{
     FieldError, InstanceStateReport, ModelInstance, Validate, Worker, WorkerRegister,
-    WorkerRegistered, WorkerState, WorkerStatus,
+    WorkerRegistered, WorkerStatus,
 };
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -91,7 +91,7 @@ pub async fn status(
 ) -> ApiResult<Json<Worker>> {
     let (worker_id, _) = calling_worker(&principal)?;
     Ok(Json(
-        state.store.set_worker_status(worker_id, &status).await?,
+        service::workers::report_status(&state.store, worker_id, &status).await?,
     ))
 }
 
@@ -159,10 +159,7 @@ pub async fn report_state(
     ApiJson(report): ApiJson<InstanceStateReport>,
 ) -> ApiResult<Json<ModelInstance>> {
     let (worker_id, worker_name) = calling_worker(&principal)?;
-    let instance = state
-        .store
-        .report_instance_state(id, worker_id, &report)
-        .await?;
+    let instance = service::workers::report_state(&state.store, worker_id, id, &report).await?;
     tracing::info!(instance_id = id, instance = %instance.name, worker = %worker_name, state = instance.state.as_str(), address = ?instance.address, "instance state reported");
     Ok(Json(instance))
 }
@@ -175,10 +172,7 @@ pub async fn goodbye(
     Auth(principal): Auth,
 ) -> ApiResult<StatusCode> {
     let (worker_id, worker_name) = calling_worker(&principal)?;
-    state
-        .store
-        .set_worker_state(worker_id, WorkerState::NotReady, "worker shut down")
-        .await?;
+    service::workers::goodbye(&state.store, worker_id).await?;
     tracing::info!(worker_id, worker = %worker_name, "worker said goodbye");
     Ok(StatusCode::NO_CONTENT)
 }

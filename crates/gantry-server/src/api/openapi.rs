@@ -123,3 +123,27 @@ fetch('/api/openapi.json').then(r => r.json()).then(spec => {
   }
 }).catch(e => { document.getElementById('ops').textContent = 'Could not load the spec: ' + e });
 </script></body></html>"#;
+
+#[cfg(test)]
+mod tests {
+    use gantry_types::ErrorCode;
+
+    use super::*;
+
+    #[test]
+    fn the_spec_lists_every_error_code() {
+        let spec = serde_json::to_value(ApiDoc::openapi()).expect("serialisable");
+        let listed: Vec<&str> = spec["components"]["schemas"]["ErrorCode"]["enum"]
+            .as_array()
+            .expect("ErrorCode is an enum schema")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        let all: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(listed, all);
+        assert_eq!(
+            spec["components"]["schemas"]["ErrorDetail"]["properties"]["code"]["$ref"],
+            "#/components/schemas/ErrorCode"
+        );
+    }
+}

@@ -5,12 +5,13 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use gantry_store::{Change, NewUser};
-use gantry_types::{ListResponse, Role, User, UserCreate, UserQuery, UserUpdate};
+use gantry_types::{ListResponse, User, UserCreate, UserQuery, UserUpdate};
 
 use super::created;
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::service;
 use crate::state::AppState;
 
 /// Lists users.
@@ -85,29 +86,7 @@ pub async fn update(
     ApiJson(request): ApiJson<UserUpdate>,
 ) -> ApiResult<Json<User>> {
     let admin = principal.require_admin()?;
-    let current = state.store.get_user(id).await?;
-    if current.role == Role::Admin
-        && request.role == Some(Role::User)
-        && state.store.count_admins().await? <= 1
-    {
-        return Err(ApiError::conflict(
-            "cannot demote the last admin; make another user admin first",
-        ));
-    }
-    if let Some(new_password) = request.password {
-        let hash = password::hash(new_password).await?;
-        let require = request.require_password_change.unwrap_or(true);
-        state.store.set_password(id, &hash, require).await?;
-    }
-    let user = state
-        .store
-        .update_user(
-            id,
-            request.role,
-            request.full_name.as_deref(),
-            request.require_password_change,
-        )
-        .await?;
+    let user = service::users::update(&state.store, id, request).await?;
     tracing::info!(by = %admin.username, user_id = id, "updated user");
     Ok(Json(user))
 }
@@ -122,14 +101,7 @@ pub async fn delete(
     ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<StatusCode> {
     let admin = principal.require_admin()?;
-    if admin.id == id {
-        return Err(ApiError::conflict("you cannot delete yourself"));
-    }
-    let user = state.store.get_user(id).await?;
-    if user.role == Role::Admin && state.store.count_admins().await? <= 1 {
-        return Err(ApiError::conflict("cannot delete the last admin"));
-    }
-    state.store.delete_user(id).await?;
+    let user = service::users::delete(&state.store, admin, id).await?;
     tracing::info!(by = %admin.username, user_id = id, username = %user.username, "deleted user");
     Ok(StatusCode::NO_CONTENT)
 }

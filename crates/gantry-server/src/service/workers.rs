@@ -2,7 +2,10 @@
 //! rules of a worker's state on them.
 
 use gantry_store::{Store, StoreError, WorkerRegistration, REGISTRATION_TOKEN_DIGEST};
-use gantry_types::{Worker, WorkerRegister, WorkerRegistered, WorkerState};
+use gantry_types::{
+    InstanceStateReport, ModelInstance, Worker, WorkerRegister, WorkerRegistered, WorkerState,
+    WorkerStatus,
+};
 
 use crate::auth::secrets::{
     digest, generate_worker_credential, random_alphanumeric, REGISTRATION_TOKEN_PREFIX,
@@ -144,6 +147,35 @@ pub async fn heartbeat(store: &Store, worker_id: i64) -> ApiResult<(Worker, Work
         "worker {}'s state kept changing during the heartbeat; the next one will count",
         current.name
     )))
+}
+
+/// Applies a worker's report about an instance placed on it; `not_found` when the
+/// instance is gone or was moved to another worker (a late report changes nothing).
+pub async fn report_state(
+    store: &Store,
+    worker_id: i64,
+    instance_id: i64,
+    report: &InstanceStateReport,
+) -> ApiResult<ModelInstance> {
+    Ok(store
+        .report_instance_state(instance_id, worker_id, report)
+        .await?)
+}
+
+/// Stores a worker's hardware report.
+pub async fn report_status(
+    store: &Store,
+    worker_id: i64,
+    status: &WorkerStatus,
+) -> ApiResult<Worker> {
+    Ok(store.set_worker_status(worker_id, status).await?)
+}
+
+/// A worker is going away: `not_ready` until it is heard from again.
+pub async fn goodbye(store: &Store, worker_id: i64) -> ApiResult<Worker> {
+    Ok(store
+        .set_worker_state(worker_id, WorkerState::NotReady, "worker shut down")
+        .await?)
 }
 
 #[cfg(test)]
