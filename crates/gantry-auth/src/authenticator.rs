@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use gantry_store::{Change, Store, StoreError};
 use gantry_types::Timestamp;
-use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -184,27 +183,17 @@ impl Authenticator {
         self.last_used.flush(&self.store).await;
     }
 
-    /// Starts the tasks that keep the cache in step with the store's change feed and
-    /// flush last-used times (once more after `shutdown`); both are owned by `tasks`.
+    /// Keeps the cache in step with every change the store publishes — inline, so a key
+    /// this server deletes is refused by the very next request — and starts the task that
+    /// flushes last-used times (once more after `shutdown`), owned by `tasks`.
     pub fn spawn(self: &Arc<Self>, shutdown: &CancellationToken, tasks: &TaskTracker) {
-        let mut changes = self.store.subscribe();
-        let this = Arc::clone(self);
-        let cancelled = shutdown.clone();
-        tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    () = cancelled.cancelled() => return,
-                    change = changes.recv() => match change {
-                        Ok(change) => this.apply(&change),
-                        Err(RecvError::Lagged(missed)) => {
-                            tracing::warn!(missed, "authentication fell behind the change feed; re-checking every cached API key");
-                            this.api_keys.invalidate_all();
-                        }
-                        Err(RecvError::Closed) => return,
-                    },
-                }
+        // Weak: the store lives inside the authenticator, and the listener inside the store.
+        let this = Arc::downgrade(self);
+        self.store.on_change(Arc::new(move |change| {
+            if let Some(this) = this.upgrade() {
+                this.apply(change);
             }
-        });
+        }));
 
         let this = Arc::clone(self);
         let cancelled = shutdown.clone();

@@ -86,6 +86,8 @@ pub struct Store {
     /// The URL it was opened with (the PostgreSQL listener opens its own connection).
     url: String,
     changes: broadcast::Sender<Arc<Change>>,
+    /// Called inline with every change published here; see [`Store::on_change`].
+    listeners: Arc<std::sync::RwLock<Vec<ChangeListener>>>,
     /// On PostgreSQL: sends this server's changes to the others.
     notifier: Option<Arc<notify::Notifier>>,
     /// Stops the cross-server listener when the last handle goes away.
@@ -100,6 +102,9 @@ impl std::fmt::Debug for Store {
             .finish()
     }
 }
+
+/// A function called inline with every change a store publishes.
+pub type ChangeListener = Arc<dyn Fn(&Change) + Send + Sync>;
 
 /// How many unread changes a slow watcher may fall behind before it is cut off.
 const CHANGE_CHANNEL_CAPACITY: usize = 4096;
@@ -166,6 +171,7 @@ impl Store {
             engine,
             url: config.url.clone(),
             changes,
+            listeners: Arc::default(),
             notifier: None,
             lifetime: None,
             shutdown: shutdown.clone(),
@@ -201,8 +207,28 @@ impl Store {
         self.publish_local(change);
     }
 
+    /// Calls `listener` with every change published from now on (this server's writes and
+    /// the other servers' it hears of), inline, before the write that caused it returns
+    /// to its caller. For caches that must never serve what a write just revoked (a
+    /// deleted API key): the broadcast channel of [`Store::subscribe`] is read later, by
+    /// another task. A listener must be quick and must not write to the store.
+    pub fn on_change(&self, listener: ChangeListener) {
+        self.listeners
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(listener);
+    }
+
     /// Publishes a change on this server only.
     fn publish_local(&self, change: Change) {
+        for listener in self
+            .listeners
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+        {
+            listener(&change);
+        }
         // No receiver is fine: nobody is watching.
         let _ = self.changes.send(Arc::new(change));
     }
