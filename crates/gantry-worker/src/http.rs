@@ -117,7 +117,18 @@ async fn logs(
     let shutdown = shared.shutdown.clone();
     let shared_for_follow = shared.clone();
     shared.tasks.spawn(async move {
-        if tx.send(Ok(Bytes::from(text))).await.is_err() {
+        // Every wait, sending included, also waits for shutdown: a client that stops
+        // reading cannot hold the worker up.
+        let send = |bytes: Bytes| {
+            let (tx, shutdown) = (tx.clone(), shutdown.clone());
+            async move {
+                tokio::select! {
+                    () = shutdown.cancelled() => false,
+                    sent = tx.send(Ok(bytes)) => sent.is_ok(),
+                }
+            }
+        };
+        if !send(Bytes::from(text)).await {
             return;
         }
         let mut offset = std::fs::metadata(&latest).map(|m| m.len()).unwrap_or(0);
@@ -146,7 +157,7 @@ async fn logs(
             match read {
                 Ok(Ok(chunk)) if !chunk.is_empty() => {
                     offset += chunk.len() as u64;
-                    if tx.send(Ok(Bytes::from(chunk))).await.is_err() {
+                    if !send(Bytes::from(chunk)).await {
                         return;
                     }
                 }
