@@ -580,9 +580,11 @@ async fn streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked(engine: Tes
     let cluster = Cluster::start(engine).await;
     let backend = cluster.llama_server().await;
     cluster.deploy("tiny", &[backend.address()]).await;
+    // Greedy decoding: sampled from the tiny random model, the few tokens can all be
+    // partial UTF-8, which streams as no content at all (a single final chunk).
     let stream = |include_usage: Option<bool>| {
         let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 6, "stream": true});
+            "max_tokens": 6, "stream": true, "temperature": 0});
         if let Some(include_usage) = include_usage {
             body["stream_options"] = json!({"include_usage": include_usage});
         }

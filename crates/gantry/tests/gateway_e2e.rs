@@ -89,7 +89,9 @@ async fn deploy_with_one_call_and_serve_through_the_gateway() {
         .as_ref()
         .is_some_and(|record| record.reservation.is_some())));
 
-    // The official openai client, plain and streaming.
+    // The official openai client, plain and streaming. The stream decodes greedily: sampled
+    // from the tiny random model, its few tokens can all be partial UTF-8, which streams as
+    // no content at all (a single final chunk).
     let script = format!(
         r#"
 import openai, sys
@@ -97,7 +99,7 @@ client = openai.OpenAI(base_url="{base}/v1", api_key="{api_key}")
 reply = client.chat.completions.create(model="tiny", messages=[{{"role": "user", "content": "hi"}}], max_tokens=8)
 assert reply.choices[0].message is not None, reply
 assert reply.usage.completion_tokens > 0, reply
-chunks = list(client.chat.completions.create(model="tiny", messages=[{{"role": "user", "content": "hi"}}], max_tokens=8, stream=True))
+chunks = list(client.chat.completions.create(model="tiny", messages=[{{"role": "user", "content": "hi"}}], max_tokens=8, stream=True, temperature=0))
 assert len(chunks) >= 2, chunks
 assert any(c.choices and c.choices[0].delta.content for c in chunks), chunks
 models = [m.id for m in client.models.list()]
