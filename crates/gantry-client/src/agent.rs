@@ -25,7 +25,8 @@ impl Client {
     ) -> Result<(WorkerRegistered, bool), ClientError> {
         let mut call = Call::new(Method::POST, "/api/v1/workers/register")
             .body(request)
-            .bearer(token);
+            .bearer(token)
+            .answering(&[StatusCode::OK, StatusCode::CREATED]);
         call.timeout = Some(crate::transport::DEFAULT_TIMEOUT);
         let response = self.send(call).await?;
         let created = response.status() == StatusCode::CREATED;

@@ -5,7 +5,8 @@ use gantry_types::{ErrorCode, ErrorDetail};
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// No server could be reached, or every one answered 502, 503 or 504.
+    /// No server could be reached, or every one answered 502, 503 or 504 (other than a
+    /// server's report that a worker failed, which is [`ClientError::Api`]).
     #[error("no server answered ({tried} tried): {last}")]
     Unreachable { tried: usize, last: String },
     /// The server answered with its error body.
@@ -22,7 +23,8 @@ pub enum ClientError {
         status: u16,
         body: String,
     },
-    /// The answer was not what the call expects.
+    /// The answer was not what the call expects: a body that does not decode, or a
+    /// success status other than the call's (201 for a creation, 204 for no body).
     #[error("unreadable answer from {url}: {message}")]
     Decode { url: String, message: String },
 }

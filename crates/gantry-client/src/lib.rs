@@ -4,7 +4,8 @@
 //!
 //! * [`Client`]: every server URL it was given, a bearer token, and failover: a call goes
 //!   to the server in use and moves on to the next when a server cannot be reached or
-//!   answers 502, 503 or 504 ([`transport`]);
+//!   answers 502, 503 or 504 — unless the server reports a worker it could not reach or
+//!   that failed, which another server would report too ([`transport`]);
 //! * the calls: the management API ([`management`]) and the worker agent's endpoints
 //!   ([`agent`]);
 //! * [`WatchStream`]: a `?watch=true` list as typed [`gantry_types::WatchEvent`]s;

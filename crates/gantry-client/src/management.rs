@@ -15,21 +15,55 @@ use serde::Serialize;
 use crate::transport::Call;
 use crate::{Client, ClientError, WatchStream};
 
-/// A list query with `watch=true` set.
-#[derive(Serialize)]
-struct Watching<'a, Q: Serialize> {
-    #[serde(flatten)]
-    query: &'a Q,
-    watch: bool,
+/// A list query, whose `watch` the client sets itself: on for the watch form of a list,
+/// off for a page. (The query is sent as it is otherwise; a `watch` the caller left in it
+/// must not reach the server as a second `watch` parameter.)
+trait ListQuery: Serialize + Clone {
+    /// This query with `watch` set to `watch`.
+    fn watching(&self, watch: bool) -> Self;
 }
 
+macro_rules! list_queries {
+    ($($query:ty),* $(,)?) => {
+        $(
+            impl ListQuery for $query {
+                fn watching(&self, watch: bool) -> Self {
+                    Self {
+                        watch: watch.then_some(true),
+                        ..self.clone()
+                    }
+                }
+            }
+        )*
+    };
+}
+
+list_queries!(
+    UserQuery,
+    ApiKeyQuery,
+    WorkerQuery,
+    ModelQuery,
+    InstanceQuery
+);
+
 impl Client {
-    async fn watch<T: DeserializeOwned, Q: Serialize>(
+    /// One page of a list.
+    async fn list<T: DeserializeOwned, Q: ListQuery>(
+        &self,
+        path: &str,
+        query: &Q,
+    ) -> Result<ListResponse<T>, ClientError> {
+        let query = query.watching(false);
+        self.json(Call::new(Method::GET, path).query(&query)).await
+    }
+
+    /// A list and its changes.
+    async fn watch<T: DeserializeOwned, Q: ListQuery>(
         &self,
         path: &str,
         query: &Q,
     ) -> Result<WatchStream<T>, ClientError> {
-        let query = Watching { query, watch: true };
+        let query = query.watching(true);
         let response = self
             .send(Call::new(Method::GET, path).query(&query).streaming())
             .await?;
@@ -74,8 +108,7 @@ impl Client {
     // Users.
 
     pub async fn list_users(&self, query: &UserQuery) -> Result<ListResponse<User>, ClientError> {
-        self.json(Call::new(Method::GET, "/api/v1/users").query(query))
-            .await
+        self.list("/api/v1/users", query).await
     }
 
     pub async fn watch_users(&self, query: &UserQuery) -> Result<WatchStream<User>, ClientError> {
@@ -83,8 +116,12 @@ impl Client {
     }
 
     pub async fn create_user(&self, user: &UserCreate) -> Result<User, ClientError> {
-        self.json(Call::new(Method::POST, "/api/v1/users").body(user))
-            .await
+        self.json(
+            Call::new(Method::POST, "/api/v1/users")
+                .body(user)
+                .creating(),
+        )
+        .await
     }
 
     pub async fn update_user(&self, id: i64, update: &UserUpdate) -> Result<User, ClientError> {
@@ -102,16 +139,19 @@ impl Client {
 
     /// Creates a key for the caller; the answer is the only time its secret is shown.
     pub async fn create_api_key(&self, key: &ApiKeyCreate) -> Result<ApiKeyCreated, ClientError> {
-        self.json(Call::new(Method::POST, "/api/v1/api-keys").body(key))
-            .await
+        self.json(
+            Call::new(Method::POST, "/api/v1/api-keys")
+                .body(key)
+                .creating(),
+        )
+        .await
     }
 
     pub async fn list_api_keys(
         &self,
         query: &ApiKeyQuery,
     ) -> Result<ListResponse<ApiKey>, ClientError> {
-        self.json(Call::new(Method::GET, "/api/v1/api-keys").query(query))
-            .await
+        self.list("/api/v1/api-keys", query).await
     }
 
     pub async fn delete_api_key(&self, id: i64) -> Result<(), ClientError> {
@@ -125,8 +165,7 @@ impl Client {
         &self,
         query: &WorkerQuery,
     ) -> Result<ListResponse<Worker>, ClientError> {
-        self.json(Call::new(Method::GET, "/api/v1/workers").query(query))
-            .await
+        self.list("/api/v1/workers", query).await
     }
 
     pub async fn watch_workers(
@@ -161,8 +200,7 @@ impl Client {
         &self,
         query: &ModelQuery,
     ) -> Result<ListResponse<Model>, ClientError> {
-        self.json(Call::new(Method::GET, "/api/v1/models").query(query))
-            .await
+        self.list("/api/v1/models", query).await
     }
 
     pub async fn watch_models(
@@ -174,8 +212,12 @@ impl Client {
 
     /// Declares a model; its instances appear a moment later.
     pub async fn create_model(&self, model: &ModelCreate) -> Result<Model, ClientError> {
-        self.json(Call::new(Method::POST, "/api/v1/models").body(model))
-            .await
+        self.json(
+            Call::new(Method::POST, "/api/v1/models")
+                .body(model)
+                .creating(),
+        )
+        .await
     }
 
     pub async fn get_model(&self, id: i64) -> Result<Model, ClientError> {
@@ -200,8 +242,7 @@ impl Client {
         &self,
         query: &InstanceQuery,
     ) -> Result<ListResponse<ModelInstance>, ClientError> {
-        self.json(Call::new(Method::GET, "/api/v1/model-instances").query(query))
-            .await
+        self.list("/api/v1/model-instances", query).await
     }
 
     pub async fn watch_instances(

@@ -1,12 +1,19 @@
 //! The [`Client`] and how a call travels: to the server in use, moving on to the next
 //! one when a server cannot be reached or says it is unavailable (502, 503, 504); any
-//! other answer, success or error, is final and makes that server the one in use.
+//! other answer, success or error, is final and makes that server the one in use. A 502
+//! in which the server itself reports a worker it could not reach or that failed
+//! (`worker_unreachable`, `worker_error`) is such a final answer too: another server would
+//! reach the same worker.
+//!
+//! A successful answer must carry the status the call expects (201 for a creation, 204
+//! for an answer without a body, 200 otherwise); another one means that client and server
+//! disagree on the API, and is an error.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use gantry_types::ErrorBody;
+use gantry_types::{ErrorBody, ErrorCode};
 use reqwest::{Method, Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -19,10 +26,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A client of one gantry cluster. Cheap to clone; clones share the server in use and the
-/// token.
+/// token. [`Client::for_token`] makes a client of the same servers with a token of its own.
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    token: Arc<RwLock<Option<String>>>,
 }
 
 #[derive(Debug)]
@@ -30,7 +38,6 @@ struct Inner {
     urls: Vec<String>,
     current: AtomicUsize,
     http: reqwest::Client,
-    token: RwLock<Option<String>>,
     timeout: Duration,
 }
 
@@ -44,6 +51,8 @@ pub(crate) struct Call<'a, B: Serialize + ?Sized, Q: Serialize + ?Sized> {
     pub timeout: Option<Duration>,
     /// Overrides the client's token for this call.
     pub bearer: Option<&'a str>,
+    /// The statuses of a successful answer.
+    pub success: &'static [StatusCode],
 }
 
 impl<'a> Call<'a, (), ()> {
@@ -55,6 +64,7 @@ impl<'a> Call<'a, (), ()> {
             body: None,
             timeout: None,
             bearer: None,
+            success: &[StatusCode::OK],
         }
     }
 }
@@ -68,6 +78,7 @@ impl<'a, B: Serialize + ?Sized, Q: Serialize + ?Sized> Call<'a, B, Q> {
             body: Some(body),
             timeout: self.timeout,
             bearer: self.bearer,
+            success: self.success,
         }
     }
 
@@ -79,6 +90,7 @@ impl<'a, B: Serialize + ?Sized, Q: Serialize + ?Sized> Call<'a, B, Q> {
             body: self.body,
             timeout: self.timeout,
             bearer: self.bearer,
+            success: self.success,
         }
     }
 
@@ -89,6 +101,17 @@ impl<'a, B: Serialize + ?Sized, Q: Serialize + ?Sized> Call<'a, B, Q> {
 
     pub(crate) fn streaming(mut self) -> Self {
         self.timeout = None;
+        self
+    }
+
+    /// A successful answer is 201 Created.
+    pub(crate) fn creating(self) -> Self {
+        self.answering(&[StatusCode::CREATED])
+    }
+
+    /// The statuses of a successful answer (200 unless said otherwise).
+    pub(crate) fn answering(mut self, statuses: &'static [StatusCode]) -> Self {
+        self.success = statuses;
         self
     }
 }
@@ -115,29 +138,39 @@ impl Client {
                     .collect(),
                 current: AtomicUsize::new(0),
                 http,
-                token: RwLock::new(None),
                 timeout: DEFAULT_TIMEOUT,
             }),
+            token: Arc::new(RwLock::new(None)),
         }
     }
 
-    /// The same servers with `token` as the bearer token of every call.
+    /// The same servers with `token` as the bearer token of every call. Clones of this
+    /// client share the token; [`Client::for_token`] does not.
     pub fn with_token(self, token: impl Into<String>) -> Self {
         self.set_token(token);
         self
     }
 
+    /// A client of the same servers, sharing their connections and the server in use,
+    /// that sends `token` instead: another user, an API key, a worker's credential.
+    pub fn for_token(&self, token: impl Into<String>) -> Self {
+        Client {
+            inner: Arc::clone(&self.inner),
+            token: Arc::new(RwLock::new(Some(token.into()))),
+        }
+    }
+
     /// The bearer token of every call from now on (an API key, a session token or a
     /// worker credential).
     pub fn set_token(&self, token: impl Into<String>) {
-        if let Ok(mut slot) = self.inner.token.write() {
+        if let Ok(mut slot) = self.token.write() {
             *slot = Some(token.into());
         }
     }
 
     /// The bearer token in use, if any.
     pub fn token(&self) -> Option<String> {
-        self.inner.token.read().ok().and_then(|t| t.clone())
+        self.token.read().ok().and_then(|t| t.clone())
     }
 
     /// The server in use.
@@ -174,23 +207,30 @@ impl Client {
                 request = request.json(body);
             }
             match request.send().await {
-                Ok(response)
-                    if matches!(
-                        response.status(),
-                        StatusCode::BAD_GATEWAY
-                            | StatusCode::SERVICE_UNAVAILABLE
-                            | StatusCode::GATEWAY_TIMEOUT
-                    ) =>
-                {
-                    last = format!("{url}: {}", response.status());
-                }
-                Ok(response) => {
+                Ok(response) if response.status().is_success() => {
                     self.switch_to(index);
-                    return if response.status().is_success() {
+                    return if call.success.contains(&response.status()) {
                         Ok(response)
                     } else {
-                        Err(error_of(url, response).await)
+                        Err(ClientError::Decode {
+                            url,
+                            message: format!(
+                                "answered {} where the call expects {:?}",
+                                response.status(),
+                                call.success
+                            ),
+                        })
                     };
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    let error = error_of(url.clone(), response).await;
+                    if server_unavailable(status, &error) {
+                        last = format!("{url}: {error}");
+                        continue;
+                    }
+                    self.switch_to(index);
+                    return Err(error);
                 }
                 Err(e) => last = format!("{url}: {e}"),
             }
@@ -220,6 +260,7 @@ impl Client {
         Q: Serialize + ?Sized,
     {
         call.timeout = call.timeout.or(Some(self.inner.timeout));
+        call.success = &[StatusCode::NO_CONTENT];
         self.send(call).await.map(drop)
     }
 
@@ -230,6 +271,21 @@ impl Client {
             tracing::warn!(from = %urls[previous % urls.len()], to = %urls[index], "switched to another server");
         }
     }
+}
+
+/// Whether an error answer says that this server cannot serve the call, so that another
+/// server should be tried: 502, 503 and 504, except the server's own report of a worker
+/// it could not reach or that failed, which every server would give.
+fn server_unavailable(status: StatusCode, error: &ClientError) -> bool {
+    let gateway_status = matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    );
+    let worker_failure = matches!(
+        error.code(),
+        Some(ErrorCode::WorkerUnreachable | ErrorCode::WorkerError)
+    );
+    gateway_status && !worker_failure
 }
 
 /// Decodes a JSON answer.

@@ -1,6 +1,6 @@
 //! The endpoints worker agents call, against SQLite and PostgreSQL: registration,
 //! heartbeats and health transitions, the worker-scoped assignment stream, and state
-//! reports.
+//! reports. Every call goes through the typed client, as the worker agent's do.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,118 +8,95 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_error, ndjson_lines, next_non_heartbeat, tiny_model, Options, TestServer};
+use common::{
+    expect_error, labels, next_change, simulated_worker, tiny_model, Options, TestServer,
+};
+use gantry_client::Client;
 use gantry_testkit::{test_both_engines, TestEngine};
-use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use gantry_types::{
+    BackendKind, ChangeKind, ErrorCode, InstancePatch, InstanceQuery, InstanceState,
+    InstanceStateReport, ModelUpdate, Worker, WorkerRegister, WorkerState,
+};
 
-fn registration(name: &str, gpus: u32) -> Value {
-    let gpus: Vec<Value> = (0..gpus)
-        .map(|i| {
-            json!({"index": i, "name": "Simulated GPU", "uuid": format!("SIM-{name}-{i}"),
-                   "memory_total": 85899345920u64, "memory_used": 0, "utilization": null,
-                   "temperature": null, "simulated": true})
-        })
-        .collect();
-    json!({
-        "name": name,
-        "labels": {"zone": "a"},
-        "address": "127.0.0.1:1",
-        "status": {"gpus": gpus, "system": {"cpu_count": 2, "load_average": 0.1,
-            "memory_total": 1, "memory_available": 1, "disk_free": 1, "os": "linux",
-            "hostname": name}, "backends": ["llama.cpp"]},
-    })
+/// A worker in zone a with `gpus` simulated GPUs.
+fn registration(name: &str, gpus: u32) -> WorkerRegister {
+    WorkerRegister {
+        labels: labels(&[("zone", "a")]),
+        ..simulated_worker(name, gpus)
+    }
 }
 
-async fn register(server: &TestServer, name: &str, gpus: u32) -> (i64, String) {
-    let token = server.registration_token();
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/workers/register",
-            Some(&token),
-            Some(registration(name, gpus)),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    (
-        body["worker"]["id"].as_i64().unwrap(),
-        body["credential"].as_str().unwrap().to_string(),
-    )
+/// A report of `state` with nothing else.
+fn report(state: InstanceState) -> InstanceStateReport {
+    InstanceStateReport {
+        state,
+        state_message: String::new(),
+        port: None,
+        address: None,
+        restart_count: 0,
+    }
+}
+
+/// Places an instance on a worker's GPU 0, or unplaces it.
+async fn place(admin: &Client, instance: i64, worker: Option<i64>) {
+    let patch = InstancePatch {
+        worker_id: Some(worker),
+        gpu_indexes: Some(if worker.is_some() { vec![0] } else { vec![] }),
+    };
+    admin.place_instance(instance, &patch).await.unwrap();
 }
 
 async fn workers_register_once_and_reregister_idempotently(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/workers/register",
-            Some("gantryreg_wrong"),
-            Some(registration("w1", 2)),
-        )
-        .await;
-    assert_error(status, &body, 401, "unauthorized");
-
-    let (id, credential) = register(&server, "w1", 2).await;
-    assert!(credential.starts_with("gantryw_"));
-    let (_, worker) = server
-        .call(
-            Method::GET,
-            &format!("/api/v1/workers/{id}"),
-            Some(&admin),
-            None,
-        )
-        .await;
-    assert_eq!(worker["state"], "ready");
-    assert_eq!(worker["status"]["gpus"][1]["simulated"], true);
-    assert_eq!(worker["labels"]["zone"], "a");
-
-    // Same name with the token again: conflict, the first registration stays.
-    let token = server.registration_token();
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/workers/register",
-            Some(&token),
-            Some(registration("w1", 8)),
-        )
-        .await;
-    assert_error(status, &body, 409, "conflict");
-
-    // With its credential: the same worker, updated, no new credential.
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/workers/register",
-            Some(&credential),
-            Some(registration("w1", 4)),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["worker"]["id"].as_i64().unwrap(), id);
-    assert!(body["credential"].is_null());
-    assert_eq!(
-        body["worker"]["status"]["gpus"].as_array().unwrap().len(),
-        4
+    let admin = server.client();
+    expect_error(
+        server
+            .anonymous()
+            .register_worker("gantryreg_wrong", &registration("w1", 2))
+            .await,
+        401,
+        ErrorCode::Unauthorized,
     );
 
+    let (registered, worker) = server.register(&registration("w1", 2)).await;
+    let credential = worker.token().unwrap();
+    assert!(credential.starts_with("gantryw_"));
+    let stored = admin.get_worker(registered.id).await.unwrap();
+    assert_eq!(stored.state, WorkerState::Ready);
+    assert!(stored.status.gpus[1].simulated);
+    assert_eq!(stored.labels, labels(&[("zone", "a")]));
+
+    // Same name with the token again: conflict, the first registration stays.
+    expect_error(
+        server
+            .anonymous()
+            .register_worker(&server.registration_token(), &registration("w1", 8))
+            .await,
+        409,
+        ErrorCode::Conflict,
+    );
+
+    // With its credential: the same worker, updated, no new credential.
+    let (again, created) = worker
+        .register_worker(&credential, &registration("w1", 4))
+        .await
+        .unwrap();
+    assert!(!created, "registering again is 200, not 201");
+    assert_eq!(again.worker.id, registered.id);
+    assert!(again.credential.is_none());
+    assert_eq!(again.worker.status.gpus.len(), 4);
+
     // A credential cannot register under another name.
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/workers/register",
-            Some(&credential),
-            Some(registration("w2", 1)),
-        )
-        .await;
-    assert_error(status, &body, 409, "conflict");
+    expect_error(
+        worker
+            .register_worker(&credential, &registration("w2", 1))
+            .await,
+        409,
+        ErrorCode::Conflict,
+    );
 
     // Users cannot call worker endpoints.
-    let (status, body) = server
-        .call(Method::POST, "/api/v1/worker/heartbeat", Some(&admin), None)
-        .await;
-    assert_error(status, &body, 403, "forbidden");
+    expect_error(admin.heartbeat().await, 403, ErrorCode::Forbidden);
     server.shutdown().await;
 }
 
@@ -133,235 +110,116 @@ async fn silent_workers_become_not_ready_then_unreachable_and_recover(engine: Te
         },
     )
     .await;
-    let admin = server.admin_token().await;
-    let (worker_id, credential) = register(&server, "w1", 1).await;
-    let (_, model) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            Some(&admin),
-            Some(tiny_model("tiny", 1)),
-        )
-        .await;
-    let instances = server
-        .instances_of(&admin, model["id"].as_i64().unwrap(), 1)
-        .await;
-    let instance_id = instances["items"][0]["id"].as_i64().unwrap();
-    server
-        .call(
-            Method::PATCH,
-            &format!("/api/v1/model-instances/{instance_id}"),
-            Some(&admin),
-            Some(json!({"worker_id": worker_id, "gpu_indexes": [0]})),
-        )
-        .await;
-    let (status, _) = server
-        .call(
-            Method::POST,
-            &format!("/api/v1/worker/instances/{instance_id}/state"),
-            Some(&credential),
-            Some(json!({"state": "running", "port": 40000, "address": "127.0.0.1:40000"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-
-    let state_of = |body: &Value| body["state"].as_str().unwrap().to_string();
-    let wait_for = |want: &'static str| {
-        let server = &server;
-        let admin = admin.clone();
-        async move {
-            for _ in 0..100 {
-                let (_, worker) = server
-                    .call(
-                        Method::GET,
-                        &format!("/api/v1/workers/{worker_id}"),
-                        Some(&admin),
-                        None,
-                    )
-                    .await;
-                if worker["state"] == want {
-                    return worker;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            panic!("worker never became {want}");
-        }
+    let admin = server.client();
+    let (registered, worker) = server.register(&registration("w1", 1)).await;
+    let model = admin.create_model(&tiny_model("tiny", 1)).await.unwrap();
+    let instance_id = server.instances_of(model.id, 1).await[0].id;
+    place(admin, instance_id, Some(registered.id)).await;
+    let running = InstanceStateReport {
+        port: Some(40000),
+        address: Some("127.0.0.1:40000".into()),
+        ..report(InstanceState::Running)
     };
-    let worker = wait_for("not_ready").await;
-    assert!(worker["state_message"]
-        .as_str()
-        .unwrap()
-        .contains("heartbeat"));
-    wait_for("unreachable").await;
-    let (_, instance) = server
-        .call(
-            Method::GET,
-            &format!("/api/v1/model-instances/{instance_id}"),
-            Some(&admin),
-            None,
-        )
-        .await;
-    assert_eq!(state_of(&instance), "unreachable");
+    worker.report_state(instance_id, &running).await.unwrap();
 
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/worker/heartbeat",
-            Some(&credential),
-            None,
+    let in_state = |want: WorkerState| move |worker: &Worker| worker.state == want;
+    let silent = server
+        .wait_for_worker(registered.id, "not_ready", in_state(WorkerState::NotReady))
+        .await;
+    assert!(silent.state_message.contains("heartbeat"), "{silent:?}");
+    server
+        .wait_for_worker(
+            registered.id,
+            "unreachable",
+            in_state(WorkerState::Unreachable),
         )
         .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["state"], "ready");
+    let instance = admin.get_instance(instance_id).await.unwrap();
+    assert_eq!(instance.state, InstanceState::Unreachable);
+
+    let back = worker.heartbeat().await.unwrap();
+    assert_eq!(back.state, WorkerState::Ready);
 
     // Goodbye marks it not_ready at once.
-    let (status, _) = server
-        .call(
-            Method::POST,
-            "/api/v1/worker/goodbye",
-            Some(&credential),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let (_, worker) = server
-        .call(
-            Method::GET,
-            &format!("/api/v1/workers/{worker_id}"),
-            Some(&admin),
-            None,
-        )
-        .await;
-    assert_eq!(worker["state"], "not_ready");
-    assert_eq!(worker["state_message"], "worker shut down");
+    worker.goodbye().await.unwrap();
+    let gone = admin.get_worker(registered.id).await.unwrap();
+    assert_eq!(gone.state, WorkerState::NotReady);
+    assert_eq!(gone.state_message, "worker shut down");
     server.shutdown().await;
 }
 
 async fn assignment_stream_is_scoped_to_the_calling_worker(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    let (w1, cred1) = register(&server, "w1", 2).await;
-    let (w2, cred2) = register(&server, "w2", 2).await;
-    let (_, model) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            Some(&admin),
-            Some(tiny_model("tiny", 2)),
-        )
-        .await;
-    let instances = server
-        .instances_of(&admin, model["id"].as_i64().unwrap(), 2)
-        .await;
-    let a = instances["items"][0]["id"].as_i64().unwrap();
-    let b = instances["items"][1]["id"].as_i64().unwrap();
-    let place = |id: i64, worker: Option<i64>| {
-        let server = &server;
-        let admin = admin.clone();
-        async move {
-            let (status, body) = server
-                .call(
-                    Method::PATCH,
-                    &format!("/api/v1/model-instances/{id}"),
-                    Some(&admin),
-                    Some(json!({"worker_id": worker, "gpu_indexes": if worker.is_some() { json!([0]) } else { json!([]) }})),
-                )
-                .await;
-            assert_eq!(status, StatusCode::OK, "{body}");
-        }
-    };
-    place(a, Some(w1)).await;
-    place(b, Some(w2)).await;
+    let admin = server.client();
+    let (w1, worker1) = server.register(&registration("w1", 2)).await;
+    let (w2, worker2) = server.register(&registration("w2", 2)).await;
+    let model = admin.create_model(&tiny_model("tiny", 2)).await.unwrap();
+    let instances = server.instances_of(model.id, 2).await;
+    let (a, b) = (instances[0].id, instances[1].id);
+    place(admin, a, Some(w1.id)).await;
+    place(admin, b, Some(w2.id)).await;
 
     // The plain list shows only this worker's instance, with what it runs.
-    let (status, list) = server
-        .call(
-            Method::GET,
-            "/api/v1/worker/assignments",
-            Some(&cred1),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(list.as_array().unwrap().len(), 1);
-    assert_eq!(list[0]["id"].as_i64().unwrap(), a);
-    assert_eq!(list[0]["model_name"], "tiny");
-    assert_eq!(list[0]["placement"]["launch"]["backend"], "llama.cpp");
+    let list = worker1.assignments().await.unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].id, a);
+    assert_eq!(list[0].model_name, "tiny");
+    assert_eq!(
+        list[0].placement.as_ref().unwrap().launch.backend,
+        BackendKind::LlamaCpp
+    );
 
     // A worker cannot report on another worker's instance, nor list all instances.
-    let (status, body) = server
-        .call(
-            Method::POST,
-            &format!("/api/v1/worker/instances/{b}/state"),
-            Some(&cred1),
-            Some(json!({"state": "starting"})),
-        )
-        .await;
-    assert_error(status, &body, 404, "not_found");
-    let (status, body) = server
-        .call(Method::GET, "/api/v1/model-instances", Some(&cred1), None)
-        .await;
-    assert_error(status, &body, 403, "forbidden");
-    let (status, body) = server
-        .call(
-            Method::POST,
-            &format!("/api/v1/worker/instances/{a}/state"),
-            Some(&cred1),
-            Some(json!({"state": "running"})),
-        )
-        .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("address"));
+    expect_error(
+        worker1
+            .report_state(b, &report(InstanceState::Starting))
+            .await,
+        404,
+        ErrorCode::NotFound,
+    );
+    expect_error(
+        worker1.list_instances(&InstanceQuery::default()).await,
+        403,
+        ErrorCode::Forbidden,
+    );
+    let message = expect_error(
+        worker1
+            .report_state(a, &report(InstanceState::Running))
+            .await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert!(message.contains("address"), "{message}");
 
-    let response = server
-        .client
-        .get(format!(
-            "{}/api/v1/worker/assignments?watch=true",
-            server.base
-        ))
-        .bearer_auth(&cred1)
-        .send()
-        .await
-        .unwrap();
-    let mut lines = ndjson_lines(response);
-    let first = next_non_heartbeat(&mut lines).await;
-    assert_eq!(first["type"], "CREATED");
-    assert_eq!(first["object"]["id"].as_i64().unwrap(), a);
+    let mut events = worker1.watch_assignments().await.unwrap();
+    let (kind, first) = next_change(&mut events).await;
+    assert_eq!((kind, first.id), (ChangeKind::Created, a));
 
     // Changes to the other worker's instance are not sent; a model change reaches this
     // worker's instance as a new launch (placed by hand, it restarts where it is).
-    server
-        .call(
-            Method::POST,
-            &format!("/api/v1/worker/instances/{b}/state"),
-            Some(&cred2),
-            Some(json!({"state": "starting"})),
-        )
-        .await;
-    server
-        .call(
-            Method::PATCH,
-            &format!("/api/v1/models/{}", model["id"]),
-            Some(&admin),
-            Some(json!({"backend_args": ["-c", "256"]})),
-        )
-        .await;
-    let event = next_non_heartbeat(&mut lines).await;
-    assert_eq!(event["type"], "UPDATED");
-    assert_eq!(event["object"]["id"].as_i64().unwrap(), a);
+    worker2
+        .report_state(b, &report(InstanceState::Starting))
+        .await
+        .unwrap();
+    let args = ModelUpdate {
+        backend_args: Some(vec!["-c".into(), "256".into()]),
+        ..ModelUpdate::default()
+    };
+    admin.update_model(model.id, &args).await.unwrap();
+    let (kind, changed) = next_change(&mut events).await;
+    assert_eq!((kind, changed.id), (ChangeKind::Updated, a));
     assert_eq!(
-        event["object"]["placement"]["launch"]["backend_args"],
-        json!(["-c", "256"])
+        changed.placement.unwrap().launch.backend_args,
+        ["-c", "256"]
     );
 
     // Moving the instance away is a DELETED for this worker; moving one here a CREATED.
-    place(a, Some(w2)).await;
-    let event = next_non_heartbeat(&mut lines).await;
-    assert_eq!(event["type"], "DELETED");
-    assert_eq!(event["object"]["id"].as_i64().unwrap(), a);
-    place(b, Some(w1)).await;
-    let event = next_non_heartbeat(&mut lines).await;
-    assert_eq!(event["type"], "CREATED");
-    assert_eq!(event["object"]["id"].as_i64().unwrap(), b);
+    place(admin, a, Some(w2.id)).await;
+    let (kind, gone) = next_change(&mut events).await;
+    assert_eq!((kind, gone.id), (ChangeKind::Deleted, a));
+    place(admin, b, Some(w1.id)).await;
+    let (kind, arrived) = next_change(&mut events).await;
+    assert_eq!((kind, arrived.id), (ChangeKind::Created, b));
     server.shutdown().await;
 }
 

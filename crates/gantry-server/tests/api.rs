@@ -1,5 +1,12 @@
 //! The management API end to end over HTTP, against SQLite and PostgreSQL: the tour a
 //! newcomer takes, every error case with its status and body, and watch streams.
+//!
+//! The calls go through the typed client. Raw HTTP stays where the test is about the
+//! wire, which the typed client cannot say: secrets absent from an answer (a field the
+//! typed answer does not have), malformed JSON, another content type, unknown fields and
+//! mistyped values, bad path and query parameters, unknown routes and methods, the
+//! session cookie, the NDJSON content type and heartbeat line, the probes and the OpenAPI
+//! document.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,118 +15,89 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_error, ndjson_lines, next_event, next_non_heartbeat, tiny_model, Options, TestServer,
-    ADMIN_PASSWORD,
+    api_key, assert_raw_error, expect_error, next_change, next_event, stored_worker, tiny_model,
+    user, Options, TestServer, ADMIN_PASSWORD,
 };
 use gantry_testkit::{test_both_engines, TestEngine};
+use gantry_types::{
+    ApiKeyQuery, ChangeKind, ChangePasswordRequest, ErrorCode, InstanceQuery, InstanceState,
+    ModelQuery, ModelSource, ModelUpdate, Role, User, UserUpdate, WatchEvent,
+};
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
 async fn tour_login_keys_users_models_instances(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
+    let admin = server.client();
 
     // An API key, shown once, works as a bearer token.
-    let (status, key) = server
-        .call(
-            Method::POST,
-            "/api/v1/api-keys",
-            Some(&admin),
-            Some(json!({"name": "ci"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{key}");
-    let full_key = key["key"].as_str().unwrap().to_string();
-    assert!(full_key.starts_with("gantry_"));
+    let key = admin.create_api_key(&api_key("ci")).await.unwrap();
+    assert!(key.key.starts_with("gantry_"));
+    let ci = server.client_for(&key.key);
+    let keys = ci.list_api_keys(&ApiKeyQuery::default()).await.unwrap();
+    assert_eq!(keys.items[0].name, "ci");
+    // Read raw: what must not be listed is a field the typed answer does not have.
     let (status, keys) = server
-        .call(Method::GET, "/api/v1/api-keys", Some(&full_key), None)
+        .raw(Method::GET, "/api/v1/api-keys", Some(&key.key), None)
         .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(keys["items"][0]["name"], "ci");
     assert!(
         keys["items"][0].get("key").is_none(),
         "secret must not be listed"
     );
 
-    // A user with role user.
-    let (status, user) = server
-        .call(
+    // A user with role user; the answer is read raw for the same reason.
+    let (status, bob) = server
+        .raw(
             Method::POST,
             "/api/v1/users",
-            Some(&full_key),
+            Some(&key.key),
             Some(json!({"username": "bob", "password": "bob-password"})),
         )
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{user}");
-    assert_eq!(user["role"], "user");
-    assert!(user.get("password").is_none() && user.get("password_hash").is_none());
+    assert_eq!(status, StatusCode::CREATED, "{bob}");
+    assert!(bob.get("password").is_none() && bob.get("password_hash").is_none());
+    let bob: User = serde_json::from_value(bob).unwrap();
+    assert_eq!(bob.role, Role::User);
 
     // A model with two replicas makes two pending instances.
-    let (status, model) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            Some(&full_key),
-            Some(tiny_model("tiny", 2)),
-        )
+    let model = ci.create_model(&tiny_model("tiny", 2)).await.unwrap();
+    let instances = server
+        .wait_for_instances_as(&ci, model.id, "2 in number", |items| items.len() == 2)
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{model}");
-    let model_id = model["id"].as_i64().unwrap();
-    let instances = server.instances_of(&full_key, model_id, 2).await;
-    assert_eq!(instances["items"][0]["state"], "pending");
-    assert_eq!(instances["items"][1]["name"], "tiny-1");
+    assert_eq!(instances[0].state, InstanceState::Pending);
+    assert_eq!(instances[1].name, "tiny-1");
 
     // Bob can read models but not change them.
     let bob = server.login("bob", "bob-password").await;
-    let (status, _) = server
-        .call(Method::GET, "/api/v1/models", Some(&bob), None)
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    bob.list_models(&ModelQuery::default()).await.unwrap();
 
     // Scaling to 1 removes one instance; deleting the model removes the rest.
-    let (status, model) = server
-        .call(
-            Method::PATCH,
-            &format!("/api/v1/models/{model_id}"),
-            Some(&admin),
-            Some(json!({"replicas": 1, "description": "the tiny one"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{model}");
-    assert_eq!(model["description"], "the tiny one");
-    let instances = server.instances_of(&admin, model_id, 1).await;
+    let update = ModelUpdate {
+        replicas: Some(1),
+        description: Some("the tiny one".into()),
+        ..ModelUpdate::default()
+    };
+    let model = admin.update_model(model.id, &update).await.unwrap();
+    assert_eq!(model.description, "the tiny one");
+    let instances = server.instances_of(model.id, 1).await;
 
     // Deleting an instance replaces it (a restart of that replica).
-    let instance_id = instances["items"][0]["id"].as_i64().unwrap();
-    let (status, _) = server
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/model-instances/{instance_id}"),
-            Some(&admin),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    let instance_id = instances[0].id;
+    admin.delete_instance(instance_id).await.unwrap();
     let instances = server
-        .wait_for("/api/v1/model-instances", &admin, |list| {
-            list["pagination"]["total"] == 1 && list["items"][0]["id"] != instance_id
+        .wait_for_instances(model.id, "one replacement", |items| {
+            items.len() == 1 && items[0].id != instance_id
         })
         .await;
-    assert_ne!(instances["items"][0]["id"].as_i64().unwrap(), instance_id);
+    assert_ne!(instances[0].id, instance_id);
 
-    let (status, _) = server
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/models/{model_id}"),
-            Some(&admin),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let (_, instances) = server
-        .call(Method::GET, "/api/v1/model-instances", Some(&admin), None)
-        .await;
-    assert_eq!(instances["pagination"]["total"], 0);
+    admin.delete_model(model.id).await.unwrap();
+    let instances = admin
+        .list_instances(&InstanceQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(instances.pagination.total, 0);
     server.shutdown().await;
 }
 
@@ -156,65 +134,52 @@ async fn generated_admin_password_must_be_changed_at_first_login(engine: TestEng
     );
 
     let first = server.login("admin", &password).await;
-    let (status, body) = server
-        .call(Method::GET, "/api/v1/models", Some(&first), None)
-        .await;
-    assert_error(status, &body, 403, "password_change_required");
-    let (status, me) = server
-        .call(Method::GET, "/auth/me", Some(&first), None)
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(me["require_password_change"], true);
+    expect_error(
+        first.list_models(&ModelQuery::default()).await,
+        403,
+        ErrorCode::PasswordChangeRequired,
+    );
+    let me = first.me().await.unwrap();
+    assert!(me.require_password_change);
 
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/auth/change-password",
-            Some(&first),
-            Some(json!({"current_password": "wrong-password", "new_password": "brand-new-pass"})),
-        )
-        .await;
-    assert_error(status, &body, 401, "unauthorized");
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/auth/change-password",
-            Some(&first),
-            Some(json!({"current_password": password, "new_password": "short"})),
-        )
-        .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("new_password"));
+    let change = |current: &str, new: &str| ChangePasswordRequest {
+        current_password: current.into(),
+        new_password: new.into(),
+    };
+    expect_error(
+        first
+            .change_password(&change("wrong-password", "brand-new-pass"))
+            .await,
+        401,
+        ErrorCode::Unauthorized,
+    );
+    let message = expect_error(
+        first.change_password(&change(&password, "short")).await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert!(message.contains("new_password"), "{message}");
 
-    let (status, changed) = server
-        .call(
-            Method::POST,
-            "/auth/change-password",
-            Some(&first),
-            Some(json!({"current_password": password, "new_password": "brand-new-pass"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{changed}");
-    let second = changed["token"].as_str().unwrap();
-    let (status, _) = server
-        .call(Method::GET, "/api/v1/models", Some(second), None)
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    let changed = first
+        .change_password(&change(&password, "brand-new-pass"))
+        .await
+        .unwrap();
+    let second = server.client_for(&changed.token);
+    second.list_models(&ModelQuery::default()).await.unwrap();
     // The session from before the change has ended.
-    let (status, body) = server
-        .call(Method::GET, "/auth/me", Some(&first), None)
-        .await;
-    assert_error(status, &body, 401, "unauthorized");
+    expect_error(first.me().await, 401, ErrorCode::Unauthorized);
     server.login("admin", "brand-new-pass").await;
     server.shutdown().await;
 }
 
 async fn logout_ends_the_session_and_clears_the_cookie(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let token = server.admin_token().await;
+    let admin = server.client();
+    // Raw: the test is about the cookie header.
     let response = server
-        .client
+        .http
         .post(format!("{}/auth/logout", server.base))
-        .bearer_auth(&token)
+        .bearer_auth(admin.token().unwrap())
         .send()
         .await
         .unwrap();
@@ -227,17 +192,15 @@ async fn logout_ends_the_session_and_clears_the_cookie(engine: TestEngine) {
         cookie.starts_with("gantry_session=;") && cookie.contains("Max-Age=0"),
         "{cookie}"
     );
-    let (status, body) = server
-        .call(Method::GET, "/auth/me", Some(&token), None)
-        .await;
-    assert_error(status, &body, 401, "unauthorized");
+    expect_error(admin.me().await, 401, ErrorCode::Unauthorized);
     server.shutdown().await;
 }
 
 async fn session_cookie_authenticates(engine: TestEngine) {
     let server = TestServer::start(engine).await;
+    // Raw: the test is about the cookie header.
     let response = server
-        .client
+        .http
         .post(format!("{}/auth/login", server.base))
         .json(&json!({"username": "admin", "password": ADMIN_PASSWORD}))
         .send()
@@ -250,7 +213,7 @@ async fn session_cookie_authenticates(engine: TestEngine) {
     assert!(cookie.contains("HttpOnly"), "{cookie}");
     let pair = cookie.split(';').next().unwrap().to_string();
     let response = server
-        .client
+        .http
         .get(format!("{}/auth/me", server.base))
         .header("cookie", pair)
         .send()
@@ -262,12 +225,15 @@ async fn session_cookie_authenticates(engine: TestEngine) {
 
 async fn bad_input_answers_4xx_naming_the_problem(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    let token = Some(admin.as_str());
+    let admin = server.client();
+    let token = admin.token();
+    let token = token.as_deref();
+    // The raw bodies below start from a valid model.
+    let valid = || serde_json::to_value(tiny_model("m1", 1)).unwrap();
 
     // Malformed JSON → 400.
     let (status, body) = server
-        .call_raw(
+        .raw_bytes(
             Method::POST,
             "/api/v1/models",
             token,
@@ -275,11 +241,11 @@ async fn bad_input_answers_4xx_naming_the_problem(engine: TestEngine) {
             b"{\"name\": ".to_vec(),
         )
         .await;
-    assert!(assert_error(status, &body, 400, "invalid_request").contains("JSON"));
+    assert!(assert_raw_error(status, &body, 400, ErrorCode::InvalidRequest).contains("JSON"));
 
     // Not JSON at all → 415.
     let (status, body) = server
-        .call_raw(
+        .raw_bytes(
             Method::POST,
             "/api/v1/models",
             token,
@@ -287,296 +253,241 @@ async fn bad_input_answers_4xx_naming_the_problem(engine: TestEngine) {
             b"hello".to_vec(),
         )
         .await;
-    assert_error(status, &body, 415, "unsupported_media_type");
+    assert_raw_error(status, &body, 415, ErrorCode::UnsupportedMediaType);
 
     // Unknown field → 422 naming it.
-    let mut unknown = tiny_model("m1", 1);
+    let mut unknown = valid();
     unknown["replica"] = json!(3);
     let (status, body) = server
-        .call(Method::POST, "/api/v1/models", token, Some(unknown))
+        .raw(Method::POST, "/api/v1/models", token, Some(unknown))
         .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("replica"));
+    assert!(assert_raw_error(status, &body, 422, ErrorCode::ValidationFailed).contains("replica"));
 
     // Wrong type → 422 naming the field.
-    let mut wrong = tiny_model("m1", 1);
+    let mut wrong = valid();
     wrong["replicas"] = json!("two");
     let (status, body) = server
-        .call(Method::POST, "/api/v1/models", token, Some(wrong))
+        .raw(Method::POST, "/api/v1/models", token, Some(wrong))
         .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("replicas"));
+    assert!(assert_raw_error(status, &body, 422, ErrorCode::ValidationFailed).contains("replicas"));
+    let mut unknown_backend = valid();
+    unknown_backend["backend"] = json!("tensorrt");
+    let (status, body) = server
+        .raw(Method::POST, "/api/v1/models", token, Some(unknown_backend))
+        .await;
+    assert!(assert_raw_error(status, &body, 422, ErrorCode::ValidationFailed).contains("backend"));
 
     // Out of range → 422 naming the field.
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            token,
-            Some(tiny_model("m1", 5000)),
-        )
-        .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("replicas"));
-    let mut bad_name = tiny_model("Bad Name", 1);
-    bad_name["name"] = json!("Bad Name");
-    let (status, body) = server
-        .call(Method::POST, "/api/v1/models", token, Some(bad_name))
-        .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("name"));
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            token,
-            Some(json!({"name": "m1", "source": {"type": "local_path", "path": "relative"}, "backend": "llama.cpp"})),
-        )
-        .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("source.path"));
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            token,
-            Some(json!({"name": "m1", "source": {"type": "local_path", "path": "/m"}, "backend": "tensorrt"})),
-        )
-        .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("backend"));
+    let message = expect_error(
+        admin.create_model(&tiny_model("m1", 5000)).await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert!(message.contains("replicas"), "{message}");
+    let message = expect_error(
+        admin.create_model(&tiny_model("Bad Name", 1)).await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert!(message.contains("name"), "{message}");
+    let mut relative = tiny_model("m1", 1);
+    relative.source = ModelSource::LocalPath {
+        path: "relative".into(),
+    };
+    let message = expect_error(
+        admin.create_model(&relative).await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert!(message.contains("source.path"), "{message}");
 
     // Bad path parameter and query string → 400.
     let (status, body) = server
-        .call(Method::GET, "/api/v1/models/abc", token, None)
+        .raw(Method::GET, "/api/v1/models/abc", token, None)
         .await;
-    assert_error(status, &body, 400, "invalid_request");
+    assert_raw_error(status, &body, 400, ErrorCode::InvalidRequest);
+    let message = expect_error(
+        admin
+            .list_models(&ModelQuery {
+                per_page: Some(0),
+                ..ModelQuery::default()
+            })
+            .await,
+        400,
+        ErrorCode::InvalidRequest,
+    );
+    assert!(message.contains("per_page"), "{message}");
     let (status, body) = server
-        .call(Method::GET, "/api/v1/models?per_page=0", token, None)
+        .raw(Method::GET, "/api/v1/models?colour=red", token, None)
         .await;
-    assert!(assert_error(status, &body, 400, "invalid_request").contains("per_page"));
+    assert!(assert_raw_error(status, &body, 400, ErrorCode::InvalidRequest).contains("colour"));
     let (status, body) = server
-        .call(Method::GET, "/api/v1/models?colour=red", token, None)
-        .await;
-    assert!(assert_error(status, &body, 400, "invalid_request").contains("colour"));
-    let (status, body) = server
-        .call(
+        .raw(
             Method::GET,
             "/api/v1/model-instances?state=dancing",
             token,
             None,
         )
         .await;
-    assert_error(status, &body, 400, "invalid_request");
+    assert_raw_error(status, &body, 400, ErrorCode::InvalidRequest);
 
     // Unknown id → 404; unknown route → 404; wrong method → 405.
+    let message = expect_error(admin.get_model(999).await, 404, ErrorCode::NotFound);
+    assert!(message.contains("999"), "{message}");
     let (status, body) = server
-        .call(Method::GET, "/api/v1/models/999", token, None)
+        .raw(Method::GET, "/api/v1/nothing-here", token, None)
         .await;
-    assert!(assert_error(status, &body, 404, "not_found").contains("999"));
-    let (status, body) = server
-        .call(Method::GET, "/api/v1/nothing-here", token, None)
-        .await;
-    assert_error(status, &body, 404, "not_found");
-    let (status, body) = server
-        .call(Method::PUT, "/api/v1/models", token, None)
-        .await;
-    assert_error(status, &body, 405, "method_not_allowed");
+    assert_raw_error(status, &body, 404, ErrorCode::NotFound);
+    let (status, body) = server.raw(Method::PUT, "/api/v1/models", token, None).await;
+    assert_raw_error(status, &body, 405, ErrorCode::MethodNotAllowed);
 
     // Duplicate name → 409, and the stored model is untouched.
-    let (status, original) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            token,
-            Some(tiny_model("m1", 1)),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED);
+    let original = admin.create_model(&tiny_model("m1", 1)).await.unwrap();
     let mut clash = tiny_model("m1", 3);
-    clash["description"] = json!("impostor");
-    let (status, body) = server
-        .call(Method::POST, "/api/v1/models", token, Some(clash))
-        .await;
-    assert!(assert_error(status, &body, 409, "conflict").contains("m1"));
-    let (_, stored) = server
-        .call(
-            Method::GET,
-            &format!("/api/v1/models/{}", original["id"]),
-            token,
-            None,
-        )
-        .await;
-    assert_eq!(stored, original);
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/users",
-            token,
-            Some(json!({"username": "admin", "password": "whatever-123"})),
-        )
-        .await;
-    assert_error(status, &body, 409, "conflict");
+    clash.description = "impostor".into();
+    let message = expect_error(admin.create_model(&clash).await, 409, ErrorCode::Conflict);
+    assert!(message.contains("m1"), "{message}");
+    assert_eq!(admin.get_model(original.id).await.unwrap(), original);
+    expect_error(
+        admin.create_user(&user("admin", "whatever-123")).await,
+        409,
+        ErrorCode::Conflict,
+    );
 
     // A rejected update leaves the model as it was.
     let (status, body) = server
-        .call(
+        .raw(
             Method::PATCH,
-            &format!("/api/v1/models/{}", original["id"]),
+            &format!("/api/v1/models/{}", original.id),
             token,
             Some(json!({"replicas": -1})),
         )
         .await;
-    assert!(assert_error(status, &body, 422, "validation_failed").contains("replicas"));
-    let (_, stored) = server
-        .call(
-            Method::GET,
-            &format!("/api/v1/models/{}", original["id"]),
-            token,
-            None,
-        )
-        .await;
-    assert_eq!(stored, original);
+    assert!(assert_raw_error(status, &body, 422, ErrorCode::ValidationFailed).contains("replicas"));
+    assert_eq!(admin.get_model(original.id).await.unwrap(), original);
 
     // Over the body limit → 413.
     let mut huge = tiny_model("m2", 1);
-    huge["description"] = json!("x".repeat(2 * 1024 * 1024));
-    let (status, body) = server
-        .call(Method::POST, "/api/v1/models", token, Some(huge))
-        .await;
-    assert_error(status, &body, 413, "payload_too_large");
+    huge.description = "x".repeat(2 * 1024 * 1024);
+    expect_error(
+        admin.create_model(&huge).await,
+        413,
+        ErrorCode::PayloadTooLarge,
+    );
     server.shutdown().await;
 }
 
 async fn credentials_are_checked_and_roles_enforced(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
+    let admin = server.client();
+    let all_models = ModelQuery::default();
 
     // Missing and invalid credentials → 401.
-    let (status, body) = server.call(Method::GET, "/api/v1/models", None, None).await;
-    assert!(assert_error(status, &body, 401, "unauthorized").contains("Bearer"));
+    let message = expect_error(
+        server.anonymous().list_models(&all_models).await,
+        401,
+        ErrorCode::Unauthorized,
+    );
+    assert!(message.contains("Bearer"), "{message}");
     for bad in ["garbage", "gantry_abc_def", "gantryw_nope", "eyJ.eyJ.sig"] {
-        let (status, body) = server
-            .call(Method::GET, "/api/v1/models", Some(bad), None)
-            .await;
-        assert_error(status, &body, 401, "unauthorized");
+        expect_error(
+            server.client_for(bad).list_models(&all_models).await,
+            401,
+            ErrorCode::Unauthorized,
+        );
     }
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/auth/login",
-            None,
-            Some(json!({"username": "admin", "password": "not-the-password"})),
-        )
-        .await;
-    assert_error(status, &body, 401, "unauthorized");
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/auth/login",
-            None,
-            Some(json!({"username": "nobody", "password": "not-the-password"})),
-        )
-        .await;
-    assert_error(status, &body, 401, "unauthorized");
+    for (username, password) in [
+        ("admin", "not-the-password"),
+        ("nobody", "not-the-password"),
+    ] {
+        expect_error(
+            server.anonymous().login(username, password).await,
+            401,
+            ErrorCode::Unauthorized,
+        );
+    }
 
     // A plain user → 403 on admin endpoints, but manages their own keys.
-    server
-        .call(
-            Method::POST,
-            "/api/v1/users",
-            Some(&admin),
-            Some(json!({"username": "bob", "password": "bob-password"})),
-        )
-        .await;
+    admin
+        .create_user(&user("bob", "bob-password"))
+        .await
+        .unwrap();
     let bob = server.login("bob", "bob-password").await;
-    for (method, path, body) in [
-        (Method::POST, "/api/v1/models", Some(tiny_model("x", 1))),
-        (Method::GET, "/api/v1/users", None),
-        (Method::GET, "/api/v1/workers", None),
-        (Method::DELETE, "/api/v1/models/1", None),
-    ] {
-        let (status, response) = server.call(method, path, Some(&bob), body).await;
-        assert_error(status, &response, 403, "forbidden");
-    }
-    let (status, key) = server
-        .call(
-            Method::POST,
-            "/api/v1/api-keys",
-            Some(&bob),
-            Some(json!({"name": "bobs"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED);
-    let bob_key = key["key"].as_str().unwrap().to_string();
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            Some(&bob_key),
-            Some(tiny_model("x", 1)),
-        )
-        .await;
-    assert_error(status, &body, 403, "forbidden");
+    expect_error(
+        bob.create_model(&tiny_model("x", 1)).await,
+        403,
+        ErrorCode::Forbidden,
+    );
+    expect_error(
+        bob.list_users(&Default::default()).await,
+        403,
+        ErrorCode::Forbidden,
+    );
+    expect_error(
+        bob.list_workers(&Default::default()).await,
+        403,
+        ErrorCode::Forbidden,
+    );
+    expect_error(bob.delete_model(1).await, 403, ErrorCode::Forbidden);
+    let key = bob.create_api_key(&api_key("bobs")).await.unwrap();
+    let bob_key = server.client_for(&key.key);
+    expect_error(
+        bob_key.create_model(&tiny_model("x", 1)).await,
+        403,
+        ErrorCode::Forbidden,
+    );
 
     // Admins see every key; Bob sees only his and cannot ask for others'.
-    let (status, body) = server
-        .call(Method::GET, "/api/v1/api-keys?user_id=1", Some(&bob), None)
-        .await;
-    assert_error(status, &body, 403, "forbidden");
-    let (_, all) = server
-        .call(Method::GET, "/api/v1/api-keys", Some(&admin), None)
-        .await;
-    assert_eq!(all["pagination"]["total"], 1);
+    let others = ApiKeyQuery {
+        user_id: Some(1),
+        ..ApiKeyQuery::default()
+    };
+    expect_error(bob.list_api_keys(&others).await, 403, ErrorCode::Forbidden);
+    let all = admin.list_api_keys(&ApiKeyQuery::default()).await.unwrap();
+    assert_eq!(all.pagination.total, 1);
 
     // Deleting a key revokes it at once, even though it was just used (cached).
-    let key_id = key["id"].as_i64().unwrap();
-    let (status, _) = server
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/api-keys/{key_id}"),
-            Some(&bob),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let (status, body) = server
-        .call(Method::GET, "/api/v1/models", Some(&bob_key), None)
-        .await;
-    assert_error(status, &body, 401, "unauthorized");
+    bob.delete_api_key(key.api_key.id).await.unwrap();
+    expect_error(
+        bob_key.list_models(&all_models).await,
+        401,
+        ErrorCode::Unauthorized,
+    );
 
     // A worker credential may call worker endpoints only.
     let credential = "gantryw_testcredential0123456789";
-    server
-        .state()
-        .store
-        .create_worker(
-            "w1",
-            &Default::default(),
-            "127.0.0.1:1",
-            &Default::default(),
-            &gantry_server::auth::secrets::digest(credential),
-        )
-        .await
-        .unwrap();
-    for (method, path) in [
-        (Method::GET, "/api/v1/workers"),
-        (Method::GET, "/api/v1/users"),
-        (Method::DELETE, "/api/v1/models/1"),
-        (Method::GET, "/auth/me"),
-    ] {
-        let (status, body) = server.call(method, path, Some(credential), None).await;
-        assert!(assert_error(status, &body, 403, "forbidden").contains("worker"));
+    let digest = gantry_server::auth::secrets::digest(credential);
+    stored_worker(&server.state().store, "w1", &digest).await;
+    let worker = server.client_for(credential);
+    let refusals = [
+        expect_error(
+            worker.list_workers(&Default::default()).await,
+            403,
+            ErrorCode::Forbidden,
+        ),
+        expect_error(
+            worker.list_users(&Default::default()).await,
+            403,
+            ErrorCode::Forbidden,
+        ),
+        expect_error(worker.delete_model(1).await, 403, ErrorCode::Forbidden),
+        expect_error(worker.me().await, 403, ErrorCode::Forbidden),
+    ];
+    for message in refusals {
+        assert!(message.contains("worker"), "{message}");
     }
 
     // The last admin can be neither deleted nor demoted.
-    let (status, body) = server
-        .call(Method::DELETE, "/api/v1/users/1", Some(&admin), None)
-        .await;
-    assert_error(status, &body, 409, "conflict");
-    let (status, body) = server
-        .call(
-            Method::PATCH,
-            "/api/v1/users/1",
-            Some(&admin),
-            Some(json!({"role": "user"})),
-        )
-        .await;
-    assert_error(status, &body, 409, "conflict");
+    expect_error(admin.delete_user(1).await, 409, ErrorCode::Conflict);
+    let demote = UserUpdate {
+        role: Some(Role::User),
+        ..UserUpdate::default()
+    };
+    expect_error(
+        admin.update_user(1, &demote).await,
+        409,
+        ErrorCode::Conflict,
+    );
     server.shutdown().await;
 }
 
@@ -599,11 +510,36 @@ async fn expired_api_keys_are_refused(engine: TestEngine) {
         })
         .await
         .unwrap();
-    let (status, body) = server
-        .call(Method::GET, "/api/v1/models", Some(&full), None)
-        .await;
-    assert!(assert_error(status, &body, 401, "unauthorized").contains("expired"));
+    let message = expect_error(
+        server
+            .client_for(&full)
+            .list_models(&ModelQuery::default())
+            .await,
+        401,
+        ErrorCode::Unauthorized,
+    );
+    assert!(message.contains("expired"), "{message}");
     server.shutdown().await;
+}
+
+/// Reads an NDJSON answer as it comes until a line satisfies `want`, and returns it.
+async fn raw_line_until(response: &mut reqwest::Response, want: impl Fn(&Value) -> bool) -> Value {
+    let mut buffer = String::new();
+    loop {
+        while let Some(end) = buffer.find('\n') {
+            let line: Value = serde_json::from_str(&buffer[..end]).unwrap();
+            buffer.drain(..=end);
+            if want(&line) {
+                return line;
+            }
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+            .await
+            .expect("a line within 10 s")
+            .unwrap()
+            .expect("the stream is open");
+        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
 }
 
 async fn watch_streams_send_existing_then_live_events(engine: TestEngine) {
@@ -615,112 +551,76 @@ async fn watch_streams_send_existing_then_live_events(engine: TestEngine) {
         },
     )
     .await;
-    let admin = server.admin_token().await;
-    server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            Some(&admin),
-            Some(tiny_model("first", 0)),
-        )
-        .await;
-    let response = server
-        .client
+    let admin = server.client();
+    admin.create_model(&tiny_model("first", 0)).await.unwrap();
+    // Raw alongside: the content type, and the exact heartbeat line (below).
+    let mut raw = server
+        .http
         .get(format!("{}/api/v1/models?watch=true", server.base))
-        .bearer_auth(&admin)
+        .bearer_auth(admin.token().unwrap())
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
-    let mut lines = ndjson_lines(response);
-    let first = next_event(&mut lines).await;
-    assert_eq!(first["type"], "CREATED");
-    assert_eq!(first["object"]["name"], "first");
+    assert_eq!(raw.status(), StatusCode::OK);
+    assert_eq!(raw.headers()["content-type"], "application/x-ndjson");
 
-    let (_, second) = server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            Some(&admin),
-            Some(tiny_model("second", 0)),
-        )
-        .await;
-    let event = next_non_heartbeat(&mut lines).await;
-    assert_eq!(
-        (event["type"].as_str(), event["object"]["name"].as_str()),
-        (Some("CREATED"), Some("second"))
-    );
-    server
-        .call(
-            Method::PATCH,
-            &format!("/api/v1/models/{}", second["id"]),
-            Some(&admin),
-            Some(json!({"description": "changed"})),
-        )
-        .await;
-    let event = next_non_heartbeat(&mut lines).await;
-    assert_eq!(event["type"], "UPDATED");
-    assert_eq!(event["object"]["description"], "changed");
-    server
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/models/{}", second["id"]),
-            Some(&admin),
-            None,
-        )
-        .await;
-    let event = next_non_heartbeat(&mut lines).await;
-    assert_eq!(event["type"], "DELETED");
-    assert_eq!(event["object"]["name"], "second");
+    let mut events = admin.watch_models(&ModelQuery::default()).await.unwrap();
+    match next_event(&mut events).await {
+        WatchEvent::Created { object } => assert_eq!(object.name, "first"),
+        other => panic!("the existing model comes first: {other:?}"),
+    }
 
-    // An idle stream says it is alive.
-    let heartbeat = next_event(&mut lines).await;
-    assert_eq!(heartbeat["type"], "HEARTBEAT");
-    assert!(heartbeat.get("object").is_none());
+    let second = admin.create_model(&tiny_model("second", 0)).await.unwrap();
+    let (kind, model) = next_change(&mut events).await;
+    assert_eq!((kind, model.name.as_str()), (ChangeKind::Created, "second"));
+    let update = ModelUpdate {
+        description: Some("changed".into()),
+        ..ModelUpdate::default()
+    };
+    admin.update_model(second.id, &update).await.unwrap();
+    let (kind, model) = next_change(&mut events).await;
+    assert_eq!(kind, ChangeKind::Updated);
+    assert_eq!(model.description, "changed");
+    admin.delete_model(second.id).await.unwrap();
+    let (kind, model) = next_change(&mut events).await;
+    assert_eq!(kind, ChangeKind::Deleted);
+    assert_eq!(model.name, "second");
+
+    // An idle stream says it is alive, with a line that carries nothing else.
+    assert_eq!(next_event(&mut events).await, WatchEvent::Heartbeat);
+    let heartbeat = raw_line_until(&mut raw, |line| line["type"] == "HEARTBEAT").await;
+    assert!(heartbeat.get("object").is_none(), "{heartbeat}");
 
     // Filtered watches see only what matches.
-    let response = server
-        .client
-        .get(format!(
-            "{}/api/v1/model-instances?watch=true&state=running",
-            server.base
-        ))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .unwrap();
-    let mut instance_lines = ndjson_lines(response);
-    server
-        .call(
-            Method::POST,
-            "/api/v1/models",
-            Some(&admin),
-            Some(tiny_model("third", 1)),
-        )
-        .await;
-    let event = next_event(&mut instance_lines).await;
+    let running = InstanceQuery {
+        state: Some(InstanceState::Running),
+        ..InstanceQuery::default()
+    };
+    let mut instance_events = admin.watch_instances(&running).await.unwrap();
+    admin.create_model(&tiny_model("third", 1)).await.unwrap();
+    let event = next_event(&mut instance_events).await;
     assert_eq!(
-        event["type"], "HEARTBEAT",
-        "pending instances must not pass a state=running filter: {event}"
+        event,
+        WatchEvent::Heartbeat,
+        "pending instances must not pass a state=running filter: {event:?}"
     );
     server.shutdown().await;
 }
 
 async fn probes_and_openapi_are_served(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let (status, body) = server.call(Method::GET, "/healthz", None, None).await;
+    let (status, body) = server.raw(Method::GET, "/healthz", None, None).await;
     assert_eq!(
         (status, body["status"].as_str()),
         (StatusCode::OK, Some("ok"))
     );
-    let (status, body) = server.call(Method::GET, "/readyz", None, None).await;
+    let (status, body) = server.raw(Method::GET, "/readyz", None, None).await;
     assert_eq!(
         (status, body["status"].as_str()),
         (StatusCode::OK, Some("ready"))
     );
     let (status, spec) = server
-        .call(Method::GET, "/api/openapi.json", None, None)
+        .raw(Method::GET, "/api/openapi.json", None, None)
         .await;
     assert_eq!(status, StatusCode::OK);
     for path in [
@@ -737,7 +637,7 @@ async fn probes_and_openapi_are_served(engine: TestEngine) {
     }
     assert!(spec["components"]["schemas"].get("ModelCreate").is_some());
     let docs = server
-        .client
+        .http
         .get(format!("{}/docs", server.base))
         .send()
         .await

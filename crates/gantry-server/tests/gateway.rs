@@ -6,6 +6,11 @@
 //! Needs `GANTRY_LLAMA_SERVER` (scripts/build-llama-server.sh prints it) and, for the
 //! OpenAI-client test, `GANTRY_PYTHON` (scripts/python-env.sh prints it). scripts/test.sh
 //! sets both. Without them the tests fail with a message saying so; they never skip.
+//!
+//! The management API (models, placement, state reports, keys, usage) is called through
+//! the typed client. The gateway (`/v1/*`) and `/metrics` are called with raw HTTP: they
+//! are the OpenAI-compatible wire and Prometheus text, which the client does not cover,
+//! and the tests are about exactly those bytes.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,9 +20,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{Options, TestServer};
+use common::{
+    api_key, assert_raw_error, expect_error, model, simulated_worker, user, Options, TestServer,
+};
 use futures_util::StreamExt;
+use gantry_client::Client;
 use gantry_testkit::{test_both_engines, TestEngine};
+use gantry_types::usage::{UsageQuery, UsageReport};
+use gantry_types::{
+    ApiKeyQuery, ErrorCode, InstancePatch, InstanceState, InstanceStateReport, Timestamp,
+};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -134,9 +146,10 @@ impl Drop for LlamaServer {
 /// A server with an admin, an API key and a registered (simulated-GPU) worker.
 struct Cluster {
     server: TestServer,
-    admin: String,
+    /// The API key the gateway requests carry.
     key: String,
-    worker_credential: String,
+    /// The registered worker's client (its credential).
+    worker: Client,
     worker_id: i64,
     dir: tempfile::TempDir,
     model_file: PathBuf,
@@ -155,50 +168,27 @@ impl Cluster {
             },
         )
         .await;
-        let admin = server.admin_token().await;
-        let (status, created) = server
-            .call(
-                Method::POST,
-                "/api/v1/api-keys",
-                Some(&admin),
-                Some(json!({"name": "gateway-test"})),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{created}");
-        let key = created["key"].as_str().unwrap().to_string();
-
-        let token = server.registration_token();
-        let (status, registered) = server
-            .call(
-                Method::POST,
-                "/api/v1/workers/register",
-                Some(&token),
-                Some(json!({
-                    "name": "worker-1",
-                    "labels": {},
-                    "address": "127.0.0.1:1",
-                    "status": {"gpus": [{"index": 0, "name": "Simulated GPU", "uuid": "SIM-0",
-                        "memory_total": 85899345920u64, "memory_used": 0, "utilization": null,
-                        "temperature": null, "simulated": true}],
-                        "system": {"cpu_count": 2, "load_average": 0.1, "memory_total": 1,
-                        "memory_available": 1, "disk_free": 1, "os": "linux", "hostname": "w1"},
-                        "backends": ["llama.cpp"]},
-                })),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{registered}");
+        let created = server
+            .client()
+            .create_api_key(&api_key("gateway-test"))
+            .await
+            .unwrap();
+        let (worker, worker_client) = server.register(&simulated_worker("worker-1", 1)).await;
         let dir = tempfile::tempdir().unwrap();
         let model_file = dir.path().join("tiny-llama.gguf");
         gantry_gguf::write_tiny_llama(&model_file).unwrap();
         Self {
-            admin,
-            key,
-            worker_credential: registered["credential"].as_str().unwrap().to_string(),
-            worker_id: registered["worker"]["id"].as_i64().unwrap(),
+            key: created.key,
+            worker: worker_client,
+            worker_id: worker.id,
             server,
             dir,
             model_file,
         }
+    }
+
+    fn admin(&self) -> &Client {
+        self.server.client()
     }
 
     async fn llama_server(&self) -> LlamaServer {
@@ -208,55 +198,36 @@ impl Cluster {
     /// Creates a model with one replica per address, places each replica on the worker
     /// and reports it `running` there. An empty list leaves one replica pending.
     async fn deploy(&self, name: &str, addresses: &[String]) -> Vec<i64> {
-        let (status, model) = self
+        let count = addresses.len().max(1);
+        let path = self.model_file.display().to_string();
+        let replicas = u32::try_from(count).unwrap();
+        let created = self
+            .admin()
+            .create_model(&model(name, &path, replicas))
+            .await
+            .unwrap();
+        let ids: Vec<i64> = self
             .server
-            .call(
-                Method::POST,
-                "/api/v1/models",
-                Some(&self.admin),
-                Some(json!({
-                    "name": name,
-                    "source": {"type": "local_path", "path": self.model_file.display().to_string()},
-                    "backend": "llama.cpp",
-                    "replicas": addresses.len().max(1),
-                })),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{model}");
-        let count = u64::try_from(addresses.len().max(1)).unwrap();
-        let instances = self
-            .server
-            .instances_of(&self.admin, model["id"].as_i64().unwrap(), count)
-            .await;
-        let ids: Vec<i64> = instances["items"]
-            .as_array()
-            .unwrap()
+            .instances_of(created.id, count)
+            .await
             .iter()
-            .map(|i| i["id"].as_i64().unwrap())
+            .map(|instance| instance.id)
             .collect();
-        assert_eq!(ids.len(), addresses.len().max(1), "{instances}");
         for (id, address) in ids.iter().zip(addresses) {
-            let (status, body) = self
-                .server
-                .call(
-                    Method::PATCH,
-                    &format!("/api/v1/model-instances/{id}"),
-                    Some(&self.admin),
-                    Some(json!({"worker_id": self.worker_id, "gpu_indexes": [0]})),
-                )
-                .await;
-            assert_eq!(status, StatusCode::OK, "{body}");
+            let patch = InstancePatch {
+                worker_id: Some(Some(self.worker_id)),
+                gpu_indexes: Some(vec![0]),
+            };
+            self.admin().place_instance(*id, &patch).await.unwrap();
             let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
-            let (status, body) = self
-                .server
-                .call(
-                    Method::POST,
-                    &format!("/api/v1/worker/instances/{id}/state"),
-                    Some(&self.worker_credential),
-                    Some(json!({"state": "running", "port": port, "address": address})),
-                )
-                .await;
-            assert_eq!(status, StatusCode::OK, "{body}");
+            let running = InstanceStateReport {
+                state: InstanceState::Running,
+                state_message: String::new(),
+                port: Some(port),
+                address: Some(address.clone()),
+                restart_count: 0,
+            };
+            self.worker.report_state(*id, &running).await.unwrap();
         }
         if !addresses.is_empty() {
             self.wait_routable(name, addresses.len()).await;
@@ -268,19 +239,45 @@ impl Cluster {
     /// table follows the store's change feed asynchronously).
     async fn wait_routable(&self, model: &str, count: usize) {
         let want = format!("gantry_gateway_routable_instances{{model=\"{model}\"}} {count}");
-        for _ in 0..200 {
-            if self.metrics().await.lines().any(|l| l == want) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the gateway never routed to {count} instances of {model}");
+        self.metrics_until(&format!("routes to {count} instances of {model}"), |text| {
+            text.lines().any(|l| l == want)
+        })
+        .await;
+    }
+
+    /// The metrics once `done` holds for them (within 5 s): for what the gateway does
+    /// asynchronously, such as following the change feed or ending a request.
+    async fn metrics_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        gantry_testkit::eventually(
+            &format!("the metrics to show that the gateway {what}"),
+            Duration::from_secs(5),
+            Duration::from_millis(25),
+            || async { Ok::<_, std::convert::Infallible>(self.metrics().await) },
+            |text: &String| done(text),
+            String::new,
+        )
+        .await
+    }
+
+    /// Waits until no request is in flight, and asserts that none is on `instance` of
+    /// `model` either; returns the metrics.
+    async fn wait_idle(&self, model: &str, instance: &str) -> String {
+        let text = self
+            .metrics_until("has no request in flight", |text| {
+                metric(text, "gantry_gateway_requests_in_flight") == 0.0
+            })
+            .await;
+        let series = format!(
+            "gantry_gateway_instance_requests_in_flight{{model=\"{model}\",instance=\"{instance}\"}}"
+        );
+        assert_eq!(metric(&text, &series), 0.0, "{text}");
+        text
     }
 
     async fn metrics(&self) -> String {
         let response = self
             .server
-            .client
+            .http
             .get(format!("{}/metrics", self.server.base))
             .send()
             .await
@@ -298,7 +295,7 @@ impl Cluster {
     ) -> (StatusCode, Option<String>, Value) {
         let mut request = self
             .server
-            .client
+            .http
             .post(format!("{}{path}", self.server.base))
             .json(&body);
         if let Some(key) = key {
@@ -324,28 +321,17 @@ impl Cluster {
         .await
     }
 
-    /// The usage report, polled until `done` holds (usage is flushed about once a
-    /// second).
-    async fn usage_until(&self, token: &str, query: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let mut last = Value::Null;
-        for _ in 0..100 {
-            let (status, report) = self
-                .server
-                .call(
-                    Method::GET,
-                    &format!("/api/v1/usage{query}"),
-                    Some(token),
-                    None,
-                )
-                .await;
-            assert_eq!(status, StatusCode::OK, "{report}");
-            if done(&report) {
-                return report;
-            }
-            last = report;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("usage never reached the expected state; last report: {last}");
+    /// The usage report `client` may see, polled until `done` holds (usage is flushed
+    /// about once a second).
+    async fn usage_until(
+        &self,
+        client: &Client,
+        query: &UsageQuery,
+        done: impl Fn(&UsageReport) -> bool,
+    ) -> UsageReport {
+        self.server
+            .wait_for("the usage report", || client.usage(query), done)
+            .await
     }
 }
 
@@ -383,16 +369,8 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngi
     let cluster = Cluster::start(engine).await;
     let backend = cluster.llama_server().await;
     let instances = cluster.deploy("tiny", &[backend.address()]).await;
-    let (_, instance) = cluster
-        .server
-        .call(
-            Method::GET,
-            &format!("/api/v1/model-instances/{}", instances[0]),
-            Some(&cluster.admin),
-            None,
-        )
-        .await;
-    let instance_name = instance["name"].as_str().unwrap().to_string();
+    let admin = cluster.admin();
+    let instance_name = admin.get_instance(instances[0]).await.unwrap().name;
 
     let mut prompt_tokens = 0;
     let mut completion_tokens = 0;
@@ -421,72 +399,56 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngi
     completion_tokens += reply["usage"]["completion_tokens"].as_u64().unwrap();
 
     // Usage per model and per key, exactly what the backend reported.
-    let (_, keys) = cluster
-        .server
-        .call(Method::GET, "/api/v1/api-keys", Some(&cluster.admin), None)
-        .await;
-    let key_id = keys["items"][0]["id"].as_i64().unwrap();
+    let keys = admin.list_api_keys(&ApiKeyQuery::default()).await.unwrap();
+    let key_id = keys.items[0].id;
+    let tiny = UsageQuery {
+        model: Some("tiny".into()),
+        ..UsageQuery::default()
+    };
     let report = cluster
-        .usage_until(&cluster.admin, "?model=tiny", |r| {
-            r["total"]["requests"] == 4
-        })
+        .usage_until(admin, &tiny, |r| r.total.requests == 4)
         .await;
-    assert_eq!(report["total"]["prompt_tokens"], prompt_tokens, "{report}");
+    assert_eq!(report.total.prompt_tokens, prompt_tokens, "{report:?}");
     assert_eq!(
-        report["total"]["completion_tokens"], completion_tokens,
-        "{report}"
+        report.total.completion_tokens, completion_tokens,
+        "{report:?}"
     );
     assert_eq!(
-        report["total"]["total_tokens"],
+        report.total.total_tokens,
         prompt_tokens + completion_tokens,
-        "{report}"
+        "{report:?}"
     );
-    assert_eq!(report["models"][0]["model"], "tiny");
-    assert_eq!(report["api_keys"][0]["api_key_id"], key_id, "{report}");
-    assert_eq!(report["api_keys"][0]["requests"], 4, "{report}");
+    assert_eq!(report.models[0].model, "tiny");
+    assert_eq!(report.api_keys[0].api_key_id, Some(key_id), "{report:?}");
+    assert_eq!(report.api_keys[0].requests, 4, "{report:?}");
 
     // A session token works too, booked without a key.
     let (status, _, _) = cluster
         .post(
             "/v1/chat/completions",
-            Some(&cluster.admin),
+            admin.token().as_deref(),
             json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
         )
         .await;
     assert_eq!(status, StatusCode::OK);
+    let everything = UsageQuery::default();
     let report = cluster
-        .usage_until(&cluster.admin, "", |r| r["total"]["requests"] == 5)
+        .usage_until(admin, &everything, |r| r.total.requests == 5)
         .await;
-    let session_row = report["api_keys"]
-        .as_array()
-        .unwrap()
+    let session_row = report
+        .api_keys
         .iter()
-        .find(|row| row["api_key_id"].is_null())
-        .unwrap_or_else(|| panic!("no session-token row: {report}"));
-    assert_eq!(session_row["requests"], 1);
+        .find(|row| row.api_key_id.is_none())
+        .unwrap_or_else(|| panic!("no session-token row: {report:?}"));
+    assert_eq!(session_row.requests, 1);
 
     // A user sees only their own usage; filters by key and time narrow the report.
-    let (status, _) = cluster
-        .server
-        .call(
-            Method::POST,
-            "/api/v1/users",
-            Some(&cluster.admin),
-            Some(json!({"username": "alice", "password": "alice-password-1"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED);
+    admin
+        .create_user(&user("alice", "alice-password-1"))
+        .await
+        .unwrap();
     let alice = cluster.server.login("alice", "alice-password-1").await;
-    let (_, alice_key) = cluster
-        .server
-        .call(
-            Method::POST,
-            "/api/v1/api-keys",
-            Some(&alice),
-            Some(json!({"name": "mine"})),
-        )
-        .await;
-    let alice_key = alice_key["key"].as_str().unwrap().to_string();
+    let alice_key = alice.create_api_key(&api_key("mine")).await.unwrap().key;
     let (status, _, _) = cluster
         .post(
             "/v1/chat/completions",
@@ -496,38 +458,41 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngi
         .await;
     assert_eq!(status, StatusCode::OK);
     let report = cluster
-        .usage_until(&alice, "", |r| r["total"]["requests"] == 1)
+        .usage_until(&alice, &everything, |r| r.total.requests == 1)
         .await;
-    assert_eq!(report["api_keys"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(report.api_keys.len(), 1, "{report:?}");
+    let admins = UsageQuery {
+        user_id: Some(1),
+        ..UsageQuery::default()
+    };
+    expect_error(alice.usage(&admins).await, 403, ErrorCode::Forbidden);
+    let by_key = UsageQuery {
+        api_key_id: Some(key_id),
+        ..UsageQuery::default()
+    };
+    let report = cluster
+        .usage_until(admin, &by_key, |r| r.total.requests == 4)
+        .await;
+    assert_eq!(report.api_keys.len(), 1, "{report:?}");
+    // 2000-01-01T00:00:00Z to 2000-01-02T00:00:00Z.
+    let long_ago = UsageQuery {
+        from: Some(Timestamp::from_millis(946_684_800_000)),
+        to: Some(Timestamp::from_millis(946_771_200_000)),
+        ..UsageQuery::default()
+    };
+    let report = admin.usage(&long_ago).await.unwrap();
+    assert_eq!(report.total.requests, 0, "{report:?}");
+    // Raw: a time the typed query cannot hold.
     let (status, body) = cluster
         .server
-        .call(Method::GET, "/api/v1/usage?user_id=1", Some(&alice), None)
-        .await;
-    common::assert_error(status, &body, 403, "forbidden");
-    let report = cluster
-        .usage_until(&cluster.admin, &format!("?api_key_id={key_id}"), |r| {
-            r["total"]["requests"] == 4
-        })
-        .await;
-    assert_eq!(report["api_keys"].as_array().unwrap().len(), 1, "{report}");
-    let report = cluster
-        .usage_until(
-            &cluster.admin,
-            "?from=2000-01-01T00:00:00Z&to=2000-01-02T00:00:00Z",
-            |_| true,
-        )
-        .await;
-    assert_eq!(report["total"]["requests"], 0, "{report}");
-    let (status, body) = cluster
-        .server
-        .call(
+        .raw(
             Method::GET,
             "/api/v1/usage?from=yesterday",
-            Some(&cluster.admin),
+            admin.token().as_deref(),
             None,
         )
         .await;
-    common::assert_error(status, &body, 400, "invalid_request");
+    assert_raw_error(status, &body, 400, ErrorCode::InvalidRequest);
 
     // The counters moved.
     let text = cluster.metrics().await;
@@ -615,15 +580,17 @@ async fn streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked(engine: Tes
     let cluster = Cluster::start(engine).await;
     let backend = cluster.llama_server().await;
     cluster.deploy("tiny", &[backend.address()]).await;
+    // Greedy decoding: sampled from the tiny random model, the few tokens can all be
+    // partial UTF-8, which streams as no content at all (a single final chunk).
     let stream = |include_usage: Option<bool>| {
         let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 6, "stream": true});
+            "max_tokens": 6, "stream": true, "temperature": 0});
         if let Some(include_usage) = include_usage {
             body["stream_options"] = json!({"include_usage": include_usage});
         }
         cluster
             .server
-            .client
+            .http
             .post(format!("{}/v1/chat/completions", cluster.server.base))
             .bearer_auth(&cluster.key)
             .json(&body)
@@ -655,9 +622,10 @@ async fn streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked(engine: Tes
         assert!(chunk.get("usage").is_none_or(Value::is_null), "{chunk}");
     }
     // …and the usage was still booked.
+    let everything = UsageQuery::default();
     cluster
-        .usage_until(&cluster.admin, "", |r| {
-            r["total"]["requests"] == 1 && r["total"]["completion_tokens"].as_u64() > Some(0)
+        .usage_until(cluster.admin(), &everything, |r| {
+            r.total.requests == 1 && r.total.completion_tokens > 0
         })
         .await;
 
@@ -675,7 +643,7 @@ async fn streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked(engine: Tes
     let completion_tokens = usage_chunk["usage"]["completion_tokens"].as_u64().unwrap();
     assert!(completion_tokens > 0);
     cluster
-        .usage_until(&cluster.admin, "", |r| r["total"]["requests"] == 3)
+        .usage_until(cluster.admin(), &everything, |r| r.total.requests == 3)
         .await;
 
     drop(backend);
@@ -800,41 +768,29 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
     let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]});
 
     // No key, a wrong key, a worker credential.
-    let (status, _, body) = cluster
-        .post("/v1/chat/completions", None, chat.clone())
-        .await;
-    assert_openai_error(
-        status,
-        &body,
-        401,
-        "invalid_request_error",
-        "invalid_api_key",
-    );
-    let (status, _, body) = cluster
-        .post(
-            "/v1/chat/completions",
-            Some("gantry_nope_nope"),
-            chat.clone(),
-        )
-        .await;
-    assert_openai_error(
-        status,
-        &body,
-        401,
-        "invalid_request_error",
-        "invalid_api_key",
-    );
+    for key in [None, Some("gantry_nope_nope")] {
+        let (status, _, body) = cluster
+            .post("/v1/chat/completions", key, chat.clone())
+            .await;
+        assert_openai_error(
+            status,
+            &body,
+            401,
+            "invalid_request_error",
+            "invalid_api_key",
+        );
+    }
     let (status, _, body) = cluster
         .post(
             "/v1/chat/completions",
-            Some(&cluster.worker_credential),
+            cluster.worker.token().as_deref(),
             chat.clone(),
         )
         .await;
     assert_openai_error(status, &body, 403, "permission_error", "forbidden");
     let response = cluster
         .server
-        .client
+        .http
         .get(format!("{}/v1/models", cluster.server.base))
         .send()
         .await
@@ -853,7 +809,7 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
     assert_eq!(error["param"], "model");
     let (status, body) = cluster
         .server
-        .call_raw(
+        .raw_bytes(
             Method::POST,
             "/v1/chat/completions",
             Some(&cluster.key),
@@ -917,7 +873,7 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
     // /v1/models lists only models with a running instance.
     let response = cluster
         .server
-        .client
+        .http
         .get(format!("{}/v1/models", cluster.server.base))
         .bearer_auth(&cluster.key)
         .send()
@@ -939,44 +895,35 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
 
     // A deleted API key stops working at once (the gateway remembers accepted keys
     // for a moment, and forgets them on the change).
-    let (_, second) = cluster
-        .server
-        .call(
-            Method::POST,
-            "/api/v1/api-keys",
-            Some(&cluster.admin),
-            Some(json!({"name": "short-lived"})),
-        )
-        .await;
-    let second_key = second["key"].as_str().unwrap().to_string();
+    let second = cluster
+        .admin()
+        .create_api_key(&api_key("short-lived"))
+        .await
+        .unwrap();
+    let second_key = second.key.clone();
     let models = |key: String| {
         let request = cluster
             .server
-            .client
+            .http
             .get(format!("{}/v1/models", cluster.server.base))
             .bearer_auth(key);
         async move { request.send().await.unwrap().status() }
     };
     assert_eq!(models(second_key.clone()).await, StatusCode::OK);
-    let (status, _) = cluster
-        .server
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/api-keys/{}", second["id"]),
-            Some(&cluster.admin),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let mut after_delete = StatusCode::OK;
-    for _ in 0..50 {
-        after_delete = models(second_key.clone()).await;
-        if after_delete == StatusCode::UNAUTHORIZED {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(after_delete, StatusCode::UNAUTHORIZED);
+    cluster
+        .admin()
+        .delete_api_key(second.api_key.id)
+        .await
+        .unwrap();
+    gantry_testkit::eventually(
+        "the gateway to refuse the deleted key",
+        Duration::from_secs(1),
+        Duration::from_millis(20),
+        || async { Ok::<_, std::convert::Infallible>(models(second_key.clone()).await) },
+        |status| *status == StatusCode::UNAUTHORIZED,
+        String::new,
+    )
+    .await;
 
     // Unknown gateway paths and wrong methods keep the shape too.
     let (status, _, body) = cluster
@@ -985,7 +932,7 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
     assert_openai_error(status, &body, 404, "invalid_request_error", "unknown_url");
     let response = cluster
         .server
-        .client
+        .http
         .get(format!("{}/v1/chat/completions", cluster.server.base))
         .send()
         .await
@@ -1090,7 +1037,7 @@ async fn a_client_disconnect_cancels_the_upstream_request(engine: TestEngine) {
     cluster.deploy("slow", &[address]).await;
     let response = cluster
         .server
-        .client
+        .http
         .post(format!("{}/v1/chat/completions", cluster.server.base))
         .bearer_auth(&cluster.key)
         .json(&json!({"model": "slow", "messages": [], "stream": true}))
@@ -1127,27 +1074,7 @@ async fn a_client_disconnect_cancels_the_upstream_request(engine: TestEngine) {
         .await
         .expect("the backend connection is closed when the client disconnects")
         .unwrap();
-    let mut text = String::new();
-    for _ in 0..100 {
-        text = cluster.metrics().await;
-        if metric(&text, "gantry_gateway_requests_in_flight") == 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        metric(&text, "gantry_gateway_requests_in_flight"),
-        0.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "gantry_gateway_instance_requests_in_flight{model=\"slow\",instance=\"slow-0\"}"
-        ),
-        0.0,
-        "{text}"
-    );
+    let text = cluster.wait_idle("slow", "slow-0").await;
     assert_eq!(
         metric(
             &text,
@@ -1166,7 +1093,7 @@ async fn a_client_disconnect_before_the_answer_cancels_the_upstream_request(engi
     // The client gives up while the gateway still waits for the response head.
     let result = cluster
         .server
-        .client
+        .http
         .post(format!("{}/v1/chat/completions", cluster.server.base))
         .bearer_auth(&cluster.key)
         .timeout(Duration::from_millis(500))
@@ -1178,27 +1105,7 @@ async fn a_client_disconnect_before_the_answer_cancels_the_upstream_request(engi
         .await
         .expect("the backend connection is closed when the client gives up")
         .unwrap();
-    let mut text = String::new();
-    for _ in 0..100 {
-        text = cluster.metrics().await;
-        if metric(&text, "gantry_gateway_requests_in_flight") == 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        metric(&text, "gantry_gateway_requests_in_flight"),
-        0.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "gantry_gateway_instance_requests_in_flight{model=\"mute\",instance=\"mute-0\"}"
-        ),
-        0.0,
-        "{text}"
-    );
+    cluster.wait_idle("mute", "mute-0").await;
     cluster.server.shutdown().await;
 }
 

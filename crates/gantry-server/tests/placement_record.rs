@@ -6,18 +6,9 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
-use common::TestServer;
-use gantry_client::Client;
+use common::{simulated_worker, TestServer};
 use gantry_testkit::{test_both_engines, TestEngine};
-use gantry_types::{
-    BackendKind, GpuDevice, InstanceQuery, InstanceState, InstanceStateReport, ModelCreate,
-    ModelInstance, SystemInfo, WorkerRegister, WorkerStatus,
-};
-
-const GIB: u64 = 1 << 30;
+use gantry_types::{BackendKind, InstanceState, InstanceStateReport, ModelCreate};
 
 /// A `custom` model that declares one GPU with `gib` GiB, `replicas` times.
 fn declared(name: &str, gib: u64, replicas: u32) -> ModelCreate {
@@ -32,72 +23,22 @@ fn declared(name: &str, gib: u64, replicas: u32) -> ModelCreate {
     .unwrap()
 }
 
-async fn instances(client: &Client, model_id: i64) -> Vec<ModelInstance> {
-    let query = InstanceQuery {
-        model_id: Some(model_id),
-        ..InstanceQuery::default()
-    };
-    client.list_instances(&query).await.unwrap().items
-}
-
-/// Polls the model's instances until `done` holds (10 s at most).
-async fn wait(
-    client: &Client,
-    model_id: i64,
-    what: &str,
-    done: impl Fn(&[ModelInstance]) -> bool,
-) -> Vec<ModelInstance> {
-    let mut last = Vec::new();
-    for _ in 0..200 {
-        last = instances(client, model_id).await;
-        if done(&last) {
-            return last;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("instances never {what}: {last:#?}");
-}
-
 async fn an_undecodable_record_keeps_its_gpu_booked(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = Client::new(&server.base).with_token(server.admin_token().await);
+    let admin = server.client();
 
-    // One worker with one simulated 80 GiB GPU.
-    let registration = WorkerRegister {
-        name: "w1".into(),
-        labels: BTreeMap::new(),
-        address: "127.0.0.1:1".into(),
-        status: WorkerStatus {
-            gpus: vec![GpuDevice {
-                index: 0,
-                name: "Simulated GPU".into(),
-                uuid: "SIM-w1-0".into(),
-                memory_total: 80 * GIB,
-                memory_used: 0,
-                utilization: None,
-                temperature: None,
-                simulated: true,
-            }],
-            system: SystemInfo {
-                cpu_count: 8,
-                memory_total: 64 * GIB,
-                ..SystemInfo::default()
-            },
-            backends: vec!["custom".into()],
-        },
-    };
-    let (registered, _) = Client::new(&server.base)
-        .register_worker(&server.registration_token(), &registration)
-        .await
-        .unwrap();
-    let worker = Client::new(&server.base).with_token(registered.credential.unwrap());
+    // One worker with one simulated 80 GiB GPU that runs custom commands.
+    let mut registration = simulated_worker("w1", 1);
+    registration.status.backends = vec!["custom".into()];
+    let (registered, worker) = server.register(&registration).await;
 
     // Two instances of 30 GiB share the GPU: 20 GiB stay free.
     let a = admin.create_model(&declared("a", 30, 2)).await.unwrap();
-    let placed = wait(&admin, a.id, "both scheduled", |list| {
-        list.len() == 2 && list.iter().all(|i| i.state == InstanceState::Scheduled)
-    })
-    .await;
+    let placed = server
+        .wait_for_instances(a.id, "both scheduled", |list| {
+            list.len() == 2 && list.iter().all(|i| i.state == InstanceState::Scheduled)
+        })
+        .await;
     let report = |state: InstanceState| InstanceStateReport {
         state,
         state_message: String::new(),
@@ -127,12 +68,13 @@ async fn an_undecodable_record_keeps_its_gpu_booked(engine: TestEngine) {
     // 15 GiB would fit beside two 30 GiB instances; not when the one whose record cannot
     // be read keeps the whole GPU booked.
     let b = admin.create_model(&declared("b", 15, 1)).await.unwrap();
-    let pending = wait(&admin, b.id, "pending with a reason", |list| {
-        list.len() == 1
-            && list[0].state == InstanceState::Pending
-            && !list[0].state_message.is_empty()
-    })
-    .await;
+    let pending = server
+        .wait_for_instances(b.id, "pending with a reason", |list| {
+            list.len() == 1
+                && list[0].state == InstanceState::Pending
+                && !list[0].state_message.is_empty()
+        })
+        .await;
     assert!(
         pending[0].state_message.contains("GPU"),
         "{}",
@@ -158,7 +100,7 @@ async fn an_undecodable_record_keeps_its_gpu_booked(engine: TestEngine) {
         shown.placement, None,
         "the API shows no record it cannot read"
     );
-    assert_eq!(shown.worker_id, Some(registered.worker.id), "still placed");
+    assert_eq!(shown.worker_id, Some(registered.id), "still placed");
     assert_eq!(shown.state, InstanceState::Running);
 
     // Once the other instance serves, the roll moves the unreadable one through the
@@ -167,11 +109,12 @@ async fn an_undecodable_record_keeps_its_gpu_booked(engine: TestEngine) {
         .report_state(placed[1].id, &report(InstanceState::Running))
         .await
         .unwrap();
-    let healed = wait(&admin, a.id, "placed with a readable record", |list| {
-        list.iter()
-            .any(|i| i.id == damaged.id && i.placement.is_some())
-    })
-    .await;
+    let healed = server
+        .wait_for_instances(a.id, "placed with a readable record", |list| {
+            list.iter()
+                .any(|i| i.id == damaged.id && i.placement.is_some())
+        })
+        .await;
     let healed = healed.iter().find(|i| i.id == damaged.id).unwrap();
     assert_eq!(healed.state, InstanceState::Scheduled);
     server.shutdown().await;

@@ -10,49 +10,20 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{Options, TestServer};
+use common::{labels, model, simulated_worker, Options, TestServer};
+use gantry_client::Client;
 use gantry_testkit::{test_both_engines, TestEngine};
-use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use gantry_types::{
+    BackendKind, InstanceState, InstanceStateReport, ModelCreate, ModelInstance, ModelMemory,
+    ModelUpdate, PlacementKind, PlacementStrategy,
+};
 
-const GIB: u64 = 1 << 30;
-
-/// A worker registration with `gpus` simulated 80 GiB GPUs, 64 GiB of RAM, llama.cpp and
-/// vLLM.
-fn registration(name: &str, gpus: u32, labels: Value) -> Value {
-    let gpus: Vec<Value> = (0..gpus)
-        .map(|i| {
-            json!({"index": i, "name": "Simulated GPU", "uuid": format!("SIM-{name}-{i}"),
-                   "memory_total": 80 * GIB, "memory_used": 0, "utilization": null,
-                   "temperature": null, "simulated": true})
-        })
-        .collect();
-    json!({
-        "name": name,
-        "labels": labels,
-        "address": "127.0.0.1:1",
-        "status": {"gpus": gpus, "system": {"cpu_count": 8, "load_average": 0.1,
-            "memory_total": 64 * GIB, "memory_available": 60 * GIB, "disk_free": 100 * GIB,
-            "os": "linux", "hostname": name}, "backends": ["llama.cpp", "vllm"]},
-    })
-}
-
-/// Registers a worker; returns its id and credential.
-async fn register(server: &TestServer, name: &str, gpus: u32, labels: Value) -> (i64, String) {
-    let token = server.registration_token();
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/api/v1/workers/register",
-            Some(&token),
-            Some(registration(name, gpus, labels)),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    (
-        body["worker"]["id"].as_i64().unwrap(),
-        body["credential"].as_str().unwrap().to_string(),
-    )
+/// Registers a worker with `gpus` simulated 80 GiB GPUs and these labels; returns its
+/// client.
+async fn register(server: &TestServer, name: &str, gpus: u32, pairs: &[(&str, &str)]) -> Client {
+    let mut registration = simulated_worker(name, gpus);
+    registration.labels = labels(pairs);
+    server.register(&registration).await.1
 }
 
 /// Sends heartbeats for the workers every 100 ms until dropped.
@@ -64,14 +35,12 @@ impl Drop for KeepAlive {
     }
 }
 
-fn keep_alive(server: &TestServer, credentials: &[&str]) -> KeepAlive {
-    let client = server.client.clone();
-    let url = format!("{}/api/v1/worker/heartbeat", server.base);
-    let credentials: Vec<String> = credentials.iter().map(|c| (*c).to_string()).collect();
+fn keep_alive(workers: &[&Client]) -> KeepAlive {
+    let workers: Vec<Client> = workers.iter().map(|w| (*w).clone()).collect();
     KeepAlive(tokio::spawn(async move {
         loop {
-            for credential in &credentials {
-                let _ = client.post(&url).bearer_auth(credential).send().await;
+            for worker in &workers {
+                let _ = worker.heartbeat().await;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -103,131 +72,87 @@ fn huge_safetensors_dir(server: &TestServer) -> PathBuf {
     dir
 }
 
-async fn create_model(server: &TestServer, admin: &str, body: Value) -> i64 {
-    let (status, model) = server
-        .call(Method::POST, "/api/v1/models", Some(admin), Some(body))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{model}");
-    model["id"].as_i64().unwrap()
+async fn create_model(server: &TestServer, body: &ModelCreate) -> i64 {
+    server.client().create_model(body).await.unwrap().id
 }
 
-fn llama_model(name: &str, path: &Path, replicas: u32) -> Value {
-    json!({
-        "name": name,
-        "source": {"type": "local_path", "path": path.display().to_string()},
-        "backend": "llama.cpp",
-        "replicas": replicas,
-    })
+fn llama_model(name: &str, path: &Path, replicas: u32) -> ModelCreate {
+    model(name, &path.display().to_string(), replicas)
 }
 
-async fn instances_of(server: &TestServer, admin: &str, model_id: i64) -> Vec<Value> {
-    let (status, body) = server
-        .call(
-            Method::GET,
-            &format!("/api/v1/model-instances?model_id={model_id}"),
-            Some(admin),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body["items"].as_array().unwrap().clone()
-}
-
-/// Polls the model's instances until `done` holds for the list (10 s at most).
-async fn wait_for_instances(
-    server: &TestServer,
-    admin: &str,
-    model_id: i64,
-    what: &str,
-    done: impl Fn(&[Value]) -> bool,
-) -> Vec<Value> {
-    let mut last = Vec::new();
-    for _ in 0..200 {
-        last = instances_of(server, admin, model_id).await;
-        if done(&last) {
-            return last;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("instances never {what}: {last:#?}");
-}
-
-fn all_in(state: &'static str, count: usize) -> impl Fn(&[Value]) -> bool {
-    move |instances| instances.len() == count && instances.iter().all(|i| i["state"] == state)
+fn all_in(state: InstanceState, count: usize) -> impl Fn(&[ModelInstance]) -> bool {
+    move |instances| instances.len() == count && instances.iter().all(|i| i.state == state)
 }
 
 /// Waits until every instance is pending with a non-empty reason.
 async fn wait_pending_with_reason(
     server: &TestServer,
-    admin: &str,
     model_id: i64,
     count: usize,
-) -> Vec<Value> {
-    wait_for_instances(
-        server,
-        admin,
-        model_id,
-        "pending with a reason",
-        |instances| {
+) -> Vec<ModelInstance> {
+    server
+        .wait_for_instances(model_id, "pending with a reason", |instances| {
             instances.len() == count
-                && instances.iter().all(|i| {
-                    i["state"] == "pending" && !i["state_message"].as_str().unwrap().is_empty()
-                })
-        },
-    )
-    .await
+                && instances
+                    .iter()
+                    .all(|i| i.state == InstanceState::Pending && !i.state_message.is_empty())
+        })
+        .await
 }
 
-fn worker_names(instances: &[Value]) -> Vec<String> {
+/// Waits until the model has `count` instances, all scheduled.
+async fn wait_scheduled(server: &TestServer, model_id: i64, count: usize) -> Vec<ModelInstance> {
+    server
+        .wait_for_instances(
+            model_id,
+            &format!("{count} scheduled"),
+            all_in(InstanceState::Scheduled, count),
+        )
+        .await
+}
+
+fn worker_names(instances: &[ModelInstance]) -> Vec<String> {
     instances
         .iter()
-        .map(|i| i["worker_name"].as_str().unwrap_or("-").to_string())
+        .map(|i| i.worker_name.clone().unwrap_or_else(|| "-".into()))
         .collect()
 }
 
 async fn replicas_are_scheduled_on_simulated_gpus_spread_over_workers(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    register(&server, "w1", 2, json!({})).await;
-    register(&server, "w2", 2, json!({})).await;
+    register(&server, "w1", 2, &[]).await;
+    register(&server, "w2", 2, &[]).await;
     let path = tiny_gguf(&server);
-    let model_id = create_model(&server, &admin, llama_model("tiny", &path, 2)).await;
+    let model_id = create_model(&server, &llama_model("tiny", &path, 2)).await;
 
-    let instances = wait_for_instances(
-        &server,
-        &admin,
-        model_id,
-        "scheduled",
-        all_in("scheduled", 2),
-    )
-    .await;
+    let instances = wait_scheduled(&server, model_id, 2).await;
     let mut names = worker_names(&instances);
     names.sort();
     assert_eq!(names, ["w1", "w2"], "spread puts one on each worker");
     for instance in &instances {
-        assert_eq!(instance["gpu_indexes"], json!([0]), "{instance}");
-        let message = instance["state_message"].as_str().unwrap();
+        assert_eq!(instance.gpu_indexes, [0], "{instance:?}");
+        let message = &instance.state_message;
         assert!(
             message.contains("simulated GPU 0"),
             "the message says where, and that the GPU is simulated: {message}"
         );
-        let record = &instance["placement"];
-        let reservation = &record["reservation"];
+        let record = instance.placement.as_ref().unwrap();
+        let reservation = record.reservation.as_ref().unwrap();
         assert!(
-            reservation["claim"]["memory"]["Layers"].is_object(),
-            "{record}"
+            matches!(reservation.claim.memory, ModelMemory::Layers(_)),
+            "{record:?}"
         );
         assert_eq!(
-            reservation["placement"]["worker_name"],
-            instance["worker_name"]
+            Some(&reservation.placement.worker_name),
+            instance.worker_name.as_ref()
         );
-        assert_eq!(reservation["placement"]["kind"], "SingleGpu");
-        assert_eq!(record["launch"]["backend"], "llama.cpp");
+        assert_eq!(reservation.placement.kind, PlacementKind::SingleGpu);
+        assert_eq!(record.launch.backend, BackendKind::LlamaCpp);
         // The tiny model has 2 blocks (3 layers with the output) and a 256-token context.
         assert_eq!(
-            record["placement_args"],
-            json!(["--ctx-size", "256", "-ngl", "3"]),
-            "{record}"
+            record.placement_args,
+            ["--ctx-size", "256", "-ngl", "3"],
+            "{record:?}"
         );
     }
     server.shutdown().await;
@@ -235,59 +160,55 @@ async fn replicas_are_scheduled_on_simulated_gpus_spread_over_workers(engine: Te
 
 async fn binpack_packs_replicas_onto_one_worker(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    register(&server, "w1", 2, json!({})).await;
-    register(&server, "w2", 2, json!({})).await;
+    register(&server, "w1", 2, &[]).await;
+    register(&server, "w2", 2, &[]).await;
     let path = tiny_gguf(&server);
-    let mut body = llama_model("packed", &path, 2);
-    body["placement_strategy"] = json!("binpack");
-    let model_id = create_model(&server, &admin, body).await;
-    let instances = wait_for_instances(
-        &server,
-        &admin,
-        model_id,
-        "scheduled",
-        all_in("scheduled", 2),
-    )
-    .await;
+    let packed = ModelCreate {
+        placement_strategy: PlacementStrategy::Binpack,
+        ..llama_model("packed", &path, 2)
+    };
+    let model_id = create_model(&server, &packed).await;
+    let instances = wait_scheduled(&server, model_id, 2).await;
     assert_eq!(worker_names(&instances), ["w1", "w1"]);
     server.shutdown().await;
 }
 
 async fn models_too_large_for_any_worker_stay_pending_with_the_shortfall(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    register(&server, "w1", 2, json!({})).await;
+    register(&server, "w1", 2, &[]).await;
 
     // vLLM with 500 GB of weights: not even both 80 GiB GPUs together hold it.
     let dir = huge_safetensors_dir(&server);
-    let huge = create_model(
-        &server,
-        &admin,
-        json!({"name": "huge", "backend": "vllm", "replicas": 1,
-               "source": {"type": "local_path", "path": dir.display().to_string()}}),
-    )
-    .await;
-    let instances = wait_pending_with_reason(&server, &admin, huge, 1).await;
-    let message = instances[0]["state_message"].as_str().unwrap();
+    let huge = ModelCreate {
+        backend: BackendKind::Vllm,
+        ..llama_model("huge", &dir, 1)
+    };
+    let huge = create_model(&server, &huge).await;
+    let instances = wait_pending_with_reason(&server, huge, 1).await;
+    let message = &instances[0].state_message;
     assert!(
         message.starts_with("no ready worker has 1 GPU with 90% of memory free")
             && message.contains("2 GPUs")
             && message.contains("best: w1"),
         "the reason names what was needed and the closest worker: {message}"
     );
-    assert!(instances[0]["worker_id"].is_null());
-    assert!(instances[0]["computed_resource_claim"].is_null());
+    assert!(instances[0].worker_id.is_none());
+    assert!(
+        instances[0].placement.is_none(),
+        "nothing is reserved for an instance that does not fit"
+    );
 
     // llama.cpp with a 16M-token context and no CPU offload: the KV cache and compute
     // buffers exceed any GPU.
     let path = tiny_gguf(&server);
-    let mut body = llama_model("long", &path, 1);
-    body["backend_args"] = json!(["--ctx-size", "16777216"]);
-    body["cpu_offload"] = json!(false);
-    let long = create_model(&server, &admin, body).await;
-    let instances = wait_pending_with_reason(&server, &admin, long, 1).await;
-    let message = instances[0]["state_message"].as_str().unwrap();
+    let long = ModelCreate {
+        backend_args: vec!["--ctx-size".into(), "16777216".into()],
+        cpu_offload: false,
+        ..llama_model("long", &path, 1)
+    };
+    let long = create_model(&server, &long).await;
+    let instances = wait_pending_with_reason(&server, long, 1).await;
+    let message = &instances[0].state_message;
     assert!(
         message.starts_with("no ready worker has 1 GPU with") && message.contains("best: w1"),
         "{message}"
@@ -297,13 +218,12 @@ async fn models_too_large_for_any_worker_stay_pending_with_the_shortfall(engine:
 
 async fn a_missing_model_file_leaves_instances_pending_naming_the_path(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    register(&server, "w1", 1, json!({})).await;
+    register(&server, "w1", 1, &[]).await;
     let path = server.data_dir.path().join("not-there.gguf");
-    let model_id = create_model(&server, &admin, llama_model("ghost", &path, 2)).await;
-    let instances = wait_pending_with_reason(&server, &admin, model_id, 2).await;
+    let model_id = create_model(&server, &llama_model("ghost", &path, 2)).await;
+    let instances = wait_pending_with_reason(&server, model_id, 2).await;
     for instance in &instances {
-        let message = instance["state_message"].as_str().unwrap();
+        let message = &instance.state_message;
         assert!(
             message.contains(&path.display().to_string()) && message.contains("source.path"),
             "the message names the path and what to fix: {message}"
@@ -313,46 +233,41 @@ async fn a_missing_model_file_leaves_instances_pending_naming_the_path(engine: T
     // Once the file appears (and the model is touched, or the retry comes round), the
     // instances are placed.
     gantry_gguf::write_tiny_llama(&path).unwrap();
-    let (status, _) = server
-        .call(
-            Method::PATCH,
-            &format!("/api/v1/models/{model_id}"),
-            Some(&admin),
-            Some(json!({"description": "the file is there now"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    wait_for_instances(
-        &server,
-        &admin,
-        model_id,
-        "scheduled",
-        all_in("scheduled", 2),
-    )
-    .await;
+    let touch = ModelUpdate {
+        description: Some("the file is there now".into()),
+        ..ModelUpdate::default()
+    };
+    server
+        .client()
+        .update_model(model_id, &touch)
+        .await
+        .unwrap();
+    wait_scheduled(&server, model_id, 2).await;
     server.shutdown().await;
 }
 
 async fn worker_selectors_are_respected(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    register(&server, "wa", 1, json!({"zone": "a"})).await;
-    register(&server, "wb", 1, json!({"zone": "b"})).await;
+    register(&server, "wa", 1, &[("zone", "a")]).await;
+    register(&server, "wb", 1, &[("zone", "b")]).await;
     let path = tiny_gguf(&server);
 
-    let mut body = llama_model("in-b", &path, 2);
-    body["worker_selector"] = json!({"zone": "b"});
-    let in_b = create_model(&server, &admin, body).await;
-    let instances =
-        wait_for_instances(&server, &admin, in_b, "scheduled", all_in("scheduled", 2)).await;
+    let in_b = ModelCreate {
+        worker_selector: labels(&[("zone", "b")]),
+        ..llama_model("in-b", &path, 2)
+    };
+    let in_b = create_model(&server, &in_b).await;
+    let instances = wait_scheduled(&server, in_b, 2).await;
     assert_eq!(worker_names(&instances), ["wb", "wb"]);
 
-    let mut body = llama_model("in-c", &path, 1);
-    body["worker_selector"] = json!({"zone": "c"});
-    let in_c = create_model(&server, &admin, body).await;
-    let instances = wait_pending_with_reason(&server, &admin, in_c, 1).await;
+    let in_c = ModelCreate {
+        worker_selector: labels(&[("zone", "c")]),
+        ..llama_model("in-c", &path, 1)
+    };
+    let in_c = create_model(&server, &in_c).await;
+    let instances = wait_pending_with_reason(&server, in_c, 1).await;
     assert_eq!(
-        instances[0]["state_message"],
+        instances[0].state_message,
         "no worker matches selector zone=c"
     );
     server.shutdown().await;
@@ -360,75 +275,40 @@ async fn worker_selectors_are_respected(engine: TestEngine) {
 
 async fn replicas_follow_the_model_and_deleted_instances_are_replaced(engine: TestEngine) {
     let server = TestServer::start(engine).await;
-    let admin = server.admin_token().await;
-    register(&server, "w1", 2, json!({})).await;
+    let admin = server.client();
+    register(&server, "w1", 2, &[]).await;
     let path = tiny_gguf(&server);
-    let model_id = create_model(&server, &admin, llama_model("scaled", &path, 2)).await;
-    wait_for_instances(
-        &server,
-        &admin,
-        model_id,
-        "scheduled",
-        all_in("scheduled", 2),
-    )
-    .await;
+    let model_id = create_model(&server, &llama_model("scaled", &path, 2)).await;
+    wait_scheduled(&server, model_id, 2).await;
 
-    let patch = |replicas: u32| {
-        let server = &server;
-        let admin = admin.clone();
-        async move {
-            let (status, body) = server
-                .call(
-                    Method::PATCH,
-                    &format!("/api/v1/models/{model_id}"),
-                    Some(&admin),
-                    Some(json!({"replicas": replicas})),
-                )
-                .await;
-            assert_eq!(status, StatusCode::OK, "{body}");
-        }
+    let scale = |replicas: u32| async move {
+        let update = ModelUpdate {
+            replicas: Some(replicas),
+            ..ModelUpdate::default()
+        };
+        admin.update_model(model_id, &update).await.unwrap();
     };
-    patch(3).await;
-    wait_for_instances(
-        &server,
-        &admin,
-        model_id,
-        "scheduled",
-        all_in("scheduled", 3),
-    )
-    .await;
-    patch(1).await;
-    let instances = wait_for_instances(
-        &server,
-        &admin,
-        model_id,
-        "scaled down",
-        all_in("scheduled", 1),
-    )
-    .await;
+    scale(3).await;
+    wait_scheduled(&server, model_id, 3).await;
+    scale(1).await;
+    let instances = server
+        .wait_for_instances(model_id, "scaled down", all_in(InstanceState::Scheduled, 1))
+        .await;
 
     // An instance deleted on its own is replaced and placed again.
-    let old = instances[0]["id"].as_i64().unwrap();
-    let (status, _) = server
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/model-instances/{old}"),
-            Some(&admin),
-            None,
-        )
+    let old = instances[0].id;
+    admin.delete_instance(old).await.unwrap();
+    let instances = server
+        .wait_for_instances(model_id, "replaced", |instances| {
+            all_in(InstanceState::Scheduled, 1)(instances) && instances[0].id != old
+        })
         .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    let instances = wait_for_instances(&server, &admin, model_id, "replaced", |instances| {
-        all_in("scheduled", 1)(instances) && instances[0]["id"].as_i64() != Some(old)
-    })
-    .await;
-    assert_eq!(instances[0]["worker_name"], "w1");
+    assert_eq!(instances[0].worker_name.as_deref(), Some("w1"));
 
-    patch(0).await;
-    wait_for_instances(&server, &admin, model_id, "gone", |instances| {
-        instances.is_empty()
-    })
-    .await;
+    scale(0).await;
+    server
+        .wait_for_instances(model_id, "gone", |instances| instances.is_empty())
+        .await;
     server.shutdown().await;
 }
 
@@ -442,22 +322,23 @@ fn fast_health() -> Options {
     }
 }
 
+/// One instance, scheduled on `worker`.
+fn alone_on(worker: &'static str) -> impl Fn(&[ModelInstance]) -> bool {
+    move |instances| {
+        instances.len() == 1
+            && instances[0].state == InstanceState::Scheduled
+            && instances[0].worker_name.as_deref() == Some(worker)
+    }
+}
+
 async fn instances_of_an_unreachable_worker_move_to_another(engine: TestEngine) {
     let server = TestServer::start_with(engine, fast_health()).await;
-    let admin = server.admin_token().await;
-    let (_, cred1) = register(&server, "w1", 1, json!({})).await;
-    let (_, cred2) = register(&server, "w2", 1, json!({})).await;
-    let both = keep_alive(&server, &[&cred1, &cred2]);
+    let w1 = register(&server, "w1", 1, &[]).await;
+    let w2 = register(&server, "w2", 1, &[]).await;
+    let both = keep_alive(&[&w1, &w2]);
     let path = tiny_gguf(&server);
-    let model_id = create_model(&server, &admin, llama_model("mobile", &path, 1)).await;
-    let instances = wait_for_instances(
-        &server,
-        &admin,
-        model_id,
-        "scheduled",
-        all_in("scheduled", 1),
-    )
-    .await;
+    let model_id = create_model(&server, &llama_model("mobile", &path, 1)).await;
+    let instances = wait_scheduled(&server, model_id, 1).await;
     assert_eq!(
         worker_names(&instances),
         ["w1"],
@@ -466,18 +347,18 @@ async fn instances_of_an_unreachable_worker_move_to_another(engine: TestEngine) 
 
     // w1 goes silent; only w2 keeps sending heartbeats.
     drop(both);
-    let _w2 = keep_alive(&server, &[&cred2]);
-    let instances = wait_for_instances(&server, &admin, model_id, "moved to w2", |i| {
-        i.len() == 1 && i[0]["state"] == "scheduled" && i[0]["worker_name"] == "w2"
-    })
-    .await;
-    let message = instances[0]["state_message"].as_str().unwrap();
+    let _w2 = keep_alive(&[&w2]);
+    let instances = server
+        .wait_for_instances(model_id, "moved to w2", alone_on("w2"))
+        .await;
+    let message = &instances[0].state_message;
     assert!(
         message.contains("rescheduling after: worker w1 is unreachable"),
         "{message}"
     );
+    let record = instances[0].placement.as_ref().unwrap();
     assert_eq!(
-        instances[0]["placement"]["reservation"]["placement"]["worker_name"],
+        record.reservation.as_ref().unwrap().placement.worker_name,
         "w2"
     );
     server.shutdown().await;
@@ -485,50 +366,36 @@ async fn instances_of_an_unreachable_worker_move_to_another(engine: TestEngine) 
 
 async fn errored_instances_are_rescheduled_on_another_worker(engine: TestEngine) {
     let server = TestServer::start_with(engine, fast_health()).await;
-    let admin = server.admin_token().await;
-    let (_, cred1) = register(&server, "w1", 1, json!({})).await;
-    let (_, cred2) = register(&server, "w2", 1, json!({})).await;
-    let _alive = keep_alive(&server, &[&cred1, &cred2]);
+    let w1 = register(&server, "w1", 1, &[]).await;
+    let w2 = register(&server, "w2", 1, &[]).await;
+    let _alive = keep_alive(&[&w1, &w2]);
     let path = tiny_gguf(&server);
-    let model_id = create_model(&server, &admin, llama_model("flaky", &path, 1)).await;
-    let instances = wait_for_instances(
-        &server,
-        &admin,
-        model_id,
-        "scheduled",
-        all_in("scheduled", 1),
-    )
-    .await;
+    let model_id = create_model(&server, &llama_model("flaky", &path, 1)).await;
+    let instances = wait_scheduled(&server, model_id, 1).await;
     assert_eq!(worker_names(&instances), ["w1"]);
-    let id = instances[0]["id"].as_i64().unwrap();
+    let id = instances[0].id;
 
     // w1 gives up on it after its restart budget.
-    let (status, body) = server
-        .call(
-            Method::POST,
-            &format!("/api/v1/worker/instances/{id}/state"),
-            Some(&cred1),
-            Some(json!({"state": "error", "state_message": "llama-server exited 5 times"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let gave_up = InstanceStateReport {
+        state: InstanceState::Error,
+        state_message: "llama-server exited 5 times".into(),
+        port: None,
+        address: None,
+        restart_count: 0,
+    };
+    w1.report_state(id, &gave_up).await.unwrap();
     // Both workers are ready and equally empty, so spread alone would pick w1 again; the
     // rescheduled instance prefers the worker that did not give up on it.
-    let instances = wait_for_instances(&server, &admin, model_id, "moved to w2", |i| {
-        i.len() == 1 && i[0]["state"] == "scheduled" && i[0]["worker_name"] == "w2"
-    })
-    .await;
-    assert_eq!(
-        instances[0]["id"].as_i64(),
-        Some(id),
-        "the same instance moved"
-    );
-    let message = instances[0]["state_message"].as_str().unwrap();
+    let instances = server
+        .wait_for_instances(model_id, "moved to w2", alone_on("w2"))
+        .await;
+    assert_eq!(instances[0].id, id, "the same instance moved");
+    let message = &instances[0].state_message;
     assert!(
         message.contains("rescheduling after: llama-server exited 5 times"),
         "{message}"
     );
-    assert_eq!(instances[0]["restart_count"], 0);
+    assert_eq!(instances[0].restart_count, 0);
     server.shutdown().await;
 }
 

@@ -6,7 +6,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
+mod common;
+
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,30 +19,9 @@ use gantry_server::state::{AppState, Shared};
 use gantry_server::ServerConfig;
 use gantry_store::{InstanceFilter, Page, Store};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
-use gantry_types::{GpuDevice, InstanceState, ModelCreate, SystemInfo, WorkerStatus};
+use gantry_types::InstanceState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-fn worker_status() -> WorkerStatus {
-    WorkerStatus {
-        gpus: vec![GpuDevice {
-            index: 0,
-            name: "Simulated GPU".into(),
-            uuid: "SIM-0".into(),
-            memory_total: 80 << 30,
-            memory_used: 0,
-            utilization: None,
-            temperature: None,
-            simulated: true,
-        }],
-        system: SystemInfo {
-            cpu_count: 4,
-            memory_total: 64 << 30,
-            ..Default::default()
-        },
-        backends: vec!["llama.cpp".into()],
-    }
-}
 
 async fn states(store: &Store, model_id: i64) -> Vec<InstanceState> {
     let filter = InstanceFilter {
@@ -61,16 +42,7 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     gantry_gguf::write_tiny_llama(&path).unwrap();
-    store
-        .create_worker(
-            "w1",
-            &BTreeMap::new(),
-            "127.0.0.1:1",
-            &worker_status(),
-            "digest",
-        )
-        .await
-        .unwrap();
+    common::stored_worker(&store, "w1", "digest").await;
 
     let state = AppState::new(Shared {
         store: store.clone(),
@@ -91,13 +63,7 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
     coordinator.set_leadership(Leadership::Follower);
     gantry_server::controllers::spawn(&state, Arc::clone(&coordinator) as Arc<dyn Coordinator>);
 
-    let create: ModelCreate = serde_json::from_value(serde_json::json!({
-        "name": "tiny",
-        "source": {"type": "local_path", "path": path.display().to_string()},
-        "backend": "llama.cpp",
-        "replicas": 2,
-    }))
-    .unwrap();
+    let create = common::model("tiny", &path.display().to_string(), 2);
     let model = store.create_model(&create).await.unwrap();
     assert!(
         states(&store, model.id).await.is_empty(),
@@ -105,15 +71,15 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
     );
 
     coordinator.set_leadership(Leadership::Leader { fencing_token: 2 });
-    let mut placed = false;
-    for _ in 0..100 {
-        if states(&store, model.id).await == [InstanceState::Scheduled; 2] {
-            placed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(placed, "the new leader creates and places both instances");
+    gantry_testkit::eventually(
+        "the new leader to create and place both instances",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async { Ok::<_, Infallible>(states(&store, model.id).await) },
+        |states| states == &[InstanceState::Scheduled; 2],
+        String::new,
+    )
+    .await;
 
     state.shutdown.cancel();
     state.tasks.close();

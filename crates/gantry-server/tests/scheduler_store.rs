@@ -4,59 +4,22 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
+mod common;
 
 use gantry_store::{ManualPlacement, NewPlacement, Store, StoredPlacement};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
 use gantry_types::{
-    GpuDevice, InstanceState, InstanceStateReport, Model, ModelCreate, ModelInstance,
-    PlacementRecord, WorkerState, WorkerStatus,
+    InstanceState, InstanceStateReport, Model, ModelInstance, PlacementRecord, WorkerState,
 };
-use serde_json::json;
-
-fn model_create(name: &str, replicas: u32) -> ModelCreate {
-    serde_json::from_value(json!({
-        "name": name,
-        "source": {"type": "local_path", "path": "/models/tiny.gguf"},
-        "backend": "llama.cpp",
-        "replicas": replicas,
-    }))
-    .unwrap()
-}
-
-fn one_gpu() -> WorkerStatus {
-    WorkerStatus {
-        gpus: vec![GpuDevice {
-            index: 0,
-            name: "Simulated GPU".into(),
-            uuid: "SIM-0".into(),
-            memory_total: 80 << 30,
-            memory_used: 0,
-            utilization: None,
-            temperature: None,
-            simulated: true,
-        }],
-        ..Default::default()
-    }
-}
 
 async fn setup(store: &Store, replicas: u32) -> (Model, Vec<ModelInstance>, i64) {
     let model = store
-        .create_model(&model_create("m", replicas))
+        .create_model(&common::tiny_model("m", replicas))
         .await
         .unwrap();
     let numbers: Vec<u32> = (0..replicas).collect();
     store.create_instances(&model, &numbers).await.unwrap();
-    let worker = store
-        .create_worker(
-            "w1",
-            &BTreeMap::new(),
-            "127.0.0.1:1",
-            &one_gpu(),
-            "digest-w1",
-        )
-        .await
-        .unwrap();
+    let worker = common::stored_worker(store, "w1", "digest-w1").await;
     let (instances, _) = store
         .list_instances(
             &gantry_store::InstanceFilter {

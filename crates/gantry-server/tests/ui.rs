@@ -4,13 +4,18 @@
 //! the script calls exists in the OpenAPI spec).
 //!
 //! The UI's static routes touch no database, so these run on SQLite only.
+//!
+//! The page, its assets, their headers and the session cookie are read with raw HTTP:
+//! that is what the browser sees, and the typed API client does not serve assets or keep
+//! cookies. The API itself is called through the typed client.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::{TestServer, ADMIN_PASSWORD};
+use common::{assert_raw_error, expect_error, TestServer, ADMIN_PASSWORD};
 use gantry_testkit::TestEngine;
+use gantry_types::ErrorCode;
 use reqwest::header::{
     CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, COOKIE, ETAG, IF_NONE_MATCH, SET_COOKIE,
     X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
@@ -20,7 +25,7 @@ use serde_json::Value;
 
 async fn get(server: &TestServer, path: &str) -> reqwest::Response {
     server
-        .client
+        .http
         .get(format!("{}{path}", server.base))
         .send()
         .await
@@ -137,7 +142,7 @@ async fn assets_have_their_content_types_and_cache_headers() {
         assert_eq!(header(&response, CACHE_CONTROL), "no-cache");
         assert_eq!(header(&response, ETAG), etag);
         let response = server
-            .client
+            .http
             .get(format!("{}{path}", server.base))
             .header(IF_NONE_MATCH, &etag)
             .send()
@@ -161,22 +166,21 @@ async fn unknown_ui_paths_are_json_404s_in_the_api_shape() {
             "{path}"
         );
         let body: Value = response.json().await.unwrap();
-        common::assert_error(StatusCode::NOT_FOUND, &body, 404, "not_found");
+        assert_raw_error(StatusCode::NOT_FOUND, &body, 404, ErrorCode::NotFound);
     }
-    let (status, body) = server.call(Method::POST, "/", None, None).await;
-    common::assert_error(status, &body, 405, "method_not_allowed");
+    let (status, body) = server.raw(Method::POST, "/", None, None).await;
+    assert_raw_error(status, &body, 405, ErrorCode::MethodNotAllowed);
     server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_is_public_but_the_api_behind_it_needs_the_session_cookie() {
     let server = TestServer::start(TestEngine::Sqlite).await;
-    let (status, body) = server.call(Method::GET, "/auth/me", None, None).await;
-    common::assert_error(status, &body, 401, "unauthorized");
+    expect_error(server.anonymous().me().await, 401, ErrorCode::Unauthorized);
 
     // What the UI does: log in, keep only the cookie, call the API with it.
     let response = server
-        .client
+        .http
         .post(format!("{}/auth/login", server.base))
         .json(&serde_json::json!({"username": "admin", "password": ADMIN_PASSWORD}))
         .send()
@@ -189,7 +193,7 @@ async fn the_page_is_public_but_the_api_behind_it_needs_the_session_cookie() {
     assert!(cookie.starts_with("gantry_session="), "{cookie}");
     for path in ["/auth/me", "/api/v1/models", "/api/v1/model-instances"] {
         let response = server
-            .client
+            .http
             .get(format!("{}{path}", server.base))
             .header(COOKIE, &cookie)
             .send()
@@ -212,7 +216,7 @@ async fn every_api_path_in_the_script_exists_in_the_openapi_spec() {
         .unwrap();
     let script = get(&server, &script_url).await.text().await.unwrap();
     let (status, spec) = server
-        .call(Method::GET, "/api/openapi.json", None, None)
+        .raw(Method::GET, "/api/openapi.json", None, None)
         .await;
     assert_eq!(status, StatusCode::OK);
     let paths: Vec<String> = spec["paths"].as_object().unwrap().keys().cloned().collect();

@@ -1,9 +1,14 @@
-//! Helpers shared by the integration tests of several crates: a store on either engine
-//! and the macro that runs one test body against both.
+//! Helpers shared by the integration tests of several crates: a store on either engine,
+//! the macro that runs one test body against both, blocks of backend ports, and
+//! [`eventually`], the one loop that waits for something the system does a moment later.
 //!
 //! PostgreSQL tests need `GANTRY_TEST_POSTGRES_URL`, which `scripts/with-postgres.sh`
 //! (and so `scripts/test.sh`) sets. Without it they fail with a message saying so:
 //! they never skip silently.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::Duration;
 
 use gantry_store::{Store, StoreConfig};
 
@@ -109,4 +114,37 @@ pub fn reserve_ports(count: u16) -> std::ops::RangeInclusive<u16> {
         }
     }
     panic!("all 600 test port blocks are taken");
+}
+
+/// Asks `probe` every `every` until its answer satisfies `done`, and returns that answer:
+/// for what a controller, a worker or a flusher does a moment after the test acted. After
+/// `within` it fails naming `what`, with the last answer (or error) and `context()` (a log
+/// tail, say).
+pub async fn eventually<T, E, Fut>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut probe: impl FnMut() -> Fut,
+    done: impl Fn(&T) -> bool,
+    context: impl FnOnce() -> String,
+) -> T
+where
+    T: Debug,
+    E: Debug,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let answer = probe().await;
+        match answer {
+            Ok(value) if done(&value) => return value,
+            answer if tokio::time::Instant::now() > deadline => {
+                panic!(
+                    "waited {within:?} for {what}; the last answer: {answer:#?}\n{}",
+                    context()
+                )
+            }
+            _ => tokio::time::sleep(every).await,
+        }
+    }
 }

@@ -82,13 +82,19 @@ pub struct ModelInstance {
 }
 
 /// `PATCH /api/v1/model-instances/{id}` (admin): manual placement until the scheduler
-/// places instances itself. `worker_id: null` unplaces the instance.
+/// places instances itself. `worker_id: null` unplaces the instance; an unset `worker_id`
+/// (`None`) is left out when the patch is serialised, so it keeps the worker.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InstancePatch {
-    #[serde(default, with = "crate::instance::double_option_i64")]
+    #[serde(
+        default,
+        with = "crate::instance::double_option_i64",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(value_type = Option<i64>)]
     pub worker_id: Option<Option<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_indexes: Option<Vec<u32>>,
 }
 
@@ -190,5 +196,31 @@ impl Validate for LogQuery {
             return Err(FieldError::new("tail", "must be at most 100000"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_patch_of_the_gpus_alone_keeps_the_worker_on_the_wire() {
+        let gpus_only = InstancePatch {
+            worker_id: None,
+            gpu_indexes: Some(vec![1]),
+        };
+        let json = serde_json::to_string(&gpus_only).expect("serialisable");
+        assert_eq!(json, r#"{"gpu_indexes":[1]}"#);
+        let read: InstancePatch = serde_json::from_str(&json).expect("decodable");
+        assert_eq!(read.worker_id, None);
+
+        let unplace = InstancePatch {
+            worker_id: Some(None),
+            gpu_indexes: None,
+        };
+        let json = serde_json::to_string(&unplace).expect("serialisable");
+        assert_eq!(json, r#"{"worker_id":null}"#);
+        let read: InstancePatch = serde_json::from_str(&json).expect("decodable");
+        assert_eq!(read.worker_id, Some(None));
     }
 }

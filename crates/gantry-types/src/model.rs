@@ -229,28 +229,51 @@ impl Validate for ModelCreate {
 }
 
 /// `PATCH /api/v1/models/{id}`: absent fields stay as they are; `null` clears an
-/// optional field.
+/// optional field. An unset field (`None`) is left out when the update is serialised, so a
+/// client that sets one field changes that field only.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelUpdate {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<ModelSource>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub backend_version: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub backend_args: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub env: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_selector: Option<BTreeMap<String, String>>,
-    #[serde(default, with = "double_option")]
+    #[serde(
+        default,
+        with = "double_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(value_type = Option<GpuSelector>)]
     pub gpu_selector: Option<Option<GpuSelector>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub placement_strategy: Option<PlacementStrategy>,
-    #[serde(default, with = "double_option")]
+    #[serde(
+        default,
+        with = "double_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(value_type = Option<u32>)]
     pub data_parallel_size: Option<Option<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_offload: Option<bool>,
-    #[serde(default, with = "double_option")]
+    #[serde(
+        default,
+        with = "double_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(value_type = Option<String>)]
     pub custom_command: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
 }
 
@@ -509,5 +532,32 @@ mod tests {
         assert_eq!(u.gpu_selector, Some(None));
         let u: ModelUpdate = serde_json::from_str(r#"{}"#).unwrap();
         assert_eq!(u.gpu_selector, None);
+    }
+
+    #[test]
+    fn an_update_that_sets_one_field_clears_no_other_on_the_wire() {
+        let update = ModelUpdate {
+            replicas: Some(3),
+            ..ModelUpdate::default()
+        };
+        let json = serde_json::to_string(&update).unwrap();
+        assert_eq!(json, r#"{"replicas":3}"#);
+        let read: ModelUpdate = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            (
+                read.gpu_selector,
+                read.data_parallel_size,
+                read.custom_command
+            ),
+            (None, None, None)
+        );
+        let clear = ModelUpdate {
+            gpu_selector: Some(None),
+            ..ModelUpdate::default()
+        };
+        let json = serde_json::to_string(&clear).unwrap();
+        assert_eq!(json, r#"{"gpu_selector":null}"#);
+        let read: ModelUpdate = serde_json::from_str(&json).unwrap();
+        assert_eq!(read.gpu_selector, Some(None));
     }
 }

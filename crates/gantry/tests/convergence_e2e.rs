@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{alive, start_gantry, tail, tiny_model, tiny_model_body};
+use common::{
+    admin_client, alive, instances_of, start_gantry, tail, tiny_model, tiny_model_create,
+};
 use gantry_client::Client;
 use gantry_types::{
     InstanceQuery, InstanceState, ModelCreate, ModelInstance, ModelUpdate, PlacementRecord,
@@ -64,41 +66,12 @@ fn custom_model(name: &str, script: &Path, model: &Path, args: &[&str]) -> Model
     .unwrap()
 }
 
-async fn admin(base: &str) -> Client {
-    let client = Client::new(base);
-    let session = client.login("admin", ADMIN_PASSWORD).await.unwrap();
-    client.with_token(session.token)
-}
-
 async fn instances(client: &Client, model_id: i64) -> Vec<ModelInstance> {
     let query = InstanceQuery {
         model_id: Some(model_id),
         ..InstanceQuery::default()
     };
     client.list_instances(&query).await.unwrap().items
-}
-
-/// Polls a model's instances until `done` holds; the gantry log on failure.
-async fn wait(
-    client: &Client,
-    model_id: i64,
-    within: Duration,
-    log: &common::Process,
-    done: impl Fn(&[ModelInstance]) -> bool,
-) -> Vec<ModelInstance> {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut last = Vec::new();
-    while tokio::time::Instant::now() < deadline {
-        last = instances(client, model_id).await;
-        if done(&last) {
-            return last;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "timed out after {within:?}; instances: {last:#?}\nlog:\n{}",
-        tail(&log.log_text(), 60)
-    );
 }
 
 fn all_running(count: usize) -> impl Fn(&[ModelInstance]) -> bool {
@@ -128,7 +101,7 @@ async fn a_backend_that_ignores_sigterm_holds_up_no_other_instance() {
         ],
     )
     .await;
-    let client = admin(&base).await;
+    let client = admin_client(&base, ADMIN_PASSWORD).await;
 
     let stubborn_file = dir.path().join("stubborn.model");
     std::fs::write(&stubborn_file, b"weights").unwrap();
@@ -141,11 +114,12 @@ async fn a_backend_that_ignores_sigterm_holds_up_no_other_instance() {
         ))
         .await
         .unwrap();
-    wait(
+    instances_of(
         &client,
         stubborn.id,
+        "running",
         Duration::from_secs(30),
-        &gantry,
+        &[&gantry],
         all_running(1),
     )
     .await;
@@ -160,11 +134,12 @@ async fn a_backend_that_ignores_sigterm_holds_up_no_other_instance() {
         .create_model(&custom_model("quick", &script, &quick_file, &[]))
         .await
         .unwrap();
-    wait(
+    instances_of(
         &client,
         quick.id,
+        "running",
         Duration::from_secs(3),
-        &gantry,
+        &[&gantry],
         all_running(1),
     )
     .await;
@@ -190,22 +165,26 @@ async fn changing_a_models_arguments_rolls_its_replicas_without_failing_a_reques
         ],
     )
     .await;
-    let client = admin(&base).await;
+    let client = admin_client(&base, ADMIN_PASSWORD).await;
     let key = client
-        .create_api_key(&serde_json::from_value(json!({"name": "roll"})).unwrap())
+        .create_api_key(&gantry_types::ApiKeyCreate {
+            name: "roll".into(),
+            description: String::new(),
+            expires_in_days: None,
+        })
         .await
         .unwrap()
         .key;
 
     let model_file = tiny_model(dir.path());
-    let body: ModelCreate =
-        serde_json::from_value(tiny_model_body("tiny", &model_file, 2)).unwrap();
+    let body = tiny_model_create("tiny", &model_file, 2);
     let model = client.create_model(&body).await.unwrap();
-    let before = wait(
+    let before = instances_of(
         &client,
         model.id,
+        "running",
         Duration::from_secs(60),
-        &gantry,
+        &[&gantry],
         all_running(2),
     )
     .await;

@@ -7,8 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{alive, chat, llama_pids_on, manual_model_body, tail, tiny_model, Cluster};
+use common::{alive, chat, llama_pids_on, manual_model_create, tiny_model, Cluster};
 use gantry_testkit::{TestDatabase, TestEngine};
+use gantry_types::{InstanceState, WorkerState};
 use nix::sys::signal::Signal;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,15 +38,19 @@ async fn worker_fails_over_to_the_next_server_without_restarting_instances() {
 
     let model = tiny_model(first.dir.path());
     let (_, instances) = first
-        .create_model(manual_model_body("tiny", &model, 1))
+        .create_model(&manual_model_create("tiny", &model, 1))
         .await;
     // Placed through the second server while the worker follows the first: the change
     // reaches it through PostgreSQL notifications.
     second.place(instances[0], worker_id, &[0]).await;
     let running = first
-        .wait_instance(instances[0], "running", Duration::from_secs(60))
+        .wait_instance(
+            instances[0],
+            InstanceState::Running,
+            Duration::from_secs(60),
+        )
         .await;
-    let port = running["port"].as_u64().unwrap() as u16;
+    let port = running.port.unwrap();
     let pids = llama_pids_on(port);
     assert_eq!(pids.len(), 1);
 
@@ -55,34 +60,32 @@ async fn worker_fails_over_to_the_next_server_without_restarting_instances() {
     let _ = first.server.child.take().map(|mut c| c.wait());
 
     // Heartbeats now reach the second server, which keeps the worker ready.
-    let path = format!("/api/v1/workers/{worker_id}");
-    let before = second.get(&path).await["last_heartbeat_at"].clone();
-    second
-        .wait_for(
-            "heartbeats through the second server",
-            &path,
-            Duration::from_secs(20),
-            |w| w["state"] == "ready" && w["last_heartbeat_at"] != before,
-        )
+    let second = &second;
+    let admin = second.client();
+    let another_heartbeat = |within: Duration| async move {
+        let seen = admin.get_worker(worker_id).await.unwrap().last_heartbeat_at;
+        second
+            .wait_worker(
+                worker_id,
+                "ready, with a heartbeat through the second server",
+                within,
+                |w| w.state == WorkerState::Ready && w.last_heartbeat_at != seen,
+            )
+            .await
+    };
+    another_heartbeat(Duration::from_secs(20)).await;
+    worker
+        .wait_for_log("switched to another server", Duration::from_secs(20))
         .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !worker.log_text().contains("switched to another server") {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "worker never switched; log:\n{}",
-            tail(&worker.log_text(), 30)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // Stay a few heartbeat periods (five more heartbeats reach the second server): still
+    // ready, and the same backend process serves.
+    for _ in 0..5 {
+        another_heartbeat(Duration::from_secs(10)).await;
     }
-    // Stay a few heartbeat periods: still ready, and the same backend process serves.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(second.get(&path).await["state"], "ready");
     assert!(alive(pids[0]), "the backend was restarted by the failover");
     assert_eq!(llama_pids_on(port), pids);
-    chat(&second.http, running["address"].as_str().unwrap()).await;
-    let instance = second
-        .get(&format!("/api/v1/model-instances/{}", instances[0]))
-        .await;
-    assert_eq!(instance["state"], "running");
-    assert_eq!(instance["restart_count"], 0);
+    chat(&second.http, running.address.as_deref().unwrap()).await;
+    let instance = admin.get_instance(instances[0]).await.unwrap();
+    assert_eq!(instance.state, InstanceState::Running);
+    assert_eq!(instance.restart_count, 0);
 }

@@ -8,57 +8,30 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{manual_model_body, tail, tiny_model, Cluster};
+use common::{manual_model_create, tiny_model, Cluster};
 use futures_util::StreamExt;
-use gantry_client::Client;
-use gantry_types::{InstancePatch, InstanceQuery, InstanceState, LogQuery, ModelCreate};
+use gantry_types::{InstanceQuery, InstanceState, LogQuery};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_exits_within_seconds_while_clients_follow_logs_and_watch() {
     let mut cluster = Cluster::start(&[]).await;
     let worker = cluster.worker("w1", &["--simulate-gpus", "1x8GiB"]);
     let worker_id = cluster.worker_id("w1", &worker).await;
-    let client = Client::new(&cluster.base).with_token(cluster.token.clone());
+    let client = cluster.client().clone();
 
     let model_file = tiny_model(cluster.dir.path());
-    let body: ModelCreate =
-        serde_json::from_value(manual_model_body("tiny", &model_file, 1)).unwrap();
-    let model = client.create_model(&body).await.unwrap();
+    let (model_id, instances) = cluster
+        .create_model(&manual_model_create("tiny", &model_file, 1))
+        .await;
+    let id = instances[0];
+    cluster.place(id, worker_id, &[0]).await;
+    cluster
+        .wait_instance(id, InstanceState::Running, Duration::from_secs(60))
+        .await;
     let query = InstanceQuery {
-        model_id: Some(model.id),
+        model_id: Some(model_id),
         ..InstanceQuery::default()
     };
-    let mut id = None;
-    for _ in 0..200 {
-        if let Some(instance) = client.list_instances(&query).await.unwrap().items.first() {
-            id = Some(instance.id);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let id = id.expect("the model controller creates the instance");
-    client
-        .place_instance(
-            id,
-            &InstancePatch {
-                worker_id: Some(Some(worker_id)),
-                gpu_indexes: Some(vec![0]),
-            },
-        )
-        .await
-        .unwrap();
-    for _ in 0..600 {
-        if client.get_instance(id).await.unwrap().state == InstanceState::Running {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        client.get_instance(id).await.unwrap().state,
-        InstanceState::Running,
-        "server log:\n{}",
-        tail(&cluster.server.log_text(), 40)
-    );
 
     // Two clients follow the logs, one holds a watch; each has received its first bytes.
     let follow = LogQuery {
@@ -96,7 +69,7 @@ async fn the_server_exits_within_seconds_while_clients_follow_logs_and_watch() {
     assert!(
         took < Duration::from_secs(5),
         "took {took:?}; log:\n{}",
-        tail(&cluster.server.log_text(), 40)
+        common::tail(&cluster.server.log_text(), 40)
     );
     // The streams the server held end with it.
     for mut body in logs {

@@ -1,6 +1,7 @@
 //! The worker end to end, as real processes: `gantry server`, `gantry worker`, a real
 //! `llama-server` serving the tiny model. Placement is by hand here (the scheduler
-//! places on its own in the scheduler tests).
+//! places on its own in the scheduler tests). The API is called through the typed client;
+//! the backends' own OpenAI API ([`common::chat`]) with raw HTTP.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,12 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{
-    alive, chat, descendants, llama_pids_on, manual_model_body, tail, tiny_model, Cluster,
-};
+use common::{alive, chat, descendants, llama_pids_on, manual_model_create, tiny_model, Cluster};
+use gantry_types::{InstanceState, LogQuery, WorkerQuery, WorkerState};
 use nix::sys::signal::Signal;
-use reqwest::Method;
-use serde_json::json;
 
 const STARTUP: Duration = Duration::from_secs(60);
 
@@ -22,25 +20,25 @@ async fn worker_runs_restarts_logs_and_stops_a_real_llama_server() {
     let cluster = Cluster::start(&[]).await;
     let mut worker = cluster.worker("w1", &["--simulate-gpus", "2x8GiB"]);
     let worker_id = cluster.worker_id("w1", &worker).await;
+    let admin = cluster.client();
 
     // Simulated GPUs are reported as such.
-    let info = cluster.get(&format!("/api/v1/workers/{worker_id}")).await;
-    assert_eq!(info["status"]["gpus"].as_array().unwrap().len(), 2);
-    assert_eq!(info["status"]["gpus"][0]["simulated"], true);
-    assert!(info["status"]["backends"]
-        .as_array()
-        .unwrap()
-        .contains(&json!("llama.cpp")));
+    let info = admin.get_worker(worker_id).await.unwrap();
+    assert_eq!(info.status.gpus.len(), 2);
+    assert!(info.status.gpus[0].simulated);
+    assert!(info.status.backends.iter().any(|b| b == "llama.cpp"));
 
     let model = tiny_model(cluster.dir.path());
     let (_, instances) = cluster
-        .create_model(manual_model_body("tiny", &model, 1))
+        .create_model(&manual_model_create("tiny", &model, 1))
         .await;
     let id = instances[0];
     cluster.place(id, worker_id, &[1]).await;
-    let running = cluster.wait_instance(id, "running", STARTUP).await;
-    let address = running["address"].as_str().unwrap().to_string();
-    let port = running["port"].as_u64().unwrap() as u16;
+    let running = cluster
+        .wait_instance(id, InstanceState::Running, STARTUP)
+        .await;
+    let address = running.address.unwrap();
+    let port = running.port.unwrap();
     let reply = chat(&cluster.http, &address).await;
     assert!(reply["choices"][0]["message"].is_object(), "{reply}");
 
@@ -53,78 +51,66 @@ async fn worker_runs_restarts_logs_and_stops_a_real_llama_server() {
         .any(|v| v == b"CUDA_VISIBLE_DEVICES=1"));
 
     // Logs come through the server from the worker.
-    let (status, logs) = cluster
-        .call(
-            Method::GET,
-            &format!("/api/v1/model-instances/{id}/logs?tail=50"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 200);
-    assert!(logs.as_str().unwrap().contains("llama"), "{logs}");
+    let last_50 = LogQuery {
+        tail: Some(50),
+        follow: None,
+    };
+    let logs = admin.instance_logs(id, &last_50).await.unwrap();
+    let logs = logs.text().await.unwrap();
+    assert!(logs.contains("llama"), "{logs}");
 
     // kill -9 of the backend: restarted and running again, with a new pid.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0]), Signal::SIGKILL).unwrap();
     let again = cluster
         .wait_for(
             "a restart",
-            &format!("/api/v1/model-instances/{id}"),
             STARTUP,
-            |i| i["state"] == "running" && i["restart_count"].as_u64() >= Some(1),
+            || admin.get_instance(id),
+            |i| i.state == InstanceState::Running && i.restart_count >= 1,
         )
         .await;
-    let again_port = again["port"].as_u64().unwrap() as u16;
+    let again_port = again.port.unwrap();
     let new_pids = llama_pids_on(again_port);
     assert_eq!(new_pids.len(), 1);
     assert_ne!(new_pids[0], pids[0]);
-    chat(&cluster.http, again["address"].as_str().unwrap()).await;
+    chat(&cluster.http, again.address.as_deref().unwrap()).await;
 
     // Deleting the instance stops its process group and frees the port.
-    let (status, _) = cluster
-        .call(
-            Method::DELETE,
-            &format!("/api/v1/model-instances/{id}"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 204);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-    while alive(new_pids[0]) && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(!alive(new_pids[0]), "backend still alive after delete");
+    admin.delete_instance(id).await.unwrap();
+    common::wait_gone(
+        &new_pids,
+        "the backend to stop after the delete",
+        Duration::from_secs(40),
+    )
+    .await;
     std::net::TcpListener::bind(("127.0.0.1", again_port)).expect("port is free again");
 
     // Place the replacement, then stop the worker: it exits 0 and leaves no child.
     let replacement = cluster
-        .wait_for(
-            "the replacement instance",
-            "/api/v1/model-instances",
+        .wait_instances(
+            running.model_id,
+            "replaced",
             Duration::from_secs(10),
-            |list| list["pagination"]["total"] == 1 && list["items"][0]["id"] != id,
+            |instances| instances.len() == 1 && instances[0].id != id,
         )
-        .await["items"][0]["id"]
-        .as_i64()
-        .unwrap();
+        .await[0]
+        .id;
     cluster.place(replacement, worker_id, &[0]).await;
-    cluster.wait_instance(replacement, "running", STARTUP).await;
+    cluster
+        .wait_instance(replacement, InstanceState::Running, STARTUP)
+        .await;
     let children = descendants(worker.pid());
     assert!(
         !children.is_empty(),
         "the worker should have a backend child"
     );
-    let status = worker.terminate(Duration::from_secs(40));
-    assert!(
-        status.success(),
-        "worker exit: {status:?}\n{}",
-        tail(&worker.log_text(), 30)
-    );
+    worker.terminate_cleanly(Duration::from_secs(40));
     for child in children {
         assert!(!alive(child), "child {child} outlived the worker");
     }
-    let gone = cluster.get(&format!("/api/v1/workers/{worker_id}")).await;
-    assert_eq!(gone["state"], "not_ready");
-    assert_eq!(gone["state_message"], "worker shut down");
+    let gone = admin.get_worker(worker_id).await.unwrap();
+    assert_eq!(gone.state, WorkerState::NotReady);
+    assert_eq!(gone.state_message, "worker shut down");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,11 +121,13 @@ async fn corrupt_model_file_ends_in_error_with_the_stderr_tail() {
     let corrupt = cluster.dir.path().join("corrupt.gguf");
     std::fs::write(&corrupt, b"GGUF this is not a model at all, just bytes").unwrap();
     let (_, instances) = cluster
-        .create_model(manual_model_body("broken", &corrupt, 1))
+        .create_model(&manual_model_create("broken", &corrupt, 1))
         .await;
     cluster.place(instances[0], worker_id, &[0]).await;
-    let failed = cluster.wait_instance(instances[0], "error", STARTUP).await;
-    let message = failed["state_message"].as_str().unwrap();
+    let failed = cluster
+        .wait_instance(instances[0], InstanceState::Error, STARTUP)
+        .await;
+    let message = &failed.state_message;
     assert!(message.contains("exit"), "{message}");
     // llama-server's own words about the file are in the message.
     assert!(
@@ -153,7 +141,7 @@ async fn worker_keeps_its_identity_across_restarts() {
     let cluster = Cluster::start(&[]).await;
     let mut first = cluster.worker("w1", &["--simulate-gpus", "1x8GiB"]);
     let id = cluster.worker_id("w1", &first).await;
-    assert!(first.terminate(Duration::from_secs(20)).success());
+    first.terminate_cleanly(Duration::from_secs(20));
     let credential = cluster.dir.path().join("w1/worker/worker_credential.json");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -162,28 +150,21 @@ async fn worker_keeps_its_identity_across_restarts() {
     );
     let second = cluster.worker("w1", &["--simulate-gpus", "1x8GiB"]);
     cluster
-        .wait_for(
-            "the worker back",
-            &format!("/api/v1/workers/{id}"),
-            STARTUP,
-            |w| w["state"] == "ready",
-        )
+        .wait_worker(id, "back", STARTUP, |w| w.state == WorkerState::Ready)
         .await;
-    let all = cluster.get("/api/v1/workers").await;
+    let all = cluster
+        .client()
+        .list_workers(&WorkerQuery::default())
+        .await
+        .unwrap();
     assert_eq!(
-        all["pagination"]["total"], 1,
+        all.pagination.total, 1,
         "re-registration made a second worker"
     );
     // The server answers the re-registration before the worker logs it: wait for it.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !second.log_text().contains("registered again") {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{}",
-            second.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    second
+        .wait_for_log("registered again", Duration::from_secs(10))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,27 +176,27 @@ async fn silent_worker_goes_not_ready_then_unreachable_and_comes_back() {
         &["--simulate-gpus", "1x8GiB", "--heartbeat-interval", "300ms"],
     );
     let id = cluster.worker_id("w1", &worker).await;
-    let path = format!("/api/v1/workers/{id}");
+    let in_state = |want: WorkerState| move |w: &gantry_types::Worker| w.state == want;
     cluster
-        .wait_for("ready", &path, STARTUP, |w| w["state"] == "ready")
+        .wait_worker(id, "ready", STARTUP, in_state(WorkerState::Ready))
         .await;
     // Freeze the worker: no heartbeats, but the process lives.
     worker.signal(Signal::SIGSTOP);
+    let within = Duration::from_secs(10);
     cluster
-        .wait_for("not_ready", &path, Duration::from_secs(10), |w| {
-            w["state"] == "not_ready"
-        })
+        .wait_worker(id, "not_ready", within, in_state(WorkerState::NotReady))
         .await;
     cluster
-        .wait_for("unreachable", &path, Duration::from_secs(10), |w| {
-            w["state"] == "unreachable"
-        })
+        .wait_worker(
+            id,
+            "unreachable",
+            within,
+            in_state(WorkerState::Unreachable),
+        )
         .await;
     worker.signal(Signal::SIGCONT);
     cluster
-        .wait_for("ready again", &path, Duration::from_secs(10), |w| {
-            w["state"] == "ready"
-        })
+        .wait_worker(id, "ready again", within, in_state(WorkerState::Ready))
         .await;
 }
 
@@ -225,14 +206,16 @@ async fn data_parallel_instance_runs_one_child_per_gpu_and_restarts_as_a_group()
     let worker = cluster.worker("w1", &["--simulate-gpus", "2x8GiB"]);
     let worker_id = cluster.worker_id("w1", &worker).await;
     let model = tiny_model(cluster.dir.path());
-    let mut body = manual_model_body("dp", &model, 1);
-    body["data_parallel_size"] = json!(2);
-    let (_, instances) = cluster.create_model(body).await;
+    let data_parallel = gantry_types::ModelCreate {
+        data_parallel_size: Some(2),
+        ..manual_model_create("dp", &model, 1)
+    };
+    let (_, instances) = cluster.create_model(&data_parallel).await;
     cluster.place(instances[0], worker_id, &[0, 1]).await;
     let running = cluster
-        .wait_instance(instances[0], "running", STARTUP)
+        .wait_instance(instances[0], InstanceState::Running, STARTUP)
         .await;
-    let port = running["port"].as_u64().unwrap() as u16;
+    let port = running.port.unwrap();
     let first = llama_pids_on(port);
     let second = llama_pids_on(port + 1);
     assert_eq!(
@@ -259,12 +242,12 @@ async fn data_parallel_instance_runs_one_child_per_gpu_and_restarts_as_a_group()
     let again = cluster
         .wait_for(
             "the group restarted",
-            &format!("/api/v1/model-instances/{}", instances[0]),
             STARTUP,
-            |i| i["state"] == "running" && i["restart_count"].as_u64() >= Some(1),
+            || cluster.client().get_instance(instances[0]),
+            |i| i.state == InstanceState::Running && i.restart_count >= 1,
         )
         .await;
-    let port = again["port"].as_u64().unwrap() as u16;
+    let port = again.port.unwrap();
     let (a, b) = (llama_pids_on(port), llama_pids_on(port + 1));
     assert_eq!((a.len(), b.len()), (1, 1));
     assert!(

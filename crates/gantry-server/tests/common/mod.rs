@@ -1,22 +1,52 @@
-//! A real server on 127.0.0.1:0 over a fresh database, and a small HTTP client for it.
+//! A real server on 127.0.0.1:0 over a fresh database, and how the tests talk to it.
+//!
+//! The tests call the API through the typed client, `gantry_client::Client`:
+//! [`TestServer::client`] is the admin's, [`TestServer::client_for`] sends any other token,
+//! [`TestServer::register`] makes a worker and its client. What the controllers do a moment
+//! after a write is waited for in one place, [`TestServer::wait_for`] (and
+//! [`TestServer::wait_for_instances`] on top of it).
+//!
+//! Raw HTTP ([`TestServer::raw`], [`TestServer::raw_bytes`], [`TestServer::http`]) is
+//! only for what the typed client cannot say, because it is about the wire itself:
+//! malformed JSON, other content types, unknown fields and mistyped values, bad path and
+//! query parameters, unknown routes and methods, the exact error body, headers and
+//! cookies, the OpenAI-compatible gateway and `/metrics`, the probes, the OpenAPI
+//! document and the web UI.
 
 #![allow(clippy::unwrap_used, dead_code)]
 
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use gantry_client::{Client, ClientError, WatchStream};
 use gantry_server::{RunningServer, ServerConfig};
 use gantry_testkit::{TestDatabase, TestEngine};
+use gantry_types::{
+    ChangeKind, ErrorCode, GpuDevice, InstanceQuery, ModelCreate, ModelInstance, SystemInfo,
+    WatchEvent, Worker, WorkerRegister, WorkerStatus,
+};
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 pub const ADMIN_PASSWORD: &str = "admin-password-1";
+pub const GIB: u64 = 1 << 30;
+
+/// How long [`TestServer::wait_for`] waits, and how often it looks.
+const WAIT: Duration = Duration::from_secs(10);
+const WAIT_STEP: Duration = Duration::from_millis(50);
 
 pub struct TestServer {
     pub running: Option<RunningServer>,
     pub base: String,
-    pub client: reqwest::Client,
+    /// Plain HTTP, for the tests about the wire itself (see the module documentation).
+    pub http: reqwest::Client,
     pub data_dir: tempfile::TempDir,
+    /// A client without a token; the others share its connections.
+    anonymous: Client,
+    /// The admin, logged in at start when the password is known.
+    admin: Option<Client>,
     _db: TestDatabase,
 }
 
@@ -52,7 +82,7 @@ impl TestServer {
         config.host = "127.0.0.1".into();
         config.port = 0;
         config.server_id = "test-server".into();
-        config.bootstrap_password = options.bootstrap_password;
+        config.bootstrap_password = options.bootstrap_password.clone();
         config.max_request_body = options.max_request_body;
         config.watch_heartbeat = options.watch_heartbeat;
         config.heartbeat_interval = options.heartbeat_interval;
@@ -66,13 +96,19 @@ impl TestServer {
         }
         let running = gantry_server::start(config).await.unwrap();
         let base = format!("http://{}", running.addr);
-        Self {
+        let mut server = Self {
             running: Some(running),
-            base,
-            client: reqwest::Client::new(),
+            base: base.clone(),
+            http: reqwest::Client::new(),
             data_dir,
+            anonymous: Client::new(&base),
+            admin: None,
             _db: db,
+        };
+        if let Some(password) = &options.bootstrap_password {
+            server.admin = Some(server.login("admin", password).await);
         }
+        server
     }
 
     pub fn state(&self) -> &gantry_server::AppState {
@@ -83,56 +119,27 @@ impl TestServer {
         self.data_dir.path().join("data").join(file)
     }
 
-    /// Sends a request; returns the status and the body parsed as JSON (Null if empty).
-    pub async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut request = self.client.request(method, format!("{}{path}", self.base));
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
-        };
-        (status, value)
+    /// The admin's client (a session of the bootstrap admin).
+    pub fn client(&self) -> &Client {
+        self.admin
+            .as_ref()
+            .expect("the server was started without a bootstrap password: log in with `login`")
     }
 
-    /// Sends raw bytes with a content type.
-    pub async fn call_raw(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        content_type: &str,
-        body: Vec<u8>,
-    ) -> (StatusCode, Value) {
-        let mut request = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .header("content-type", content_type)
-            .body(body);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+    /// A client that sends `token`: a session, an API key or a worker credential.
+    pub fn client_for(&self, token: &str) -> Client {
+        self.anonymous.for_token(token)
+    }
+
+    /// A client that sends no token.
+    pub fn anonymous(&self) -> &Client {
+        &self.anonymous
+    }
+
+    /// Logs in and returns a client with the session.
+    pub async fn login(&self, username: &str, password: &str) -> Client {
+        let login = self.anonymous().login(username, password).await.unwrap();
+        self.client_for(&login.token)
     }
 
     /// The registration token the server wrote on first start.
@@ -143,48 +150,126 @@ impl TestServer {
             .to_string()
     }
 
-    pub async fn login(&self, username: &str, password: &str) -> String {
-        let (status, body) = self
-            .call(
-                Method::POST,
-                "/auth/login",
-                None,
-                Some(serde_json::json!({"username": username, "password": password})),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["token"].as_str().unwrap().to_string()
+    /// Registers a new worker with the registration token; returns it and a client with
+    /// its credential.
+    pub async fn register(&self, registration: &WorkerRegister) -> (Worker, Client) {
+        let (registered, created) = self
+            .anonymous()
+            .register_worker(&self.registration_token(), registration)
+            .await
+            .unwrap();
+        assert!(created, "{} was registered before", registration.name);
+        let credential = registered
+            .credential
+            .expect("a new worker gets a credential");
+        (registered.worker, self.client_for(&credential))
     }
 
-    pub async fn admin_token(&self) -> String {
-        self.login("admin", ADMIN_PASSWORD).await
+    /// Polls `probe` until its answer satisfies `done` (within 10 s), and returns that
+    /// answer. For what happens a moment after a write: the controllers creating and
+    /// placing instances, a worker's health, usage being flushed.
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, probe: F, done: impl Fn(&T) -> bool) -> T
+    where
+        T: Debug,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        gantry_testkit::eventually(what, WAIT, WAIT_STEP, probe, done, String::new).await
     }
 
-    /// Polls GET `path` until `check` holds on its JSON body (within 10 s), and returns it.
-    /// For what the controllers do a moment after a write, such as creating a model's
-    /// instances.
-    pub async fn wait_for(&self, path: &str, token: &str, check: impl Fn(&Value) -> bool) -> Value {
-        let mut last = Value::Null;
-        for _ in 0..200 {
-            let (status, body) = self.call(Method::GET, path, Some(token), None).await;
-            if status == StatusCode::OK && check(&body) {
-                return body;
-            }
-            last = body;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("GET {path} never satisfied the check; last answer: {last}");
+    /// The instances of a model (in id order) once they satisfy `done`.
+    pub async fn wait_for_instances(
+        &self,
+        model_id: i64,
+        what: &str,
+        done: impl Fn(&[ModelInstance]) -> bool,
+    ) -> Vec<ModelInstance> {
+        self.wait_for_instances_as(self.client(), model_id, what, done)
+            .await
     }
 
-    /// The instance list of a model once it has `count` instances (the model controller
-    /// creates them a moment after the model).
-    pub async fn instances_of(&self, token: &str, model_id: i64, count: u64) -> Value {
+    /// [`TestServer::wait_for_instances`], listing them as `client`.
+    pub async fn wait_for_instances_as(
+        &self,
+        client: &Client,
+        model_id: i64,
+        what: &str,
+        done: impl Fn(&[ModelInstance]) -> bool,
+    ) -> Vec<ModelInstance> {
+        let query = InstanceQuery {
+            model_id: Some(model_id),
+            ..InstanceQuery::default()
+        };
         self.wait_for(
-            &format!("/api/v1/model-instances?model_id={model_id}"),
-            token,
-            |list| list["pagination"]["total"] == count,
+            &format!("the instances of model {model_id} to be {what}"),
+            || async { Ok(client.list_instances(&query).await?.items) },
+            |items: &Vec<ModelInstance>| done(items),
         )
         .await
+    }
+
+    /// A worker once it satisfies `done`.
+    pub async fn wait_for_worker(
+        &self,
+        worker_id: i64,
+        what: &str,
+        done: impl Fn(&Worker) -> bool,
+    ) -> Worker {
+        let client = self.client();
+        self.wait_for(
+            &format!("worker {worker_id} to be {what}"),
+            || client.get_worker(worker_id),
+            done,
+        )
+        .await
+    }
+
+    /// The instances of a model once there are `count` (the model controller creates
+    /// them a moment after the model).
+    pub async fn instances_of(&self, model_id: i64, count: usize) -> Vec<ModelInstance> {
+        self.wait_for_instances(model_id, &format!("{count} in number"), |items| {
+            items.len() == count
+        })
+        .await
+    }
+
+    /// Sends a request as it is, for the tests about the wire; returns the status and the
+    /// body parsed as JSON (`Null` if empty, a string if not JSON).
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        answer_of(request).await
+    }
+
+    /// Sends raw bytes with a content type.
+    pub async fn raw_bytes(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        answer_of(request).await
     }
 
     pub async fn shutdown(mut self) {
@@ -194,10 +279,42 @@ impl TestServer {
     }
 }
 
-/// Asserts the one error shape and returns the message.
-pub fn assert_error(status: StatusCode, body: &Value, want_status: u16, want_code: &str) -> String {
+async fn answer_of(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    let value = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    (status, value)
+}
+
+/// Asserts that a call failed with the server's error of this status and code, and
+/// returns its message (which must not be empty).
+pub fn expect_error<T: Debug>(
+    result: Result<T, ClientError>,
+    want_status: u16,
+    want_code: ErrorCode,
+) -> String {
+    let error = result.expect_err("the call should fail");
+    assert_eq!(error.status(), Some(want_status), "{error}");
+    assert_eq!(error.code(), Some(want_code), "{error}");
+    let message = error.message().unwrap_or_default().to_string();
+    assert!(!message.is_empty(), "error without message: {error}");
+    message
+}
+
+/// Asserts the one error shape on a raw answer and returns the message.
+pub fn assert_raw_error(
+    status: StatusCode,
+    body: &Value,
+    want_status: u16,
+    want_code: ErrorCode,
+) -> String {
     assert_eq!(status.as_u16(), want_status, "body: {body}");
-    assert_eq!(body["error"]["code"], want_code, "body: {body}");
+    assert_eq!(body["error"]["code"], json!(want_code), "body: {body}");
     let message = body["error"]["message"]
         .as_str()
         .unwrap_or_default()
@@ -206,48 +323,118 @@ pub fn assert_error(status: StatusCode, body: &Value, want_status: u16, want_cod
     message
 }
 
-pub fn tiny_model(name: &str, replicas: u32) -> Value {
-    serde_json::json!({
+/// A model of `replicas` replicas of the file at `path` on llama.cpp, everything else the
+/// API's defaults (read through the type's own serde defaults, as the server reads a body).
+pub fn model(name: &str, path: &str, replicas: u32) -> ModelCreate {
+    serde_json::from_value(json!({
         "name": name,
-        "source": {"type": "local_path", "path": "/models/tiny.gguf"},
+        "source": {"type": "local_path", "path": path},
         "backend": "llama.cpp",
         "replicas": replicas,
-    })
+    }))
+    .unwrap()
 }
 
-pub type Lines = std::pin::Pin<Box<dyn futures_util::Stream<Item = String> + Send>>;
-
-pub fn ndjson_lines(response: reqwest::Response) -> Lines {
-    let mut buffer = String::new();
-    Box::pin(
-        response
-            .bytes_stream()
-            .map(move |chunk| {
-                buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-                let mut lines = Vec::new();
-                while let Some(end) = buffer.find('\n') {
-                    lines.push(buffer[..end].to_string());
-                    buffer.drain(..=end);
-                }
-                futures_util::stream::iter(lines)
-            })
-            .flatten(),
-    )
+/// A model whose file no test reads (for the API and the controllers' bookkeeping).
+pub fn tiny_model(name: &str, replicas: u32) -> ModelCreate {
+    model(name, "/models/tiny.gguf", replicas)
 }
 
-pub async fn next_event(lines: &mut Lines) -> Value {
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next())
+/// A worker with `gpus` simulated 80 GiB GPUs, 8 CPUs, 64 GiB of RAM, llama.cpp and vLLM,
+/// and no labels.
+pub fn simulated_worker(name: &str, gpus: u32) -> WorkerRegister {
+    WorkerRegister {
+        name: name.into(),
+        labels: BTreeMap::new(),
+        address: "127.0.0.1:1".into(),
+        status: WorkerStatus {
+            gpus: (0..gpus)
+                .map(|index| GpuDevice {
+                    index,
+                    name: "Simulated GPU".into(),
+                    uuid: format!("SIM-{name}-{index}"),
+                    memory_total: 80 * GIB,
+                    memory_used: 0,
+                    utilization: None,
+                    temperature: None,
+                    simulated: true,
+                })
+                .collect(),
+            system: SystemInfo {
+                cpu_count: 8,
+                load_average: 0.1,
+                memory_total: 64 * GIB,
+                memory_available: 60 * GIB,
+                disk_free: 100 * GIB,
+                os: "linux".into(),
+                hostname: name.into(),
+            },
+            backends: vec!["llama.cpp".into(), "vllm".into()],
+        },
+    }
+}
+
+/// Writes a worker with one simulated GPU straight into the store, found by the digest
+/// of its credential: for tests below the API.
+pub async fn stored_worker(
+    store: &gantry_store::Store,
+    name: &str,
+    credential_digest: &str,
+) -> Worker {
+    store
+        .create_worker(
+            name,
+            &BTreeMap::new(),
+            "127.0.0.1:1",
+            &simulated_worker(name, 1).status,
+            credential_digest,
+        )
+        .await
+        .unwrap()
+}
+
+/// Labels from pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect()
+}
+
+/// The next event of a watch (within 10 s).
+pub async fn next_event<T: Debug + serde::de::DeserializeOwned>(
+    events: &mut WatchStream<T>,
+) -> WatchEvent<T> {
+    tokio::time::timeout(WAIT, events.next())
         .await
         .expect("a watch event within 10 s")
-        .expect("the stream is open");
-    serde_json::from_str(&line).unwrap()
+        .expect("the stream is open")
+        .unwrap()
 }
 
-pub async fn next_non_heartbeat(lines: &mut Lines) -> Value {
+/// The next change a watch reports, passing over heartbeats.
+pub async fn next_change<T: Debug + serde::de::DeserializeOwned>(
+    events: &mut WatchStream<T>,
+) -> (ChangeKind, T) {
     loop {
-        let event = next_event(lines).await;
-        if event["type"] != "HEARTBEAT" {
-            return event;
+        match next_event(events).await {
+            WatchEvent::Heartbeat => continue,
+            WatchEvent::Error { error } => panic!("the watch ended with an error: {error:?}"),
+            event => return event.into_change().unwrap(),
         }
+    }
+}
+
+/// A user with role `user` and the API's defaults for the rest.
+pub fn user(username: &str, password: &str) -> gantry_types::UserCreate {
+    serde_json::from_value(json!({"username": username, "password": password})).unwrap()
+}
+
+/// An API key without description or expiry.
+pub fn api_key(name: &str) -> gantry_types::ApiKeyCreate {
+    gantry_types::ApiKeyCreate {
+        name: name.into(),
+        description: String::new(),
+        expires_in_days: None,
     }
 }

@@ -1,14 +1,27 @@
 //! End-to-end harness: `gantry server` and `gantry worker` as real processes on
 //! loopback ports, a real `llama-server` (from `GANTRY_LLAMA_SERVER`), and the tiny
 //! GGUF model.
+//!
+//! The tests call the management API through the typed client, `gantry_client::Client`
+//! ([`Cluster::client`] for the admin, [`Cluster::client_for`] for another token,
+//! [`admin_client`] for `gantry start`), and wait for what the cluster does in one place,
+//! [`poll`] (with [`Cluster::wait_for`] and its instance and worker forms on top). Raw HTTP
+//! is left for the probes and for the OpenAI-compatible API of the backends and the
+//! gateway ([`chat`], `Cluster::http`), which the client does not cover.
 
 #![allow(clippy::unwrap_used, dead_code)]
 
+use std::convert::Infallible;
+use std::fmt::Debug;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use reqwest::Method;
+use gantry_client::{Client, ClientError};
+use gantry_types::{
+    InstancePatch, InstanceQuery, InstanceState, ModelCreate, ModelInstance, Worker, WorkerQuery,
+};
 use serde_json::{json, Value};
 
 pub const ADMIN_PASSWORD: &str = "admin-password-1";
@@ -89,8 +102,32 @@ impl Process {
         }
     }
 
+    /// Sends SIGTERM and asserts that the process exits 0 within `within`.
+    pub fn terminate_cleanly(&mut self, within: Duration) {
+        let status = self.terminate(within);
+        assert!(
+            status.success(),
+            "{} exited with {status:?}; log tail:\n{}",
+            self.name,
+            tail(&self.log_text(), 30)
+        );
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log holds `text`; fails with its tail after `within`.
+    pub async fn wait_for_log(&self, text: &str, within: Duration) {
+        gantry_testkit::eventually(
+            &format!("{} to log {text:?}", self.name),
+            within,
+            Duration::from_millis(50),
+            || async { Ok::<_, Infallible>(self.log_text().contains(text)) },
+            |logged| *logged,
+            || format!("log tail:\n{}", tail(&self.log_text(), 40)),
+        )
+        .await;
     }
 }
 
@@ -125,22 +162,46 @@ pub async fn start_gantry(dir: &Path, extra: &[&str]) -> (Process, String) {
     args.extend(extra.iter().map(|s| s.to_string()));
     let gantry = Process::spawn("gantry start", &args, &dir.join("start.log"), &[]);
     let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    for _ in 0..300 {
-        let healthy = http
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200);
-        if healthy {
-            return (gantry, base);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "gantry start never served /healthz; log:\n{}",
-        gantry.log_text()
-    );
+    wait_until_served(&format!("{base}/healthz"), &gantry).await;
+    (gantry, base)
+}
+
+/// A client of the server at `base`, logged in as the admin.
+pub async fn admin_client(base: &str, password: &str) -> Client {
+    let anonymous = Client::new(base);
+    let login = anonymous.login("admin", password).await.unwrap();
+    anonymous.for_token(login.token)
+}
+
+/// Polls `probe` every 100 ms until its answer satisfies `check` and returns that answer;
+/// after `within`, fails naming `what`, with the last answer and the tail of each log.
+pub async fn poll<T, F, Fut>(
+    what: &str,
+    within: Duration,
+    logs: &[&Process],
+    probe: F,
+    check: impl Fn(&T) -> bool,
+) -> T
+where
+    T: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ClientError>>,
+{
+    let context = || {
+        logs.iter()
+            .map(|p| format!("{} log tail:\n{}", p.name, tail(&p.log_text(), 40)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    gantry_testkit::eventually(
+        what,
+        within,
+        Duration::from_millis(100),
+        probe,
+        check,
+        context,
+    )
+    .await
 }
 
 /// A server process and an admin session.
@@ -148,8 +209,10 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub server: Process,
     pub base: String,
-    pub token: String,
+    /// Plain HTTP, for the backends' OpenAI API ([`chat`]).
     pub http: reqwest::Client,
+    /// The admin's client.
+    client: Client,
 }
 
 impl Cluster {
@@ -175,25 +238,25 @@ impl Cluster {
         args.extend(extra.iter().map(|s| s.to_string()));
         let server = Process::spawn("server", &args, &dir.path().join("server.log"), env);
         let base = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
-        wait_healthy(&http, &base, &server).await;
-        let login: Value = http
-            .post(format!("{base}/auth/login"))
-            .json(&json!({"username": "admin", "password": ADMIN_PASSWORD}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let token = login["token"].as_str().unwrap().to_string();
+        wait_until_served(&format!("{base}/readyz"), &server).await;
+        let client = admin_client(&base, ADMIN_PASSWORD).await;
         Self {
             dir,
             server,
             base,
-            token,
-            http,
+            http: reqwest::Client::new(),
+            client,
         }
+    }
+
+    /// The admin's client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// A client of this server that sends `token`.
+    pub fn client_for(&self, token: &str) -> Client {
+        self.client.for_token(token)
     }
 
     pub fn registration_token(&self) -> String {
@@ -245,129 +308,158 @@ impl Cluster {
         )
     }
 
-    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut request = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let text = response.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    pub async fn get(&self, path: &str) -> Value {
-        let (status, body) = self.call(Method::GET, path, None).await;
-        assert_eq!(status, 200, "GET {path}: {body}");
-        body
-    }
-
-    /// Polls `path` until `check` holds, with the server's and workers' logs on failure.
-    pub async fn wait_for(
+    /// Polls `probe` until its answer satisfies `check` (see [`poll`]), with the server's
+    /// log on failure.
+    pub async fn wait_for<T, F, Fut>(
         &self,
         what: &str,
-        path: &str,
         within: Duration,
-        check: impl Fn(&Value) -> bool,
-    ) -> Value {
-        let deadline = tokio::time::Instant::now() + within;
-        let mut last = Value::Null;
-        while tokio::time::Instant::now() < deadline {
-            let (status, body) = self.call(Method::GET, path, None).await;
-            if status == 200 && check(&body) {
-                return body;
-            }
-            last = body;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!(
-            "timed out waiting for {what}; last {path}: {last}\nserver log tail:\n{}",
-            tail(&self.server.log_text(), 40)
-        );
+        probe: F,
+        check: impl Fn(&T) -> bool,
+    ) -> T
+    where
+        T: Debug,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        poll(what, within, &[&self.server], probe, check).await
     }
 
     /// Waits until the worker with this name is registered and returns its id.
     pub async fn worker_id(&self, name: &str, worker: &Process) -> i64 {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while tokio::time::Instant::now() < deadline {
-            let list = self.get(&format!("/api/v1/workers?name={name}")).await;
-            if let Some(id) = list["items"][0]["id"].as_i64() {
-                return id;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!(
-            "worker {name} never registered; its log:\n{}",
-            tail(&worker.log_text(), 40)
-        );
+        let query = WorkerQuery {
+            name: Some(name.to_string()),
+            ..WorkerQuery::default()
+        };
+        let workers = poll(
+            &format!("worker {name} to register"),
+            Duration::from_secs(30),
+            &[worker, &self.server],
+            || self.client.list_workers(&query),
+            |list| !list.items.is_empty(),
+        )
+        .await;
+        workers.items[0].id
+    }
+
+    /// A worker once it satisfies `check`.
+    pub async fn wait_worker(
+        &self,
+        id: i64,
+        what: &str,
+        within: Duration,
+        check: impl Fn(&Worker) -> bool,
+    ) -> Worker {
+        self.wait_for(
+            &format!("worker {id} to be {what}"),
+            within,
+            || self.client.get_worker(id),
+            check,
+        )
+        .await
     }
 
     /// Creates a model and returns (model id, instance ids) once the model controller
     /// has created its `replicas` instances.
-    pub async fn create_model(&self, body: Value) -> (i64, Vec<i64>) {
-        let (status, model) = self.call(Method::POST, "/api/v1/models", Some(body)).await;
-        assert_eq!(status, 201, "{model}");
-        let id = model["id"].as_i64().unwrap();
-        let replicas = model["replicas"].as_u64().unwrap();
+    pub async fn create_model(&self, model: &ModelCreate) -> (i64, Vec<i64>) {
+        let created = self.client.create_model(model).await.unwrap();
+        let replicas = created.replicas as usize;
         let instances = self
-            .wait_for(
-                &format!("model {id}'s {replicas} instances"),
-                &format!("/api/v1/model-instances?model_id={id}"),
+            .wait_instances(
+                created.id,
+                &format!("{replicas} in number"),
                 Duration::from_secs(10),
-                |list| list["pagination"]["total"] == replicas,
+                |instances| instances.len() == replicas,
             )
             .await;
-        let ids = instances["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["id"].as_i64().unwrap())
-            .collect();
-        (id, ids)
+        (created.id, instances.iter().map(|i| i.id).collect())
     }
 
+    /// The instances of a model (in id order) once they satisfy `check`.
+    pub async fn wait_instances(
+        &self,
+        model_id: i64,
+        what: &str,
+        within: Duration,
+        check: impl Fn(&[ModelInstance]) -> bool,
+    ) -> Vec<ModelInstance> {
+        instances_of(&self.client, model_id, what, within, &[&self.server], check).await
+    }
+
+    /// Places an instance on a worker's GPUs by hand.
     pub async fn place(&self, instance: i64, worker: i64, gpus: &[u32]) {
-        let (status, body) = self
-            .call(
-                Method::PATCH,
-                &format!("/api/v1/model-instances/{instance}"),
-                Some(json!({"worker_id": worker, "gpu_indexes": gpus})),
-            )
-            .await;
-        assert_eq!(status, 200, "{body}");
+        let patch = InstancePatch {
+            worker_id: Some(Some(worker)),
+            gpu_indexes: Some(gpus.to_vec()),
+        };
+        self.client.place_instance(instance, &patch).await.unwrap();
     }
 
-    pub async fn wait_instance(&self, instance: i64, state: &str, within: Duration) -> Value {
+    /// An instance once it is in `state`.
+    pub async fn wait_instance(
+        &self,
+        instance: i64,
+        state: InstanceState,
+        within: Duration,
+    ) -> ModelInstance {
         self.wait_for(
-            &format!("instance {instance} to be {state}"),
-            &format!("/api/v1/model-instances/{instance}"),
+            &format!("instance {instance} to be {state:?}"),
             within,
-            |i| i["state"] == state,
+            || self.client.get_instance(instance),
+            |i| i.state == state,
         )
         .await
     }
 }
 
-async fn wait_healthy(http: &reqwest::Client, base: &str, process: &Process) {
-    for _ in 0..300 {
-        if let Ok(response) = http.get(format!("{base}/readyz")).send().await {
-            if response.status().is_success() {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "{} never became ready; log:\n{}",
-        process.name,
-        process.log_text()
-    );
+/// The instances of a model (in id order), through `client`, once they satisfy `check`.
+pub async fn instances_of(
+    client: &Client,
+    model_id: i64,
+    what: &str,
+    within: Duration,
+    logs: &[&Process],
+    check: impl Fn(&[ModelInstance]) -> bool,
+) -> Vec<ModelInstance> {
+    let query = InstanceQuery {
+        model_id: Some(model_id),
+        ..InstanceQuery::default()
+    };
+    poll(
+        &format!("the instances of model {model_id} to be {what}"),
+        within,
+        logs,
+        || async { Ok(client.list_instances(&query).await?.items) },
+        |items: &Vec<ModelInstance>| check(items),
+    )
+    .await
+}
+
+/// Waits until `url` answers 2xx (a probe), or fails with the process's log.
+async fn wait_until_served(url: &str, process: &Process) {
+    let http = reqwest::Client::new();
+    gantry_testkit::eventually(
+        &format!("{} to serve {url}", process.name),
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { Ok::<_, reqwest::Error>(http.get(url).send().await?.status()) },
+        |status| status.is_success(),
+        || format!("log:\n{}", process.log_text()),
+    )
+    .await;
+}
+
+/// Waits until none of these processes is alive (within `within`).
+pub async fn wait_gone(pids: &[i32], what: &str, within: Duration) {
+    gantry_testkit::eventually(
+        what,
+        within,
+        Duration::from_millis(100),
+        || async { Ok::<_, Infallible>(pids.iter().copied().filter(|p| alive(*p)).collect()) },
+        |alive: &Vec<i32>| alive.is_empty(),
+        String::new,
+    )
+    .await;
 }
 
 /// The tiny llama model, written into `dir`.
@@ -395,6 +487,16 @@ pub fn manual_model_body(name: &str, path: &Path, replicas: u32) -> Value {
     let mut body = tiny_model_body(name, path, replicas);
     body["worker_selector"] = json!({"placement": "by-hand"});
     body
+}
+
+/// [`tiny_model_body`] as the typed request (the API's defaults for the rest).
+pub fn tiny_model_create(name: &str, path: &Path, replicas: u32) -> ModelCreate {
+    serde_json::from_value(tiny_model_body(name, path, replicas)).unwrap()
+}
+
+/// [`manual_model_body`] as the typed request.
+pub fn manual_model_create(name: &str, path: &Path, replicas: u32) -> ModelCreate {
+    serde_json::from_value(manual_model_body(name, path, replicas)).unwrap()
 }
 
 /// Sends a chat completion straight to a backend address.
