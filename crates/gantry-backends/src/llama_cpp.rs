@@ -164,7 +164,8 @@ fn gpu_layers(args: &[String]) -> Result<Option<u32>, ArgsError> {
 #[cfg(test)]
 mod tests {
     use gantry_sched::KvCacheType;
-    use gantry_types::{GpuShare, LlamaLayout, PlacementKind};
+    use gantry_types::fixtures::placement;
+    use gantry_types::PlacementKind;
 
     use super::*;
     use crate::command::backend_command;
@@ -172,29 +173,6 @@ mod tests {
 
     fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
-    }
-
-    fn placement(kind: PlacementKind, gpus: &[u32], split: Option<&[u32]>) -> Placement {
-        Placement {
-            instance_id: 1,
-            worker_id: 1,
-            worker_name: "w1".to_owned(),
-            gpus: gpus
-                .iter()
-                .map(|&index| GpuShare {
-                    index,
-                    bytes: 1 << 30,
-                })
-                .collect(),
-            ram_bytes: 1 << 29,
-            kind,
-            tensor_parallel_size: u32::try_from(gpus.len().max(1)).expect("few GPUs"),
-            data_parallel_size: 1,
-            llama: split.map(|split| LlamaLayout {
-                n_gpu_layers: split.iter().sum(),
-                tensor_split: split.to_vec(),
-            }),
-        }
     }
 
     #[test]

@@ -44,7 +44,8 @@ pub fn estimate_options(args: &[String]) -> Result<EngineOptions, ArgsError> {
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::{Placement, PlacementKind};
+    use gantry_types::fixtures::placement;
+    use gantry_types::PlacementKind;
 
     use super::*;
     use crate::command::backend_command;
@@ -78,17 +79,7 @@ mod tests {
 
     #[test]
     fn a_placement_adds_tp_size_unless_any_spelling_is_given() {
-        let two = Placement {
-            instance_id: 1,
-            worker_id: 1,
-            worker_name: "w1".into(),
-            gpus: Vec::new(),
-            ram_bytes: 0,
-            kind: PlacementKind::MultiGpu,
-            tensor_parallel_size: 2,
-            data_parallel_size: 1,
-            llama: None,
-        };
+        let two = placement(PlacementKind::MultiGpu, &[0, 1], None);
         assert_eq!(
             SGLANG.placement_args(&[], &two, None),
             args(&["--tp-size", "2"])

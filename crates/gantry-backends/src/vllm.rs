@@ -35,7 +35,8 @@ pub fn estimate_options(args: &[String]) -> Result<EngineOptions, ArgsError> {
 
 #[cfg(test)]
 mod tests {
-    use gantry_types::{Placement, PlacementKind};
+    use gantry_types::fixtures::placement;
+    use gantry_types::PlacementKind;
 
     use super::*;
     use crate::command::backend_command;
@@ -73,17 +74,7 @@ mod tests {
 
     #[test]
     fn a_placement_adds_its_tensor_parallel_size_unless_given() {
-        let two = Placement {
-            instance_id: 1,
-            worker_id: 1,
-            worker_name: "w1".into(),
-            gpus: Vec::new(),
-            ram_bytes: 0,
-            kind: PlacementKind::MultiGpu,
-            tensor_parallel_size: 2,
-            data_parallel_size: 1,
-            llama: None,
-        };
+        let two = placement(PlacementKind::MultiGpu, &[0, 1], None);
         assert_eq!(
             VLLM.placement_args(&[], &two, None),
             args(&["--tensor-parallel-size", "2"])

@@ -420,7 +420,7 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngi
     );
     assert_eq!(report.models[0].model, "tiny");
     assert_eq!(report.api_keys[0].api_key_id, Some(key_id), "{report:?}");
-    assert_eq!(report.api_keys[0].requests, 4, "{report:?}");
+    assert_eq!(report.api_keys[0].totals.requests, 4, "{report:?}");
 
     // A session token works too, booked without a key.
     let (status, _, _) = cluster
@@ -440,7 +440,7 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngi
         .iter()
         .find(|row| row.api_key_id.is_none())
         .unwrap_or_else(|| panic!("no session-token row: {report:?}"));
-    assert_eq!(session_row.requests, 1);
+    assert_eq!(session_row.totals.requests, 1);
 
     // A user sees only their own usage; filters by key and time narrow the report.
     admin

@@ -139,12 +139,22 @@ impl Store {
         id: i64,
         labels: &BTreeMap<String, String>,
     ) -> Result<Worker, StoreError> {
+        self.set_worker_json(id, "labels", to_json(labels)).await
+    }
+
+    /// Sets one JSON column of a worker (a trusted column name) and its `updated_at`.
+    async fn set_worker_json(
+        &self,
+        id: i64,
+        column: &'static str,
+        value: String,
+    ) -> Result<Worker, StoreError> {
         let sql = format!(
-            "UPDATE workers SET labels = $2, updated_at = $3 WHERE id = $1 RETURNING {COLUMNS}"
+            "UPDATE workers SET {column} = $2, updated_at = $3 WHERE id = $1 RETURNING {COLUMNS}"
         );
         let statement = sqlx::query(&sql)
             .bind(id)
-            .bind(to_json(labels))
+            .bind(value)
             .bind(Timestamp::now().as_millis());
         self.write_worker(statement, true)
             .await?
@@ -220,16 +230,7 @@ impl Store {
         id: i64,
         status: &WorkerStatus,
     ) -> Result<Worker, StoreError> {
-        let sql = format!(
-            "UPDATE workers SET status = $2, updated_at = $3 WHERE id = $1 RETURNING {COLUMNS}"
-        );
-        let statement = sqlx::query(&sql)
-            .bind(id)
-            .bind(to_json(status))
-            .bind(Timestamp::now().as_millis());
-        self.write_worker(statement, true)
-            .await?
-            .ok_or_else(|| StoreError::not_found("worker", id))
+        self.set_worker_json(id, "status", to_json(status)).await
     }
 
     /// Sets a worker's state by hand or on its way out (a worker shutting down).

@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use gantry_store::Listed;
 use gantry_store::{
     ApiKeyFilter, Change, ChangeKind, InstanceFilter, ModelFilter, NewApiKey, NewUser, Page,
     StoreError, UserFilter, WorkerFilter,
 };
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
-use gantry_types::ListFilter;
 use gantry_types::{BackendKind, GpuDevice, InstanceState, ModelCreate, Role, WorkerStatus};
 
 fn new_user(name: &str, role: Role) -> NewUser {
@@ -347,25 +347,29 @@ async fn lists_paginate_and_filter(engine: TestEngine) {
     assert_eq!(store.list_workers(&ready, ALL).await.unwrap().1, 1);
 }
 
-/// Checks that the store's SQL for `filter` selects exactly the items of `all` that
-/// `ListFilter::matches` accepts (in the same order).
-fn agree<F, T>(filter: &F, all: &[T], listed: &[T])
+/// Checks, for each filter, that the store's SQL selects exactly the items (of all that
+/// the unfiltered list holds) that `ListFilter::matches` accepts, in the same order.
+async fn agree<F>(store: &gantry_store::Store, filters: &[F])
 where
-    F: ListFilter<Item = T> + std::fmt::Debug,
-    T: PartialEq + std::fmt::Debug,
+    F: Listed + Default + std::fmt::Debug,
+    F::Item: PartialEq + std::fmt::Debug,
 {
-    let expected: Vec<&T> = all.iter().filter(|item| filter.matches(item)).collect();
-    let listed: Vec<&T> = listed.iter().collect();
-    assert_eq!(listed, expected, "SQL and watch disagree on {filter:?}");
+    let everything = Page {
+        page: 1,
+        per_page: 1000,
+    };
+    let all = F::default().list(store, everything).await.unwrap().0;
+    for filter in filters {
+        let listed = filter.list(store, everything).await.unwrap().0;
+        let expected: Vec<&F::Item> = all.iter().filter(|item| filter.matches(item)).collect();
+        let listed: Vec<&F::Item> = listed.iter().collect();
+        assert_eq!(listed, expected, "SQL and watch disagree on {filter:?}");
+    }
 }
 
 async fn lists_and_watches_read_a_filter_the_same_way(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
-    let big: Page = Page {
-        page: 1,
-        per_page: 1000,
-    };
     for (name, backend) in [
         ("tiny-llama", "llama.cpp"),
         ("qwen_7b", "vllm"),
@@ -389,113 +393,97 @@ async fn lists_and_watches_read_a_filter_the_same_way(engine: TestEngine) {
             .await
             .unwrap();
     }
-    let models = store
-        .list_models(&ModelFilter::default(), big)
+    agree(
+        &store,
+        &[
+            ModelFilter::default(),
+            ModelFilter {
+                search: Some("LLAMA".into()),
+                ..Default::default()
+            },
+            ModelFilter {
+                search: Some("%".into()),
+                ..Default::default()
+            },
+            ModelFilter {
+                search: Some("_".into()),
+                ..Default::default()
+            },
+            ModelFilter {
+                backend: Some(BackendKind::LlamaCpp),
+                search: Some("big".into()),
+                ..Default::default()
+            },
+            ModelFilter {
+                name: Some("qwen_7b".into()),
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
+    agree(
+        &store,
+        &[
+            UserFilter {
+                search: Some("al".into()),
+                ..Default::default()
+            },
+            UserFilter {
+                role: Some(Role::Admin),
+                ..Default::default()
+            },
+            UserFilter {
+                role: Some(Role::User),
+                search: Some("A".into()),
+            },
+        ],
+    )
+    .await;
+    let first = store
+        .list_instances(&InstanceFilter::default(), ALL)
         .await
         .unwrap()
-        .0;
-    for filter in [
-        ModelFilter::default(),
-        ModelFilter {
-            search: Some("LLAMA".into()),
-            ..Default::default()
-        },
-        ModelFilter {
-            search: Some("%".into()),
-            ..Default::default()
-        },
-        ModelFilter {
-            search: Some("_".into()),
-            ..Default::default()
-        },
-        ModelFilter {
-            backend: Some(BackendKind::LlamaCpp),
-            search: Some("big".into()),
-            ..Default::default()
-        },
-        ModelFilter {
-            name: Some("qwen_7b".into()),
-            ..Default::default()
-        },
-    ] {
-        let listed = store.list_models(&filter, big).await.unwrap().0;
-        agree(&filter, &models, &listed);
-    }
-    let users = store
-        .list_users(&UserFilter::default(), big)
-        .await
-        .unwrap()
-        .0;
-    for filter in [
-        UserFilter {
-            search: Some("al".into()),
-            ..Default::default()
-        },
-        UserFilter {
-            role: Some(Role::Admin),
-            ..Default::default()
-        },
-        UserFilter {
-            role: Some(Role::User),
-            search: Some("A".into()),
-        },
-    ] {
-        let listed = store.list_users(&filter, big).await.unwrap().0;
-        agree(&filter, &users, &listed);
-    }
-    let instances = store
-        .list_instances(&InstanceFilter::default(), big)
-        .await
-        .unwrap()
-        .0;
-    let first = &instances[0];
+        .0
+        .remove(0);
     let worker = store.get_worker_by_name("w2").await.unwrap();
     place_by_hand(&store, first.id, worker.id, &[0]).await;
-    let instances = store
-        .list_instances(&InstanceFilter::default(), big)
-        .await
-        .unwrap()
-        .0;
-    for filter in [
-        InstanceFilter {
-            model_id: Some(first.model_id),
-            ..Default::default()
-        },
-        InstanceFilter {
-            worker_id: Some(worker.id),
-            ..Default::default()
-        },
-        InstanceFilter {
-            state: Some(InstanceState::Pending),
-            model_id: Some(first.model_id),
-            ..Default::default()
-        },
-        InstanceFilter {
-            state: Some(InstanceState::Scheduled),
-            ..Default::default()
-        },
-    ] {
-        let listed = store.list_instances(&filter, big).await.unwrap().0;
-        agree(&filter, &instances, &listed);
-    }
-    let workers = store
-        .list_workers(&WorkerFilter::default(), big)
-        .await
-        .unwrap()
-        .0;
-    for filter in [
-        WorkerFilter {
-            name: Some("w1".into()),
-            ..Default::default()
-        },
-        WorkerFilter {
-            state: Some(gantry_types::WorkerState::Ready),
-            ..Default::default()
-        },
-    ] {
-        let listed = store.list_workers(&filter, big).await.unwrap().0;
-        agree(&filter, &workers, &listed);
-    }
+    agree(
+        &store,
+        &[
+            InstanceFilter {
+                model_id: Some(first.model_id),
+                ..Default::default()
+            },
+            InstanceFilter {
+                worker_id: Some(worker.id),
+                ..Default::default()
+            },
+            InstanceFilter {
+                state: Some(InstanceState::Pending),
+                model_id: Some(first.model_id),
+                ..Default::default()
+            },
+            InstanceFilter {
+                state: Some(InstanceState::Scheduled),
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
+    agree(
+        &store,
+        &[
+            WorkerFilter {
+                name: Some("w1".into()),
+                ..Default::default()
+            },
+            WorkerFilter {
+                state: Some(gantry_types::WorkerState::Ready),
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
 }
 
 async fn committed_writes_are_published_as_changes(engine: TestEngine) {

@@ -46,10 +46,8 @@ pub struct UsageTotals {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ModelUsage {
     pub model: String,
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub total_tokens: u64,
+    #[serde(flatten)]
+    pub totals: UsageTotals,
 }
 
 /// Usage of one model through one API key (`api_key_id: null`: session tokens).
@@ -58,10 +56,8 @@ pub struct ApiKeyUsage {
     pub user_id: i64,
     pub api_key_id: Option<i64>,
     pub model: String,
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub total_tokens: u64,
+    #[serde(flatten)]
+    pub totals: UsageTotals,
 }
 
 /// The usage report.

@@ -59,10 +59,7 @@ pub async fn report(
         .into_iter()
         .map(|(model, sums)| ModelUsage {
             model: model.to_string(),
-            requests: sums.requests,
-            prompt_tokens: sums.prompt_tokens,
-            completion_tokens: sums.completion_tokens,
-            total_tokens: sums.total_tokens,
+            totals: totals(sums),
         })
         .collect();
     Ok(Json(UsageReport {
@@ -79,10 +76,7 @@ pub async fn report(
                 user_id: row.user_id,
                 api_key_id: row.api_key_id,
                 model: row.model,
-                requests: row.sums.requests,
-                prompt_tokens: row.sums.prompt_tokens,
-                completion_tokens: row.sums.completion_tokens,
-                total_tokens: row.sums.total_tokens,
+                totals: totals(row.sums),
             })
             .collect(),
     }))

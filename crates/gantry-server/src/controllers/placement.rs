@@ -425,45 +425,18 @@ async fn instances_in(
 
 #[cfg(test)]
 mod tests {
-    use gantry_sched::LlamaLayout;
+    use gantry_types::fixtures::placement;
 
     use super::*;
 
-    fn placement(kind: PlacementKind, gpus: &[u32], llama: Option<LlamaLayout>) -> Placement {
-        Placement {
-            instance_id: 1,
-            worker_id: 1,
-            worker_name: "w1".to_owned(),
-            gpus: gpus
-                .iter()
-                .map(|&index| GpuShare {
-                    index,
-                    bytes: 1 << 30,
-                })
-                .collect(),
-            ram_bytes: 1 << 29,
-            kind,
-            tensor_parallel_size: u32::try_from(gpus.len().max(1)).expect("few GPUs"),
-            data_parallel_size: 1,
-            llama,
-        }
-    }
-
-    fn layout(split: &[u32]) -> Option<LlamaLayout> {
-        Some(LlamaLayout {
-            n_gpu_layers: split.iter().sum(),
-            tensor_split: split.to_vec(),
-        })
-    }
-
     #[test]
     fn placement_messages_say_where_and_how() {
-        let placed = placement(PlacementKind::SingleGpu, &[0], layout(&[5]));
+        let placed = placement(PlacementKind::SingleGpu, &[0], Some(&[5]));
         assert_eq!(
             describe_placement(&placed, true),
             "scheduled on w1: simulated GPU 0 (1.0 GiB), 0.5 GiB RAM; whole model on one GPU"
         );
-        let split = placement(PlacementKind::MultiGpu, &[0, 1], layout(&[2, 3]));
+        let split = placement(PlacementKind::MultiGpu, &[0, 1], Some(&[2, 3]));
         assert!(describe_placement(&split, false).ends_with("split over 2 GPUs"));
     }
 }

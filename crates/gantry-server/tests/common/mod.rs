@@ -24,8 +24,8 @@ use gantry_client::{Client, ClientError, WatchStream};
 use gantry_server::{RunningServer, ServerConfig};
 use gantry_testkit::{TestDatabase, TestEngine};
 use gantry_types::{
-    ChangeKind, ErrorCode, GpuDevice, InstanceQuery, ModelCreate, ModelInstance, SystemInfo,
-    WatchEvent, Worker, WorkerRegister, WorkerStatus,
+    ChangeKind, ErrorCode, InstanceQuery, ModelCreate, ModelInstance, WatchEvent, Worker,
+    WorkerRegister,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -347,30 +347,7 @@ pub fn simulated_worker(name: &str, gpus: u32) -> WorkerRegister {
         name: name.into(),
         labels: BTreeMap::new(),
         address: "127.0.0.1:1".into(),
-        status: WorkerStatus {
-            gpus: (0..gpus)
-                .map(|index| GpuDevice {
-                    index,
-                    name: "Simulated GPU".into(),
-                    uuid: format!("SIM-{name}-{index}"),
-                    memory_total: 80 * GIB,
-                    memory_used: 0,
-                    utilization: None,
-                    temperature: None,
-                    simulated: true,
-                })
-                .collect(),
-            system: SystemInfo {
-                cpu_count: 8,
-                load_average: 0.1,
-                memory_total: 64 * GIB,
-                memory_available: 60 * GIB,
-                disk_free: 100 * GIB,
-                os: "linux".into(),
-                hostname: name.into(),
-            },
-            backends: vec!["llama.cpp".into(), "vllm".into()],
-        },
+        status: gantry_types::fixtures::worker_status(name, gpus),
     }
 }
 
