@@ -20,6 +20,16 @@ pub struct ArgsError {
     pub reason: String,
 }
 
+impl ArgsError {
+    pub(crate) fn new(flag: &str, value: &str, reason: impl std::fmt::Display) -> Self {
+        Self {
+            flag: flag.to_owned(),
+            value: value.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// Returns the value of the last occurrence of any of `names` in `args`, with the flag name
 /// that carried it.
 ///
@@ -64,21 +74,18 @@ where
 {
     match flag_value(args, names) {
         None => Ok(None),
-        Some((flag, value)) => value.trim().parse::<T>().map(Some).map_err(|e| ArgsError {
-            flag: flag.to_owned(),
-            value: value.to_owned(),
-            reason: e.to_string(),
-        }),
+        Some((flag, value)) => value
+            .trim()
+            .parse::<T>()
+            .map(Some)
+            .map_err(|e| ArgsError::new(flag, value, e)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
-    }
+    use crate::command::tests::args;
 
     #[test]
     fn flag_value_reads_space_and_equals_forms() {

@@ -271,6 +271,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// An argument list from string literals.
+    pub(crate) fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
     pub(crate) fn argv(command: &BackendCommand) -> Vec<&str> {
         std::iter::once(command.program.as_str())
             .chain(command.args.iter().map(String::as_str))

@@ -84,18 +84,11 @@ impl EngineFlags {
         };
         let kv_cache_element_bits = match flag_value(args, &["--kv-cache-dtype"]) {
             None => 16,
-            Some((flag, value)) => kv_dtype_bits(value).ok_or_else(|| ArgsError {
-                flag: flag.to_owned(),
-                value: value.to_owned(),
-                reason: "unknown KV cache dtype".to_owned(),
-            })?,
+            Some((flag, value)) => kv_dtype_bits(value)
+                .ok_or_else(|| ArgsError::new(flag, value, "unknown KV cache dtype"))?,
         };
         let nonzero = |value: Option<u32>, flag: &str| match value {
-            Some(0) => Err(ArgsError {
-                flag: flag.to_owned(),
-                value: "0".to_owned(),
-                reason: "must be at least 1".to_owned(),
-            }),
+            Some(0) => Err(ArgsError::new(flag, "0", "must be at least 1")),
             other => Ok(other),
         };
         Ok(EngineOptions {
@@ -131,16 +124,15 @@ impl EngineFlags {
 }
 
 fn parse_fraction(flag: &str, value: &str) -> Result<f64, ArgsError> {
-    let error = |reason: String| ArgsError {
-        flag: flag.to_owned(),
-        value: value.to_owned(),
-        reason,
-    };
-    let fraction: f64 = value.trim().parse().map_err(|e| error(format!("{e}")))?;
+    let error = |reason: &str| ArgsError::new(flag, value, reason);
+    let fraction: f64 = value
+        .trim()
+        .parse::<f64>()
+        .map_err(|e| error(&e.to_string()))?;
     if fraction > 0.0 && fraction <= 1.0 {
         Ok(fraction)
     } else {
-        Err(error("must be in (0, 1]".to_owned()))
+        Err(error("must be in (0, 1]"))
     }
 }
 
@@ -155,16 +147,12 @@ fn parse_token_count(flag: &str, value: &str) -> Result<u64, ArgsError> {
         Some('M') => (&trimmed[..trimmed.len() - 1], 1_048_576),
         _ => (trimmed, 1),
     };
-    let error = |reason: String| ArgsError {
-        flag: flag.to_owned(),
-        value: value.to_owned(),
-        reason,
-    };
-    let count: u64 = digits.parse().map_err(|e| error(format!("{e}")))?;
+    let error = |reason: &str| ArgsError::new(flag, value, reason);
+    let count: u64 = digits.parse::<u64>().map_err(|e| error(&e.to_string()))?;
     match count.checked_mul(scale) {
-        Some(0) => Err(error("must be at least 1".to_owned())),
+        Some(0) => Err(error("must be at least 1")),
         Some(tokens) => Ok(tokens),
-        None => Err(error("too large".to_owned())),
+        None => Err(error("too large")),
     }
 }
 

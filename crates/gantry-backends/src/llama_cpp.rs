@@ -94,11 +94,7 @@ impl Backend for LlamaCpp {
 pub fn estimate_options(args: &[String]) -> Result<LlamaCppOptions, ArgsError> {
     let defaults = LlamaCppOptions::default();
     let positive = |value: Option<u32>, flag: &str, default: u32| match value {
-        Some(0) => Err(ArgsError {
-            flag: flag.to_owned(),
-            value: "0".to_owned(),
-            reason: "must be at least 1".to_owned(),
-        }),
+        Some(0) => Err(ArgsError::new(flag, "0", "must be at least 1")),
         Some(v) => Ok(v),
         None => Ok(default),
     };
@@ -153,11 +149,7 @@ fn gpu_layers(args: &[String]) -> Result<Option<u32>, ArgsError> {
     match trimmed.parse::<i64>() {
         Ok(n) if n < 0 => Ok(None),
         Ok(n) => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
-        Err(e) => Err(ArgsError {
-            flag: flag.to_owned(),
-            value: value.to_owned(),
-            reason: e.to_string(),
-        }),
+        Err(e) => Err(ArgsError::new(flag, value, e)),
     }
 }
 
@@ -169,11 +161,7 @@ mod tests {
 
     use super::*;
     use crate::command::backend_command;
-    use crate::command::tests::{argv, spec, target};
-
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
-    }
+    use crate::command::tests::{args, argv, spec, target};
 
     #[test]
     fn command_line() {

@@ -49,12 +49,8 @@ mod tests {
 
     use super::*;
     use crate::command::backend_command;
-    use crate::command::tests::{argv, spec, target};
+    use crate::command::tests::{args, argv, spec, target};
     use crate::{Backend, BackendSettings};
-
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
-    }
 
     #[test]
     fn command_line() {

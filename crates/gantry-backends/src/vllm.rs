@@ -40,12 +40,8 @@ mod tests {
 
     use super::*;
     use crate::command::backend_command;
-    use crate::command::tests::{argv, spec, target};
+    use crate::command::tests::{args, argv, spec, target};
     use crate::{Backend, BackendSettings};
-
-    pub(crate) fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
-    }
 
     #[test]
     fn command_line_leaves_tensor_parallelism_to_the_args() {
