@@ -8,6 +8,7 @@ use gantry_types::{BackendKind, Placement};
 
 use crate::args::{flag_value, parse_flag, ArgsError};
 use crate::command::{serve_argv, BackendError, BackendSettings, LaunchSpec, LaunchTarget};
+use crate::load::LoadProbe;
 use crate::Backend;
 
 /// One serving engine.
@@ -19,6 +20,8 @@ pub struct Engine {
     /// What comes before the model path on the command line.
     pub model_flag: &'static [&'static str],
     pub flags: EngineFlags,
+    /// Where the engine tells its load.
+    pub load: LoadProbe,
 }
 
 impl Engine {
@@ -44,6 +47,10 @@ impl Backend for Engine {
         target: &LaunchTarget<'_>,
     ) -> Result<Vec<String>, BackendError> {
         serve_argv(settings, spec, target, self.model_flag)
+    }
+
+    fn load_probe(&self) -> Option<LoadProbe> {
+        Some(self.load)
     }
 
     fn placement_args(

@@ -9,6 +9,7 @@
 //! * the options the memory estimate reads from a backend's arguments
 //!   ([`llama_cpp::estimate_options`], [`vllm::estimate_options`],
 //!   [`sglang::estimate_options`], [`custom::declared_claim`]);
+//! * where a running backend tells its load ([`load`]), so a stop can drain it first;
 //! * [`command`](mod@command): turning a [`LaunchSpec`] into the [`BackendCommand`] of each
 //!   process (data-parallel ranks, `CUDA_VISIBLE_DEVICES`).
 //!
@@ -24,6 +25,7 @@ pub mod command;
 pub mod custom;
 pub mod engine;
 pub mod llama_cpp;
+pub mod load;
 pub mod sglang;
 pub mod vllm;
 
@@ -36,6 +38,7 @@ pub use command::{
     backend_command, join_gpu_indexes, rank_gpu_indexes, BackendCommand, BackendError,
     BackendSettings, LaunchSpec, LaunchTarget, CUDA_VISIBLE_DEVICES,
 };
+pub use load::LoadProbe;
 
 /// The health path of llama.cpp, vLLM and SGLang, and the default for custom commands.
 pub const DEFAULT_HEALTH_PATH: &str = "/health";
@@ -65,6 +68,12 @@ pub trait Backend: Sync {
     /// The path polled until it answers 200, unless the instance names another.
     fn health_path<'a>(&self, _settings: &'a BackendSettings) -> &'a str {
         DEFAULT_HEALTH_PATH
+    }
+
+    /// Where the running backend tells how many requests it is answering, so that a stop
+    /// can wait for them; `None` when it does not say.
+    fn load_probe(&self) -> Option<LoadProbe> {
+        None
     }
 
     /// How long the backend may take to become healthy, unless configured otherwise.

@@ -21,6 +21,7 @@ use gantry_types::{BackendKind, Placement};
 
 use crate::args::{flag_value, parse_flag, ArgsError};
 use crate::command::{serve_argv, BackendError, BackendSettings, LaunchSpec, LaunchTarget};
+use crate::load::{self, LoadProbe};
 use crate::Backend;
 
 /// `--ctx-size` and its short form.
@@ -51,6 +52,10 @@ impl Backend for LlamaCpp {
         target: &LaunchTarget<'_>,
     ) -> Result<Vec<String>, BackendError> {
         serve_argv(settings, spec, target, &["-m"])
+    }
+
+    fn load_probe(&self) -> Option<LoadProbe> {
+        Some(load::LLAMA_CPP)
     }
 
     fn placement_args(

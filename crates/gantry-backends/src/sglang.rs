@@ -12,6 +12,7 @@ use gantry_types::BackendKind;
 
 use crate::args::ArgsError;
 use crate::engine::{Engine, EngineFlags};
+use crate::load;
 
 /// The Python that runs SGLang, looked up on `PATH` unless the worker names another.
 pub const PYTHON: &str = "python3";
@@ -35,6 +36,7 @@ pub const SGLANG: Engine = Engine {
         tensor_parallel: &["--tp-size", "--tensor-parallel-size", "--tp"],
         data_parallel: &["--dp-size", "--data-parallel-size", "--dp"],
     },
+    load: load::SGLANG,
 };
 
 /// Reads the options that change SGLang's memory use from its arguments.

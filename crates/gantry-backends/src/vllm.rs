@@ -10,6 +10,7 @@ use gantry_types::BackendKind;
 
 use crate::args::ArgsError;
 use crate::engine::{Engine, EngineFlags};
+use crate::load;
 
 /// The program, looked up on `PATH` unless the worker names another.
 pub const PROGRAM: &str = "vllm";
@@ -26,6 +27,7 @@ pub const VLLM: Engine = Engine {
         tensor_parallel: &["--tensor-parallel-size", "-tp"],
         data_parallel: &["--data-parallel-size", "-dp"],
     },
+    load: load::VLLM,
 };
 
 /// Reads the options that change vLLM's memory use from its arguments.

@@ -205,3 +205,87 @@ async fn a_corrupt_model_is_an_error_with_llama_servers_stderr() {
     h.supervisor.shutdown().await;
     assert_eq!(h.next_state(2).await, BackendState::Stopped);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stopping_a_serving_instance_lets_the_requests_in_progress_finish() {
+    let mut h = Harness::new();
+    let model = h.temp.path().join("tiny-llama.gguf");
+    gantry_gguf::write_tiny_llama(&model).unwrap();
+    h.supervisor.ensure(h.spec(3, model)).await.unwrap();
+    assert!(matches!(
+        h.next_state(3).await,
+        BackendState::Starting { .. }
+    ));
+    let address = match h.next_state(3).await {
+        BackendState::Running { address, .. } => address,
+        other => panic!("expected Running, got {other:?}"),
+    };
+
+    // Eight completions queue up on the one slot; each generates until the context is full.
+    // No idle keep-alive connections: llama-server gives each open connection one of its
+    // few HTTP threads.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let requests: Vec<_> = (0..8)
+        .map(|i| {
+            let request = client
+                .post(format!("http://{address}/v1/completions"))
+                .json(&serde_json::json!({
+                    "prompt": format!("request {i}"),
+                    "max_tokens": 200,
+                    "ignore_eos": true,
+                }))
+                .send();
+            tokio::spawn(async move {
+                let response = request.await.map_err(|e| format!("sending: {e}"))?;
+                let status = response.status();
+                let body: serde_json::Value = response
+                    .json()
+                    .await
+                    .map_err(|e| format!("reading the answer ({status}): {e}"))?;
+                Ok::<_, String>(body["usage"]["completion_tokens"].as_u64().unwrap_or(0))
+            })
+        })
+        .collect();
+    // Stop once the backend is busy.
+    let slots = format!("http://{address}/slots");
+    let busy = async {
+        loop {
+            let answer: serde_json::Value = client
+                .get(&slots)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if answer[0]["is_processing"] == true {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), busy)
+        .await
+        .expect("the backend starts processing the requests");
+    assert!(h.supervisor.stop(3).await);
+    assert_eq!(h.next_state(3).await, BackendState::Stopped);
+
+    let log = h.supervisor.read_log(3, 50).await.unwrap();
+    for request in requests {
+        let generated = request
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("a request was cut by the stop: {e}; log:\n{log}"));
+        assert!(generated > 0);
+    }
+    assert!(
+        log.contains("draining: no request in progress after"),
+        "{log}"
+    );
+    h.supervisor.shutdown().await;
+}

@@ -28,8 +28,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::drain::{drain, Drained};
 use super::process::{describe_exit, lock_sink, OutputSink, ProcessSet, SharedSink};
-use super::readiness::{health_url, wait_until_healthy};
+use super::readiness::{backend_url, wait_until_healthy};
 use super::restart::{CrashTracker, CrashVerdict};
 use super::{
     lock, BackendState, Desired, InstanceEvent, InstanceSpec, InstanceStatus, Shared, Slot,
@@ -305,7 +306,7 @@ impl InstanceTask {
         let urls: Vec<String> = commands
             .iter()
             .zip(&ports)
-            .map(|(command, port)| health_url(config.bind_host, *port, &command.health_path))
+            .map(|(command, port)| backend_url(config.bind_host, *port, &command.health_path))
             .collect();
         let last_probe = Mutex::new(String::from("no probe answered yet"));
         let became_ready = {
@@ -366,8 +367,9 @@ impl InstanceTask {
         // Watch.
         tokio::select! {
             () = self.cancel.cancelled() => {
+                let grace = self.drain(&sink, &ports).await;
                 lock_sink(&sink).note("stopping: the instance is being stopped");
-                processes.terminate(config.stop_grace_period).await;
+                processes.terminate(grace).await;
                 AttemptEnd::Cancelled
             }
             (rank, pid, exit) = processes.wait_any_exit() => {
@@ -385,6 +387,41 @@ impl InstanceTask {
                 self.failed(reason, &sink, true, ran_for)
             }
         }
+    }
+
+    /// Lets the requests the backend is answering finish before it is stopped, for at most
+    /// half the stop grace period (see [`drain`](super::drain)); returns the grace left for
+    /// the processes to exit after SIGTERM.
+    async fn drain(&self, sink: &SharedSink, ports: &[u16]) -> Duration {
+        let grace = self.shared.config.stop_grace_period;
+        let Some(probe) = backend(self.spec.launch.backend).load_probe() else {
+            return grace;
+        };
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|port| backend_url(self.shared.config.bind_host, *port, probe.path))
+            .collect();
+        let started = Instant::now();
+        let drained = drain(&self.shared.http, &urls, probe, grace / 2).await;
+        let waited = started.elapsed();
+        let (instance_id, key) = (self.spec.instance_id, &self.spec.key);
+        let note = match &drained {
+            Drained::Idle => {
+                tracing::debug!(instance_id, %key, ?waited, "drained: no request in progress");
+                format!("draining: no request in progress after {waited:.1?}")
+            }
+            Drained::Unknown(reason) => {
+                tracing::debug!(instance_id, %key, %reason, "not drained: the backend does not tell its load");
+                format!("draining: skipped, the backend does not tell its load ({reason})")
+            }
+            Drained::Busy(n) => {
+                tracing::warn!(instance_id, %key, requests = n, ?waited,
+                    "stopping a backend with requests still in progress after draining for half the stop grace period");
+                format!("draining: {n} request(s) still in progress after {waited:.1?}; stopping anyway")
+            }
+        };
+        lock_sink(sink).note(&note);
+        grace.saturating_sub(waited)
     }
 
     fn failed(

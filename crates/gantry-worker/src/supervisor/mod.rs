@@ -42,6 +42,7 @@
 //! path, moves on to it. Files are written line by line, so a tailer never sees half a line
 //! from two processes mixed.
 
+mod drain;
 mod instance;
 mod process;
 mod readiness;
@@ -83,7 +84,7 @@ pub struct InstanceSpec {
 
 /// Ports for backend processes unless configured otherwise.
 pub const DEFAULT_PORT_RANGE: RangeInclusive<u16> = 40000..=40999;
-/// Time between SIGTERM and SIGKILL when a backend is stopped.
+/// How long a backend has to stop by default (see [`SupervisorConfig::stop_grace_period`]).
 pub const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(30);
 
 /// The supervisor's configuration. [`SupervisorConfig::new`] fills in the defaults.
@@ -99,8 +100,9 @@ pub struct SupervisorConfig {
     /// The host put in `Running.address` for the gateway to reach (default `127.0.0.1`).
     /// With a loopback `bind_host`, only a gateway on this machine can reach backends.
     pub advertise_host: String,
-    /// How long a backend gets between SIGTERM and SIGKILL (default
-    /// [`DEFAULT_STOP_GRACE_PERIOD`]).
+    /// How long a backend has to stop (default [`DEFAULT_STOP_GRACE_PERIOD`]): a serving
+    /// backend that tells its load first drains for up to half of it, then the processes
+    /// get SIGTERM and the rest of it before SIGKILL.
     pub stop_grace_period: Duration,
     /// How long any backend may take to become ready; each backend's own default
     /// (`gantry_backends::Backend::readiness_deadline`, 10 min) when `None`.

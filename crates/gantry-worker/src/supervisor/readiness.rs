@@ -26,7 +26,7 @@ pub(crate) fn probe_client() -> reqwest::Result<reqwest::Client> {
 
 /// The URL to probe for a backend bound to `bind_host:port`. A backend bound to every
 /// interface is probed on loopback.
-pub(crate) fn health_url(bind_host: IpAddr, port: u16, health_path: &str) -> String {
+pub(crate) fn backend_url(bind_host: IpAddr, port: u16, health_path: &str) -> String {
     let host = match bind_host {
         IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
@@ -86,21 +86,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn health_url_probes_loopback_for_wildcard_binds() {
+    fn backend_url_probes_loopback_for_wildcard_binds() {
         assert_eq!(
-            health_url("127.0.0.1".parse().unwrap(), 40000, "/health"),
+            backend_url("127.0.0.1".parse().unwrap(), 40000, "/health"),
             "http://127.0.0.1:40000/health"
         );
         assert_eq!(
-            health_url("0.0.0.0".parse().unwrap(), 40000, "/health"),
+            backend_url("0.0.0.0".parse().unwrap(), 40000, "/health"),
             "http://127.0.0.1:40000/health"
         );
         assert_eq!(
-            health_url("::".parse().unwrap(), 1, "/h"),
+            backend_url("::".parse().unwrap(), 1, "/h"),
             "http://[::1]:1/h"
         );
         assert_eq!(
-            health_url("10.0.0.5".parse().unwrap(), 2, "/h"),
+            backend_url("10.0.0.5".parse().unwrap(), 2, "/h"),
             "http://10.0.0.5:2/h"
         );
     }

@@ -111,7 +111,7 @@ config_table! {
         vllm_path: Text = vllm::PROGRAM.to_owned();
         /// The Python that has SGLang installed: a path, or a name looked up on `PATH`.
         sglang_python: Text = sglang::PYTHON.to_owned();
-        /// Time between SIGTERM and SIGKILL when a backend is stopped.
+        /// How long a backend has to stop: a serving llama.cpp, vLLM or SGLang backend first finishes its requests in progress for up to half of it, then gets SIGTERM, then SIGKILL when the time is up.
         stop_grace_period: Duration = supervisor::DEFAULT_STOP_GRACE_PERIOD;
         /// How long a backend may take to become healthy.
         backend_ready_timeout: Duration = gantry_backends::DEFAULT_READINESS_DEADLINE;
