@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 struct Fixture {
-    _db: TestDatabase,
+    db: TestDatabase,
     store: Store,
     authenticator: Arc<Authenticator>,
     shutdown: CancellationToken,
@@ -51,7 +51,7 @@ impl Fixture {
         let tasks = TaskTracker::new();
         authenticator.spawn(&shutdown, &tasks);
         Self {
-            _db: db,
+            db,
             store,
             authenticator,
             shutdown,
@@ -79,11 +79,13 @@ impl Fixture {
         (full, key)
     }
 
-    async fn stop(self) -> Store {
+    /// Stops the background tasks; the store stays usable, with its database kept until
+    /// the returned guard drops.
+    async fn stop(self) -> (Store, TestDatabase) {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
-        self.store
+        (self.store, self.db)
     }
 }
 
@@ -178,7 +180,7 @@ async fn last_used_times_are_written_by_the_flusher_not_the_request(engine: Test
         None,
         "the request path wrote to the store"
     );
-    let store = fx.stop().await;
+    let (store, _db) = fx.stop().await;
     let last_used = store
         .get_api_key(record.id)
         .await

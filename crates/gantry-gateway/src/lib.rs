@@ -33,6 +33,7 @@ pub mod usage;
 
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -58,12 +59,16 @@ pub struct GatewayConfig {
     /// Largest request body accepted on `/v1/*`: prompts and embedding inputs are far
     /// larger than management requests.
     pub max_request_body: usize,
+    /// How often the usage summed in memory is written to the store (default
+    /// [`usage::FLUSH_INTERVAL`]).
+    pub usage_flush_interval: Duration,
 }
 
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
             max_request_body: 32 * 1024 * 1024,
+            usage_flush_interval: usage::FLUSH_INTERVAL,
         }
     }
 }
@@ -117,7 +122,7 @@ pub async fn start(config: GatewayConfig, context: GatewayContext) -> Result<Gat
     let routes = Arc::new(RoutingTable::default());
     routing::start(&context, Arc::clone(&routes)).await?;
     let usage = Arc::new(UsageAggregator::default());
-    usage::spawn_flusher(&context, Arc::clone(&usage));
+    usage::spawn_flusher(&context, Arc::clone(&usage), config.usage_flush_interval);
     Ok(Gateway(Arc::new(GatewayInner {
         config,
         store: context.store,

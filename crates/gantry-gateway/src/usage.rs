@@ -135,12 +135,12 @@ impl UsageAggregator {
     }
 }
 
-/// Flushes usage every [`FLUSH_INTERVAL`] until shutdown, then once more.
-pub fn spawn_flusher(context: &GatewayContext, usage: Arc<UsageAggregator>) {
+/// Flushes usage every `interval` until shutdown, then once more.
+pub fn spawn_flusher(context: &GatewayContext, usage: Arc<UsageAggregator>, interval: Duration) {
     let store = context.store.clone();
     let shutdown = context.shutdown.clone();
     context.tasks.spawn(async move {
-        let mut tick = tokio::time::interval(FLUSH_INTERVAL);
+        let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -49,6 +49,8 @@ pub struct ServerConfig {
     /// Largest request body the OpenAI-compatible gateway (`/v1/*`) accepts: prompts
     /// and embedding inputs are far larger than management requests.
     pub gateway_max_request_body: usize,
+    /// How often the gateway writes the usage it summed in memory to the store.
+    pub usage_flush_interval: Duration,
     /// How long a login lasts.
     pub session_ttl: Duration,
     /// Interval between heartbeat lines on idle watch streams.
@@ -81,6 +83,7 @@ impl ServerConfig {
             server_id: DEFAULT_SERVER_ID.to_string(),
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             gateway_max_request_body: DEFAULT_GATEWAY_MAX_REQUEST_BODY,
+            usage_flush_interval: gantry_gateway::usage::FLUSH_INTERVAL,
             session_ttl: Duration::from_secs(24 * 3600),
             watch_heartbeat: Duration::from_secs(15),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,

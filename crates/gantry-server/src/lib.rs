@@ -114,6 +114,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     let gateway = gantry_gateway::start(
         GatewayConfig {
             max_request_body: state.config.gateway_max_request_body,
+            usage_flush_interval: state.config.usage_flush_interval,
         },
         GatewayContext {
             store: state.store.clone(),

@@ -14,7 +14,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use gantry_backends::LaunchSpec;
@@ -47,11 +46,10 @@ fn llama_server() -> PathBuf {
     path
 }
 
-/// A port range per test, apart from the ranges of `tests/supervisor.rs`.
+/// A port range of its own: nextest runs each test in its own process, at the same time
+/// as the others.
 fn port_range() -> std::ops::RangeInclusive<u16> {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let start = 46600 + NEXT.fetch_add(1, Ordering::Relaxed) * 20;
-    start..=start + 19
+    gantry_testkit::reserve_ports(20)
 }
 
 struct Harness {

@@ -87,6 +87,8 @@ impl TestServer {
         config.watch_heartbeat = options.watch_heartbeat;
         config.heartbeat_interval = options.heartbeat_interval;
         config.server_timeout = options.server_timeout;
+        // Usage reports are read right after the requests.
+        config.usage_flush_interval = Duration::from_millis(100);
         match engine {
             TestEngine::Sqlite => {}
             TestEngine::Postgres => {
