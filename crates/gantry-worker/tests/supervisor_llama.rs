@@ -109,6 +109,27 @@ impl Harness {
         }
     }
 
+    /// Runs the tiny model as `instance_id` until it is ready: its port, address and pid.
+    async fn run_tiny_model(&mut self, instance_id: i64) -> (u16, String, u32) {
+        let model = self.temp.path().join("tiny-llama.gguf");
+        gantry_gguf::write_tiny_llama(&model).unwrap();
+        self.supervisor
+            .ensure(self.spec(instance_id, model))
+            .await
+            .unwrap();
+        let port = match self.next_state(instance_id).await {
+            BackendState::Starting { port } => port,
+            other => panic!("expected Starting, got {other:?}"),
+        };
+        match self.next_state(instance_id).await {
+            BackendState::Running { address, pid, .. } => (port, address, pid),
+            other => panic!(
+                "expected Running, got {other:?}; log:\n{}",
+                self.supervisor.read_log(instance_id, 40).await.unwrap()
+            ),
+        }
+    }
+
     async fn next_state(&mut self, instance_id: i64) -> BackendState {
         let event = tokio::time::timeout(EVENT_TIMEOUT, self.events.recv())
             .await
@@ -122,20 +143,7 @@ impl Harness {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_tiny_model_runs_under_llama_cpp_and_answers_chat_completions() {
     let mut h = Harness::new();
-    let model = h.temp.path().join("tiny-llama.gguf");
-    gantry_gguf::write_tiny_llama(&model).unwrap();
-    h.supervisor.ensure(h.spec(1, model)).await.unwrap();
-    let port = match h.next_state(1).await {
-        BackendState::Starting { port } => port,
-        other => panic!("expected Starting, got {other:?}"),
-    };
-    let (address, pid) = match h.next_state(1).await {
-        BackendState::Running { address, pid, .. } => (address, pid),
-        other => panic!(
-            "expected Running, got {other:?}; log:\n{}",
-            h.supervisor.read_log(1, 40).await.unwrap()
-        ),
-    };
+    let (port, address, pid) = h.run_tiny_model(1).await;
     assert_eq!(address, format!("127.0.0.1:{port}"));
 
     let client = reqwest::Client::builder()
@@ -207,17 +215,7 @@ async fn a_corrupt_model_is_an_error_with_llama_servers_stderr() {
 #[tokio::test(flavor = "multi_thread")]
 async fn stopping_a_serving_instance_lets_the_requests_in_progress_finish() {
     let mut h = Harness::new();
-    let model = h.temp.path().join("tiny-llama.gguf");
-    gantry_gguf::write_tiny_llama(&model).unwrap();
-    h.supervisor.ensure(h.spec(3, model)).await.unwrap();
-    assert!(matches!(
-        h.next_state(3).await,
-        BackendState::Starting { .. }
-    ));
-    let address = match h.next_state(3).await {
-        BackendState::Running { address, .. } => address,
-        other => panic!("expected Running, got {other:?}"),
-    };
+    let (_, address, _) = h.run_tiny_model(3).await;
 
     // Eight completions queue up on the one slot; each generates until the context is full.
     // No idle keep-alive connections: llama-server gives each open connection one of its
