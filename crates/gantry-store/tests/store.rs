@@ -10,7 +10,8 @@ use gantry_store::{
     StoreError, UserFilter, WorkerFilter,
 };
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
-use gantry_types::{BackendKind, GpuDevice, InstanceState, ModelCreate, Role, WorkerStatus};
+use gantry_types::fixtures::worker_status;
+use gantry_types::{BackendKind, InstanceState, ModelCreate, Role};
 
 fn new_user(name: &str, role: Role) -> NewUser {
     NewUser {
@@ -30,24 +31,6 @@ fn model_create(name: &str, replicas: u32) -> ModelCreate {
         "replicas": replicas,
     }))
     .expect("valid model create")
-}
-
-fn gpu_status(count: u32) -> WorkerStatus {
-    WorkerStatus {
-        gpus: (0..count)
-            .map(|index| GpuDevice {
-                index,
-                name: "Simulated GPU".into(),
-                uuid: format!("SIM-{index}"),
-                memory_total: 80 << 30,
-                memory_used: 0,
-                utilization: None,
-                temperature: None,
-                simulated: true,
-            })
-            .collect(),
-        ..Default::default()
-    }
 }
 
 const ALL: Page = Page {
@@ -219,7 +202,7 @@ async fn an_instance_is_deleted_only_as_it_was_read(engine: TestEngine) {
             "w1",
             &BTreeMap::new(),
             "127.0.0.1:1",
-            &gpu_status(2),
+            &worker_status("w", 2),
             "cred",
         )
         .await
@@ -266,7 +249,7 @@ async fn a_placement_by_hand_records_the_launch_and_a_deleted_worker_unplaces(en
             "w1",
             &BTreeMap::new(),
             "127.0.0.1:1",
-            &gpu_status(2),
+            &worker_status("w", 2),
             "cred",
         )
         .await
@@ -337,7 +320,7 @@ async fn lists_paginate_and_filter(engine: TestEngine) {
     );
 
     store
-        .create_worker("w1", &BTreeMap::new(), "a:1", &gpu_status(0), "c1")
+        .create_worker("w1", &BTreeMap::new(), "a:1", &worker_status("w1", 0), "c1")
         .await
         .unwrap();
     let ready = WorkerFilter {
@@ -389,7 +372,13 @@ async fn lists_and_watches_read_a_filter_the_same_way(engine: TestEngine) {
     }
     for name in ["w1", "w2"] {
         store
-            .create_worker(name, &BTreeMap::new(), "127.0.0.1:1", &gpu_status(1), name)
+            .create_worker(
+                name,
+                &BTreeMap::new(),
+                "127.0.0.1:1",
+                &worker_status(name, 1),
+                name,
+            )
             .await
             .unwrap();
     }
