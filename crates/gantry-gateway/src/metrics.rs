@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use gantry_types::{InstanceState, WorkerState};
 
-use crate::routing::RoutingTable;
+use crate::routing::{Backend, RoutingTable};
 
 /// Upper bounds (seconds) of the latency histogram's buckets.
 pub const LATENCY_BUCKETS: [f64; 14] = [
@@ -329,38 +329,31 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
     );
 
     let routes = routes.all();
-    header(
-        &mut out,
-        "gantry_gateway_instance_requests_in_flight",
-        "gauge",
-        "Requests being proxied to each routable instance now.",
-    );
-    for route in &routes {
-        for backend in &route.backends {
-            let _ = writeln!(
-                out,
-                "gantry_gateway_instance_requests_in_flight{{model=\"{}\",instance=\"{}\"}} {}",
-                escape(&route.name),
-                escape(&backend.instance_name),
-                backend.in_flight()
-            );
-        }
-    }
-    header(
-        &mut out,
-        "gantry_gateway_instance_connections_opened_total",
-        "counter",
-        "Connections the gateway opened to each routable instance (keep-alive reuse keeps it low).",
-    );
-    for route in &routes {
-        for backend in &route.backends {
-            let _ = writeln!(
-                out,
-                "gantry_gateway_instance_connections_opened_total{{model=\"{}\",instance=\"{}\"}} {}",
-                escape(&route.name),
-                escape(&backend.instance_name),
-                backend.connections_opened()
-            );
+    for (name, kind, help, pick) in [
+        (
+            "gantry_gateway_instance_requests_in_flight",
+            "gauge",
+            "Requests being proxied to each routable instance now.",
+            (|b: &Backend| b.in_flight()) as fn(&Backend) -> u64,
+        ),
+        (
+            "gantry_gateway_instance_connections_opened_total",
+            "counter",
+            "Connections the gateway opened to each routable instance (keep-alive reuse keeps it low).",
+            |b: &Backend| b.connections_opened(),
+        ),
+    ] {
+        header(&mut out, name, kind, help);
+        for route in &routes {
+            for backend in &route.backends {
+                let _ = writeln!(
+                    out,
+                    "{name}{{model=\"{}\",instance=\"{}\"}} {}",
+                    escape(&route.name),
+                    escape(&backend.instance_name),
+                    pick(backend)
+                );
+            }
         }
     }
     header(
