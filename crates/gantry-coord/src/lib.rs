@@ -5,25 +5,29 @@
 //! scheduler and the controllers. A [`Coordinator`] answers "am I the leader, and with
 //! which token?" and lets a loop wait until that answer changes.
 //!
-//! Two backends are planned:
+//! Two backends:
 //!
-//! * [`LocalCoordinator`] (here): one server, always the leader with a constant token.
-//!   It is what `gantry start` and SQLite deployments use.
-//! * A PostgreSQL coordinator (a later change): leadership is a lease row
-//!   (`holder`, `fencing_token`, `expires_at`) that the leader renews every few seconds
-//!   and another server takes over once it expires, incrementing the token. A background
-//!   renewal task keeps the answer current, so [`Coordinator::is_leader`] and
-//!   [`Coordinator::fencing_token`] read local state and never wait on the database.
+//! * [`LocalCoordinator`]: one server, always the leader with a constant token. It is
+//!   what `gantry start`, SQLite and `scheduling_mode: local` use.
+//! * [`LeaseCoordinator`] (`lease.rs`): several servers on one PostgreSQL. Leadership is
+//!   a lease row (`holder`, `fencing_token`, `expires_at`) that the leader renews and
+//!   another server takes over once it lapses or its holder's session dies, incrementing
+//!   the token. A background task keeps the answer current, so
+//!   [`Coordinator::is_leader`] and [`Coordinator::fencing_token`] read local state and
+//!   never wait on the database.
 //!
 //! **Where the token is checked.** Being told "you are the leader" is not enough: a
 //! server that was paused (GC, swap, a stopped VM) may wake up after its lease expired and
-//! another server took over. So every write a leader-only loop makes will carry the token
-//! it held when it decided, and the store will apply the write only while that token is
-//! still the current one (`… AND EXISTS (SELECT 1 FROM leader_lease WHERE fencing_token =
-//! $token)` in the leader-only statements of `gantry-store/src/scheduling.rs`). With the
-//! local backend there is no other server, so those statements do not check it yet.
+//! another server took over. So every write a leader-only loop makes carries the token
+//! it held when it decided (`gantry_store::Fence`), and the store applies the write only
+//! while that token is still the current one, inside the write's own statement. A write
+//! refused that way is reported with [`Coordinator::fenced`], and the server steps down.
 //!
 //! *Architecture Invariant:* this crate knows nothing about models, instances or workers.
+
+mod lease;
+
+pub use lease::{LeaseConfig, LeaseCoordinator, DEFAULT_LEASE_RENEW_INTERVAL, DEFAULT_LEASE_TTL};
 
 use std::fmt;
 use std::future::Future;
@@ -85,6 +89,17 @@ pub trait Coordinator: Send + Sync + fmt::Debug + 'static {
         self.leadership().fencing_token()
     }
 
+    /// A write carrying this server's token was refused as stale: another server leads.
+    /// Stops leading at once. The local backend has nobody to lose to.
+    fn fenced(&self) {}
+
+    /// The database session that shows this server is alive (the backend pid of the
+    /// lease's connection), so the registry can tell a dead server from a live one at
+    /// once; `None` for the local backend.
+    fn session_id(&self) -> Option<i64> {
+        None
+    }
+
     /// Gives leadership up (at shutdown), so another server can take over at once rather
     /// than after the lease expires. Idempotent.
     fn step_down(&self) -> BoxFuture<'_, ()>;
@@ -93,7 +108,7 @@ pub trait Coordinator: Send + Sync + fmt::Debug + 'static {
 /// Waits for leadership changes. Cheap to clone; every clone sees every later change.
 #[derive(Debug, Clone)]
 pub struct LeadershipWatch {
-    receiver: watch::Receiver<Leadership>,
+    pub(crate) receiver: watch::Receiver<Leadership>,
 }
 
 impl LeadershipWatch {

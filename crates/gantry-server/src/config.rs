@@ -19,12 +19,32 @@ pub const DEFAULT_GATEWAY_MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
 /// Four missed heartbeats at the default interval.
 pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_secs(60);
-/// Distributed locks (not used yet).
+/// Distributed locks taken through the coordinator API.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
-/// Scheduling shared between servers (not used yet).
+/// In distributed mode every server may place, under the scheduling lock.
 pub const DEFAULT_DISTRIBUTED_SCHEDULING: bool = true;
-/// The per-instance scheduling lock (not used yet).
+/// The scheduling lock: long enough for a batch of placements, short enough that a
+/// crashed holder does not stall placement for long (a standby's takeover of the lease
+/// does not wait for it: see `controllers::placement`).
 pub const DEFAULT_SCHEDULE_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+/// The leader lease's TTL.
+pub const DEFAULT_LEASE_TTL: Duration = gantry_coord::DEFAULT_LEASE_TTL;
+/// How often the leader renews.
+pub const DEFAULT_LEASE_RENEW_INTERVAL: Duration = gantry_coord::DEFAULT_LEASE_RENEW_INTERVAL;
+
+/// How scheduling is shared between servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedulingMode {
+    /// This server schedules alone: SQLite, `gantry start`, or one server on PostgreSQL
+    /// (refused while another server is active).
+    Local,
+    /// Several servers on PostgreSQL: a leader elected through the lease runs the
+    /// controllers; with `distributed_scheduling`, every server places under the
+    /// scheduling lock.
+    Distributed,
+    /// Distributed on PostgreSQL, local on SQLite.
+    Auto,
+}
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -42,8 +62,16 @@ pub struct ServerConfig {
     /// The first admin's password; generated and written to
     /// `data_dir/initial_admin_password` when absent.
     pub bootstrap_password: Option<String>,
-    /// This server's name in logs and, later, the server registry.
+    /// This server's name in logs and the server registry.
     pub server_id: String,
+    /// How other servers, workers and the console reach this server; `None` derives it
+    /// from the bound address (see [`ServerConfig::advertised_url`]).
+    pub advertise_url: Option<String>,
+    /// How scheduling is shared between servers.
+    pub scheduling_mode: SchedulingMode,
+    /// The leader lease's TTL and renewal interval (distributed mode).
+    pub lease_ttl: Duration,
+    pub lease_renew_interval: Duration,
     /// Largest request body the management API accepts.
     pub max_request_body: usize,
     /// Largest request body the OpenAI-compatible gateway (`/v1/*`) accepts: prompts
@@ -61,13 +89,15 @@ pub struct ServerConfig {
     pub server_timeout: Duration,
     /// Every server's URL, as workers should be told (multi-server deployments).
     pub server_urls: Vec<String>,
-    /// Default timeout of distributed locks. Not used yet: every server schedules alone
-    /// until the high-availability work lands.
+    /// Default timeout of distributed locks taken through the coordinator API.
     pub lock_timeout: Duration,
-    /// Whether several servers share scheduling under per-instance locks. Not used yet.
+    /// In distributed mode, whether every server places (under the scheduling lock) or
+    /// only the leader.
     pub distributed_scheduling: bool,
-    /// Timeout of the per-instance scheduling lock. Not used yet.
+    /// Timeout of the scheduling lock.
     pub schedule_lock_timeout: Duration,
+    /// How long a shutdown waits for requests in flight.
+    pub shutdown_grace: Duration,
 }
 
 impl ServerConfig {
@@ -81,6 +111,10 @@ impl ServerConfig {
             jwt_secret: None,
             bootstrap_password: None,
             server_id: DEFAULT_SERVER_ID.to_string(),
+            advertise_url: None,
+            scheduling_mode: SchedulingMode::Auto,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            lease_renew_interval: DEFAULT_LEASE_RENEW_INTERVAL,
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             gateway_max_request_body: DEFAULT_GATEWAY_MAX_REQUEST_BODY,
             usage_flush_interval: gantry_gateway::usage::FLUSH_INTERVAL,
@@ -92,6 +126,7 @@ impl ServerConfig {
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             distributed_scheduling: DEFAULT_DISTRIBUTED_SCHEDULING,
             schedule_lock_timeout: DEFAULT_SCHEDULE_LOCK_TIMEOUT,
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 
@@ -108,5 +143,35 @@ impl ServerConfig {
         self.database_url
             .as_deref()
             .is_some_and(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
+    }
+
+    /// The mode in effect: `auto` resolved by the database (never `Auto`).
+    pub fn effective_scheduling_mode(&self) -> SchedulingMode {
+        match self.scheduling_mode {
+            SchedulingMode::Auto if self.is_multi_server() => SchedulingMode::Distributed,
+            SchedulingMode::Auto => SchedulingMode::Local,
+            mode => mode,
+        }
+    }
+
+    /// The URL this server is reached at: `advertise_url`, else `http://host:port` of the
+    /// bound address, with the machine's hostname for a wildcard host.
+    pub fn advertised_url(&self, bound: std::net::SocketAddr) -> String {
+        if let Some(url) = &self.advertise_url {
+            return url.trim_end_matches('/').to_string();
+        }
+        let host = if bound.ip().is_unspecified() {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".to_string())
+        } else {
+            match bound.ip() {
+                std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+                ip => ip.to_string(),
+            }
+        };
+        format!("http://{host}:{}", bound.port())
     }
 }

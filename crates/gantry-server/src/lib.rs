@@ -9,6 +9,7 @@
 pub mod api;
 pub mod auth;
 pub mod bootstrap;
+pub mod cluster;
 pub mod config;
 pub mod controllers;
 pub mod error;
@@ -48,15 +49,63 @@ pub struct RunningServer {
     pub gateway: Gateway,
 }
 
+/// How long a server that shuts down beside others keeps serving while it tells clients
+/// to go elsewhere (`/readyz` answers 503 and every response closes its connection), so
+/// no client is left holding an idle connection to it when it stops accepting.
+pub const DRAIN_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl RunningServer {
-    /// Stops accepting requests, ends watch streams and background tasks, and waits
-    /// for them.
+    /// Leaves the cluster cleanly: stops heartbeats and unregisters (workers move
+    /// elsewhere), gives up the leader lease and its locks (a standby takes over at once),
+    /// tells clients to move for [`DRAIN_NOTICE`] when other servers share the database,
+    /// then stops accepting and waits for the requests in flight — at most
+    /// `shutdown_grace` — and for every background task.
     pub async fn shutdown(self) {
-        self.state.shutdown.cancel();
-        self.state.tasks.close();
-        self.state.tasks.wait().await;
-        self.state.store.close().await;
+        let state = &self.state;
+        state.draining.cancel();
+        tracing::info!(server_id = %state.config.server_id, "shutting down: leaving the cluster");
+        cluster::registry::unregister(state).await;
+        state.cluster.coordinator.step_down().await;
+        match state.store.release_locks_of(&state.config.server_id).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(server_id = %state.config.server_id, locks = n, "released this server's locks")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release this server's locks; they lapse on their own")
+            }
+        }
+        if state.cluster.mode == config::SchedulingMode::Distributed {
+            tokio::time::sleep(DRAIN_NOTICE).await;
+        }
+        state.shutdown.cancel();
+        state.tasks.close();
+        if tokio::time::timeout(state.config.shutdown_grace, state.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(grace = ?state.config.shutdown_grace, in_flight = self.gateway.metrics.in_flight(),
+                "requests still in flight after the shutdown grace; stopping anyway");
+        }
+        state.store.close().await;
     }
+}
+
+/// While the server drains, every response closes its connection, so clients holding a
+/// keep-alive connection move to another server before this one stops accepting.
+async fn close_while_draining(
+    axum::extract::State(draining): axum::extract::State<CancellationToken>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let mut response = next.run(request).await;
+    if draining.is_cancelled() {
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// Opens the store, bootstraps first-start state and starts serving. Returns once the
@@ -75,6 +124,13 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     let registration_token_file =
         bootstrap::ensure_registration_token(&store, &config.data_dir).await?;
 
+    let mode = config.effective_scheduling_mode();
+    if mode == config::SchedulingMode::Distributed && !config.is_multi_server() {
+        anyhow::bail!(
+            "scheduling_mode distributed needs database_url to be a PostgreSQL URL; set \
+             database_url or use scheduling_mode auto"
+        );
+    }
     let bind = format!("{}:{}", config.host, config.port);
     let listener = TcpListener::bind(&bind)
         .await
@@ -86,30 +142,53 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         JwtKeys::new(&jwt_secret, config.session_ttl),
         AuthConfig::default(),
     ));
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let coordinator: Arc<dyn gantry_coord::Coordinator> = match mode {
+        config::SchedulingMode::Distributed => {
+            let lease =
+                gantry_coord::LeaseConfig::new(config.lease_ttl, config.lease_renew_interval);
+            lease.validate().map_err(anyhow::Error::msg)?;
+            gantry_coord::LeaseCoordinator::start(
+                config.server_id.clone(),
+                store.clone(),
+                lease,
+                &shutdown,
+                &tasks,
+            )
+            .await
+            .context("open the leader session on PostgreSQL")?
+        }
+        _ => Arc::new(gantry_coord::LocalCoordinator::new(
+            config.server_id.clone(),
+        )),
+    };
+    let cluster = Arc::new(cluster::Cluster::new(
+        mode,
+        coordinator,
+        config.distributed_scheduling,
+        config.advertised_url(addr),
+    ));
+    if let Err(e) = cluster::registry::register(&store, &cluster, config.server_timeout).await {
+        shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+        return Err(e);
+    }
     let state = AppState::new(Shared {
         store,
         config,
         authenticator,
-        shutdown: CancellationToken::new(),
-        tasks: TaskTracker::new(),
+        shutdown,
+        draining: CancellationToken::new(),
+        tasks,
         worker_http: state::worker_http_client(),
+        cluster,
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);
-    // One server: always the leader. The PostgreSQL coordinator replaces this for
-    // several servers sharing a database.
-    if state.config.is_multi_server() {
-        tracing::warn!(
-            "this server schedules alone: until the high-availability work lands, every \
-             server sharing this PostgreSQL database acts as the scheduling leader \
-             (scheduling_mode, distributed_scheduling, lock_timeout and \
-             schedule_lock_timeout are not used yet)"
-        );
-    }
-    let coordinator: std::sync::Arc<dyn gantry_coord::Coordinator> = std::sync::Arc::new(
-        gantry_coord::LocalCoordinator::new(state.config.server_id.clone()),
-    );
-    controllers::spawn(&state, coordinator);
+    controllers::spawn(&state);
+    cluster::registry::spawn_heartbeat(&state);
 
     let gateway = gantry_gateway::start(
         GatewayConfig {
@@ -125,7 +204,16 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     )
     .await
     .context("load the gateway's routing table")?;
-    let app = api::router(state.clone()).merge(gantry_gateway::router(&gateway));
+    let metrics = Arc::clone(&gateway.metrics);
+    state
+        .cluster
+        .set_inflight_source(move || u64::try_from(metrics.in_flight()).unwrap_or(0));
+    let app = api::router(state.clone())
+        .merge(gantry_gateway::router(&gateway))
+        .layer(axum::middleware::from_fn_with_state(
+            state.draining.clone(),
+            close_while_draining,
+        ));
     let shutdown = state.shutdown.clone();
     // Small writes (gateway SSE chunks, watch-stream lines) must leave at once: with
     // Nagle's algorithm on, each waits for the client's delayed ACK (about 40 ms).
@@ -143,7 +231,9 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     tracing::info!(
         server_id = %state.config.server_id,
         %addr,
+        url = %state.cluster.url,
         database = %gantry_store::redact_url(&url),
+        scheduling_mode = state.cluster.mode_name(),
         "server listening"
     );
     Ok(RunningServer {

@@ -8,6 +8,7 @@ use gantry_store::Store;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::cluster::Cluster;
 use crate::config::ServerConfig;
 
 /// Cheap to clone; everything lives behind one `Arc`.
@@ -23,10 +24,16 @@ pub struct Shared {
     /// Cancelled when the server shuts down; long-lived responses (watch streams) and
     /// background loops end on it.
     pub shutdown: CancellationToken,
+    /// Cancelled when the server starts leaving the cluster, before `shutdown`: its
+    /// registry heartbeat stops, `/readyz` answers 503 and every response closes its
+    /// connection.
+    pub draining: CancellationToken,
     /// Every task the server spawns, awaited at shutdown.
     pub tasks: TaskTracker,
     /// Calls the workers' own API (logs): one pooled client with a connect timeout.
     pub worker_http: reqwest::Client,
+    /// Who leads, this server's mode and registry identity, its load.
+    pub cluster: Arc<Cluster>,
 }
 
 /// The client for the workers' own API.

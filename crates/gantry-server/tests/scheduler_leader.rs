@@ -15,6 +15,8 @@ use std::time::Duration;
 use gantry_auth::jwt::JwtKeys;
 use gantry_auth::{AuthConfig, Authenticator};
 use gantry_coord::{Coordinator, Leadership, LocalCoordinator};
+use gantry_server::cluster::Cluster;
+use gantry_server::config::SchedulingMode;
 use gantry_server::state::{AppState, Shared};
 use gantry_server::ServerConfig;
 use gantry_store::{InstanceFilter, Page, Store};
@@ -44,6 +46,8 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
     gantry_gguf::write_tiny_llama(&path).unwrap();
     common::stored_worker(&store, "w1", "digest").await;
 
+    let coordinator = Arc::new(LocalCoordinator::new("s1"));
+    coordinator.set_leadership(Leadership::Follower);
     let state = AppState::new(Shared {
         store: store.clone(),
         config: ServerConfig::new(dir.path().join("data")),
@@ -56,12 +60,17 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
             AuthConfig::default(),
         )),
         shutdown: CancellationToken::new(),
+        draining: CancellationToken::new(),
         tasks: TaskTracker::new(),
         worker_http: gantry_server::state::worker_http_client(),
+        cluster: Arc::new(Cluster::new(
+            SchedulingMode::Local,
+            Arc::clone(&coordinator) as Arc<dyn Coordinator>,
+            false,
+            "http://127.0.0.1:1".into(),
+        )),
     });
-    let coordinator = Arc::new(LocalCoordinator::new("s1"));
-    coordinator.set_leadership(Leadership::Follower);
-    gantry_server::controllers::spawn(&state, Arc::clone(&coordinator) as Arc<dyn Coordinator>);
+    gantry_server::controllers::spawn(&state);
 
     let create = common::model("tiny", &path.display().to_string(), 2);
     let model = store.create_model(&create).await.unwrap();

@@ -6,11 +6,14 @@
 
 mod common;
 
-use gantry_store::{ManualPlacement, NewPlacement, Store, StoredPlacement};
+use gantry_store::{Fence, ManualPlacement, NewPlacement, Store, StoredPlacement};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
 use gantry_types::{
     InstanceState, InstanceStateReport, Model, ModelInstance, PlacementRecord, WorkerState,
 };
+
+/// One server: nothing to fence off.
+const UNFENCED: Fence = Fence::Unfenced;
 
 async fn setup(store: &Store, replicas: u32) -> (Model, Vec<ModelInstance>, i64) {
     let model = store
@@ -18,7 +21,10 @@ async fn setup(store: &Store, replicas: u32) -> (Model, Vec<ModelInstance>, i64)
         .await
         .unwrap();
     let numbers: Vec<u32> = (0..replicas).collect();
-    store.create_instances(&model, &numbers).await.unwrap();
+    store
+        .create_instances(&model, &numbers, &UNFENCED)
+        .await
+        .unwrap();
     let worker = common::stored_worker(store, "w1", "digest-w1").await;
     let (instances, _) = store
         .list_instances(
@@ -55,6 +61,7 @@ fn placement<'a>(
         gpu_indexes: &[0],
         state_message: "scheduled on w1",
         record,
+        fence: &UNFENCED,
     }
 }
 
@@ -150,7 +157,7 @@ async fn pending_reasons_are_written_only_when_they_change(engine: TestEngine) {
     let id = instances[0].id;
 
     let analyzing = store
-        .mark_instances_analyzing(model.id, "reading headers")
+        .mark_instances_analyzing(model.id, "reading headers", &UNFENCED)
         .await
         .unwrap();
     assert_eq!(analyzing.len(), 2);
@@ -159,7 +166,7 @@ async fn pending_reasons_are_written_only_when_they_change(engine: TestEngine) {
         .all(|i| i.state == InstanceState::Analyzing && i.state_message == "reading headers"));
 
     let pending = store
-        .set_pending_reason(id, "no ready worker")
+        .set_pending_reason(id, "no ready worker", &UNFENCED)
         .await
         .unwrap()
         .expect("analyzing → pending");
@@ -167,14 +174,14 @@ async fn pending_reasons_are_written_only_when_they_change(engine: TestEngine) {
     assert_eq!(pending.state_message, "no ready worker");
     assert!(
         store
-            .set_pending_reason(id, "no ready worker")
+            .set_pending_reason(id, "no ready worker", &UNFENCED)
             .await
             .unwrap()
             .is_none(),
         "the same reason again writes nothing"
     );
     assert!(store
-        .set_pending_reason(id, "another reason")
+        .set_pending_reason(id, "another reason", &UNFENCED)
         .await
         .unwrap()
         .is_some());
@@ -194,12 +201,12 @@ async fn pending_reasons_are_written_only_when_they_change(engine: TestEngine) {
         .await
         .unwrap();
     assert!(store
-        .set_pending_reason(instances[1].id, "no ready worker")
+        .set_pending_reason(instances[1].id, "no ready worker", &UNFENCED)
         .await
         .unwrap()
         .is_none());
     assert!(store
-        .mark_instances_analyzing(model.id, "again")
+        .mark_instances_analyzing(model.id, "again", &UNFENCED)
         .await
         .unwrap()
         .iter()
@@ -234,12 +241,12 @@ async fn unplacing_applies_only_to_the_lost_state_on_the_same_worker(engine: Tes
 
     // Wrong expected state or worker: nothing happens.
     assert!(store
-        .unplace_instance(id, InstanceState::Unreachable, worker_id, "x")
+        .unplace_instance(id, InstanceState::Unreachable, worker_id, "x", &UNFENCED)
         .await
         .unwrap()
         .is_none());
     assert!(store
-        .unplace_instance(id, InstanceState::Error, worker_id + 1, "x")
+        .unplace_instance(id, InstanceState::Error, worker_id + 1, "x", &UNFENCED)
         .await
         .unwrap()
         .is_none());
@@ -250,6 +257,7 @@ async fn unplacing_applies_only_to_the_lost_state_on_the_same_worker(engine: Tes
             InstanceState::Error,
             worker_id,
             "rescheduling after: exited 5 times",
+            &UNFENCED,
         )
         .await
         .unwrap()
@@ -266,7 +274,7 @@ async fn unplacing_applies_only_to_the_lost_state_on_the_same_worker(engine: Tes
     // Deleted: nothing to unplace.
     store.delete_instance(id).await.unwrap();
     assert!(store
-        .unplace_instance(id, InstanceState::Pending, worker_id, "x")
+        .unplace_instance(id, InstanceState::Pending, worker_id, "x", &UNFENCED)
         .await
         .unwrap()
         .is_none());

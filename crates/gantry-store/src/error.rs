@@ -18,6 +18,10 @@ pub enum StoreError {
     SchemaTooNew { found: i64, known: i64 },
     #[error("row in {table} is not what this gantry wrote: {detail}")]
     Corrupt { table: &'static str, detail: String },
+    /// A fenced write was refused: the lease or lock it carried a token of has changed
+    /// hands. The caller lost its right to write and must step down.
+    #[error("write refused: the {fence} is no longer current (another server took over)")]
+    Fenced { fence: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

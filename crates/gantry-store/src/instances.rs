@@ -5,6 +5,7 @@ use sqlx::any::AnyRow;
 use sqlx::Any;
 
 use crate::changes::{Change, ChangeKind};
+use crate::fence::Fence;
 use crate::query::{Listing, Page};
 use crate::rows::{int, json, opt_int, opt_text, parse_enum, text, to_json, u32_of};
 use crate::{Store, StoreError};
@@ -109,13 +110,17 @@ impl Store {
     pub async fn delete_instance_if_unchanged(
         &self,
         seen: &ModelInstance,
+        fence: &Fence,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let result = sqlx::query("DELETE FROM model_instances WHERE id = $1 AND updated_at = $2")
+        let sql = format!(
+            "DELETE FROM model_instances WHERE id = $1 AND updated_at = $2{}",
+            fence.clause(self.engine, 3)
+        );
+        let query = sqlx::query(&sql)
             .bind(seen.id)
-            .bind(seen.updated_at.as_millis())
-            .execute(&self.pool)
-            .await?;
-        if result.rows_affected() == 0 {
+            .bind(seen.updated_at.as_millis());
+        let affected = fence.bind(query).execute(&self.pool).await?.rows_affected();
+        if self.settle_fenced(fence, affected).await? == 0 {
             return Ok(None);
         }
         self.publish(Change::Instance(ChangeKind::Deleted, seen.clone()));

@@ -9,7 +9,10 @@
 //! - `model_instances`: one row per replica, the observed state the scheduler and the
 //!   workers move forward;
 //! - `usage_records`: requests and tokens the gateway served, per minute, caller and
-//!   model.
+//!   model;
+//! - `leader_lease`, `coordination_locks`, `servers`: coordination between servers
+//!   sharing the database (the leader lease and its fencing token, distributed locks,
+//!   the server registry; see `lease.rs`, `locks.rs`, `servers.rs` and `fence.rs`).
 //!
 //! Two engines sit behind one [`Store`]: an SQLite file (WAL) for single-server
 //! deployments and PostgreSQL for several servers sharing state. Both run the same SQL
@@ -23,7 +26,10 @@
 mod api_keys;
 mod changes;
 mod error;
+mod fence;
 mod instances;
+mod lease;
+mod locks;
 mod migrations;
 mod models;
 mod notify;
@@ -31,6 +37,7 @@ mod placement_record;
 mod query;
 mod rows;
 mod scheduling;
+mod servers;
 mod settings;
 pub mod testing;
 mod usage;
@@ -48,12 +55,16 @@ use tokio::sync::broadcast;
 pub use api_keys::{ApiKeyRecord, NewApiKey};
 pub use changes::{Change, ChangeKind};
 pub use error::StoreError;
+pub use fence::{fenced_write_counts, Fence};
 pub use instances::ManualPlacement;
+pub use lease::{LeaderSession, LEADER_LOCK_KEY};
+pub use locks::LockRelease;
 pub use placement_record::{undecodable_placement_records, StoredPlacement};
 pub use query::{Listed, Page};
 // The list filters are the API's own: the store reads them as SQL, a watch as a predicate.
 pub use gantry_types::{ApiKeyFilter, InstanceFilter, ModelFilter, UserFilter, WorkerFilter};
 pub use scheduling::{NewPlacement, PlacedInstanceClaim};
+pub use servers::{RegistryConflict, ServerRecord, ServerRegistration};
 pub use settings::REGISTRATION_TOKEN_DIGEST;
 pub use usage::{
     usage_minute_of, UsageByApiKey, UsageByModel, UsageFilter, UsageIncrement, UsageSums,

@@ -124,6 +124,43 @@ const MIGRATIONS: &[Migration] = &[Migration {
         // placed afresh by the scheduler's roll (see placement_record.rs).
         "ALTER TABLE model_instances RENAME COLUMN resource_claim TO placement",
     ],
+}, Migration {
+    version: 4,
+    name: "coordination: leader lease, locks, server registry",
+    statements: &[
+        // One row (id 1). fencing_token grows by one every time the lease changes hands;
+        // holder_locked says whether the holder also holds the session advisory lock
+        // (see lease.rs). Times are milliseconds of the database's clock.
+        "CREATE TABLE leader_lease (
+            id BIGINT PRIMARY KEY,
+            holder TEXT,
+            fencing_token BIGINT NOT NULL,
+            acquired_at BIGINT NOT NULL,
+            expires_at BIGINT NOT NULL,
+            holder_locked BIGINT NOT NULL
+        )",
+        "INSERT INTO leader_lease (id, holder, fencing_token, acquired_at, expires_at, holder_locked) \
+         VALUES (1, NULL, 0, 0, 0, 0)",
+        "CREATE TABLE coordination_locks (
+            name TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            token BIGINT NOT NULL,
+            acquired_at BIGINT NOT NULL,
+            expires_at BIGINT NOT NULL
+        )",
+        "CREATE TABLE servers (
+            server_id TEXT PRIMARY KEY,
+            url TEXT NOT NULL,
+            version TEXT NOT NULL,
+            role TEXT NOT NULL,
+            started_at BIGINT NOT NULL,
+            last_heartbeat_at BIGINT NOT NULL,
+            inflight_requests BIGINT NOT NULL,
+            connected_workers BIGINT NOT NULL,
+            incarnation TEXT NOT NULL,
+            session_pid BIGINT
+        )",
+    ],
 }];
 
 /// The newest schema version this build knows.

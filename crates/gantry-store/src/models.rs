@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
+use crate::fence::Fence;
 use crate::query::{Listing, Page};
 use crate::rows::{int, json, parse_enum, text, to_json, u32_of};
 use crate::{Store, StoreError};
@@ -201,27 +202,32 @@ impl Store {
         &self,
         model: &Model,
         replicas: &[u32],
+        fence: &Fence,
     ) -> Result<Vec<ModelInstance>, StoreError> {
         let now = Timestamp::now().as_millis();
         let mut created = Vec::with_capacity(replicas.len());
+        let sql = format!(
+            "INSERT INTO model_instances (name, model_id, replica, worker_id, gpu_indexes, \
+             port, address, state, state_message, placement, restart_count, created_at, \
+             updated_at) SELECT $1, $2, $3, NULL, '[]', NULL, NULL, 'pending', '', NULL, 0, \
+             $4, $4 WHERE EXISTS (SELECT 1 FROM models WHERE id = $2){} \
+             ON CONFLICT DO NOTHING RETURNING id",
+            fence.clause(self.engine, 5)
+        );
         for &replica in replicas {
             let name = format!("{}-{replica}", model.name);
-            let row = sqlx::query(
-                "INSERT INTO model_instances (name, model_id, replica, worker_id, gpu_indexes, \
-                 port, address, state, state_message, placement, restart_count, created_at, \
-                 updated_at) SELECT $1, $2, $3, NULL, '[]', NULL, NULL, 'pending', '', NULL, 0, \
-                 $4, $4 WHERE EXISTS (SELECT 1 FROM models WHERE id = $2) \
-                 ON CONFLICT DO NOTHING RETURNING id",
-            )
-            .bind(&name)
-            .bind(model.id)
-            .bind(i64::from(replica))
-            .bind(now)
-            .fetch_optional(&self.pool)
-            .await?;
+            let query = sqlx::query(&sql)
+                .bind(&name)
+                .bind(model.id)
+                .bind(i64::from(replica))
+                .bind(now);
+            let row = fence.bind(query).fetch_optional(&self.pool).await?;
             let Some(row) = row else {
+                // A replica number already taken, or a stale fence.
+                self.settle_fenced(fence, 0).await?;
                 continue;
             };
+            self.settle_fenced(fence, 1).await?;
             let id = int(&row, "model_instances", "id")?;
             if let Ok(instance) = self.get_instance(id).await {
                 self.publish(Change::Instance(ChangeKind::Created, instance.clone()));

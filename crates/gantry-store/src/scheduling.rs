@@ -6,14 +6,15 @@
 //! as it is, and the call returns `None`. The scheduler therefore never resurrects a
 //! deleted instance nor overwrites a newer decision; the next pass sees the new state.
 //!
-//! These are the leader-only writes: when the PostgreSQL coordinator arrives, each of
-//! them will also carry the leader's fencing token and apply only while it is current
-//! (see `gantry-coord`). A write that changes nothing publishes nothing, so a scheduler
+//! These are the leader-only writes: each carries a [`Fence`] (the leader's token, or the
+//! scheduling lock's) and applies only while it is current; a write stopped by a stale
+//! fence fails with `StoreError::Fenced` (see `fence.rs`). A write that changes nothing publishes nothing, so a scheduler
 //! pass that finds nothing to do does not wake anyone, itself included.
 
 use gantry_types::{InstanceState, ModelInstance, PlacementRecord, Timestamp};
 
 use crate::changes::{Change, ChangeKind};
+use crate::fence::Fence;
 use crate::placement_record::StoredPlacement;
 use crate::rows::{int, json, opt_text, parse_enum, text, to_json};
 use crate::{Store, StoreError};
@@ -42,6 +43,8 @@ pub struct NewPlacement<'a> {
     pub state_message: &'a str,
     /// What the worker runs and what the scheduler reserved.
     pub record: &'a PlacementRecord,
+    /// What entitles the scheduler to place.
+    pub fence: &'a Fence,
 }
 
 impl Store {
@@ -78,16 +81,20 @@ impl Store {
         &self,
         model_id: i64,
         message: &str,
+        fence: &Fence,
     ) -> Result<Vec<ModelInstance>, StoreError> {
-        let rows = sqlx::query(
+        let sql = format!(
             "UPDATE model_instances SET state = 'analyzing', state_message = $2, updated_at = $3 \
-             WHERE model_id = $1 AND state = 'pending' AND worker_id IS NULL RETURNING id",
-        )
-        .bind(model_id)
-        .bind(message)
-        .bind(Timestamp::now().as_millis())
-        .fetch_all(&self.pool)
-        .await?;
+             WHERE model_id = $1 AND state = 'pending' AND worker_id IS NULL{} RETURNING id",
+            fence.clause(self.engine, 4)
+        );
+        let query = sqlx::query(&sql)
+            .bind(model_id)
+            .bind(message)
+            .bind(Timestamp::now().as_millis());
+        let rows = fence.bind(query).fetch_all(&self.pool).await?;
+        self.settle_fenced(fence, u64::try_from(rows.len()).unwrap_or(u64::MAX))
+            .await?;
         let mut changed = Vec::with_capacity(rows.len());
         for row in &rows {
             let id = int(row, "model_instances", "id")?;
@@ -105,16 +112,20 @@ impl Store {
         &self,
         id: i64,
         message: &str,
+        fence: &Fence,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let statement = sqlx::query(
+        let sql = format!(
             "UPDATE model_instances SET state = 'pending', state_message = $2, updated_at = $3 \
              WHERE id = $1 AND worker_id IS NULL AND state IN ('pending', 'analyzing') \
-             AND NOT (state = 'pending' AND state_message = $2)",
-        )
-        .bind(id)
-        .bind(message)
-        .bind(Timestamp::now().as_millis());
-        self.conditional_instance_write(id, statement).await
+             AND NOT (state = 'pending' AND state_message = $2){}",
+            fence.clause(self.engine, 4)
+        );
+        let statement = sqlx::query(&sql)
+            .bind(id)
+            .bind(message)
+            .bind(Timestamp::now().as_millis());
+        self.conditional_instance_write(id, fence, fence.bind(statement))
+            .await
     }
 
     /// Records the scheduler's placement in one statement: worker, GPUs, state
@@ -125,23 +136,26 @@ impl Store {
         &self,
         placement: &NewPlacement<'_>,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let statement = sqlx::query(
+        let fence = placement.fence;
+        let sql = format!(
             "UPDATE model_instances SET worker_id = $2, gpu_indexes = $3, port = NULL, \
              address = NULL, state = 'scheduled', state_message = $4, placement = $5, \
              restart_count = 0, updated_at = $6 \
              WHERE id = $1 AND worker_id IS NULL AND state IN ('pending', 'analyzing') \
              AND EXISTS (SELECT 1 FROM models m WHERE m.id = model_instances.model_id \
                          AND m.updated_at = $7) \
-             AND EXISTS (SELECT 1 FROM workers w WHERE w.id = $2 AND w.state = 'ready')",
-        )
-        .bind(placement.instance_id)
-        .bind(placement.worker_id)
-        .bind(to_json(&placement.gpu_indexes))
-        .bind(placement.state_message)
-        .bind(to_json(placement.record))
-        .bind(Timestamp::now().as_millis())
-        .bind(placement.model_updated_at.as_millis());
-        self.conditional_instance_write(placement.instance_id, statement)
+             AND EXISTS (SELECT 1 FROM workers w WHERE w.id = $2 AND w.state = 'ready'){}",
+            fence.clause(self.engine, 8)
+        );
+        let statement = sqlx::query(&sql)
+            .bind(placement.instance_id)
+            .bind(placement.worker_id)
+            .bind(to_json(&placement.gpu_indexes))
+            .bind(placement.state_message)
+            .bind(to_json(placement.record))
+            .bind(Timestamp::now().as_millis())
+            .bind(placement.model_updated_at.as_millis());
+        self.conditional_instance_write(placement.instance_id, fence, fence.bind(statement))
             .await
     }
 
@@ -154,18 +168,22 @@ impl Store {
         from_state: InstanceState,
         worker_id: i64,
         message: &str,
+        fence: &Fence,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let statement = sqlx::query(
+        let sql = format!(
             "UPDATE model_instances SET worker_id = NULL, gpu_indexes = '[]', port = NULL, \
              address = NULL, state = 'pending', state_message = $4, placement = NULL, \
-             restart_count = 0, updated_at = $5 WHERE id = $1 AND state = $2 AND worker_id = $3",
-        )
-        .bind(id)
-        .bind(from_state.as_str())
-        .bind(worker_id)
-        .bind(message)
-        .bind(Timestamp::now().as_millis());
-        self.conditional_instance_write(id, statement).await
+             restart_count = 0, updated_at = $5 WHERE id = $1 AND state = $2 AND worker_id = $3{}",
+            fence.clause(self.engine, 6)
+        );
+        let statement = sqlx::query(&sql)
+            .bind(id)
+            .bind(from_state.as_str())
+            .bind(worker_id)
+            .bind(message)
+            .bind(Timestamp::now().as_millis());
+        self.conditional_instance_write(id, fence, fence.bind(statement))
+            .await
     }
 
     /// Starts an instance placed by hand anew on the same worker and GPUs with `record`
@@ -177,19 +195,23 @@ impl Store {
         seen: &ModelInstance,
         record: &PlacementRecord,
         message: &str,
+        fence: &Fence,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        let statement = sqlx::query(
+        let sql = format!(
             "UPDATE model_instances SET placement = $2, state = 'scheduled', state_message = $3, \
              port = NULL, address = NULL, restart_count = 0, updated_at = $4 \
-             WHERE id = $1 AND updated_at = $5 AND worker_id = $6",
-        )
-        .bind(seen.id)
-        .bind(to_json(record))
-        .bind(message)
-        .bind(Timestamp::now().as_millis())
-        .bind(seen.updated_at.as_millis())
-        .bind(seen.worker_id);
-        self.conditional_instance_write(seen.id, statement).await
+             WHERE id = $1 AND updated_at = $5 AND worker_id = $6{}",
+            fence.clause(self.engine, 7)
+        );
+        let statement = sqlx::query(&sql)
+            .bind(seen.id)
+            .bind(to_json(record))
+            .bind(message)
+            .bind(Timestamp::now().as_millis())
+            .bind(seen.updated_at.as_millis())
+            .bind(seen.worker_id);
+        self.conditional_instance_write(seen.id, fence, fence.bind(statement))
+            .await
     }
 
     /// Runs a conditional write of one instance: `None` when it changed nothing (the
@@ -197,9 +219,11 @@ impl Store {
     async fn conditional_instance_write<'q>(
         &self,
         id: i64,
+        fence: &Fence,
         statement: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
     ) -> Result<Option<ModelInstance>, StoreError> {
-        if statement.execute(&self.pool).await?.rows_affected() == 0 {
+        let affected = statement.execute(&self.pool).await?.rows_affected();
+        if self.settle_fenced(fence, affected).await? == 0 {
             return Ok(None);
         }
         self.publish_instance_update(id).await

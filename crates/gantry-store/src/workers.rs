@@ -6,6 +6,7 @@ use gantry_types::{InstanceState, Timestamp, Worker, WorkerFilter, WorkerState, 
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
+use crate::fence::Fence;
 use crate::query::{Listing, Page};
 use crate::rows::{int, json, opt_int, parse_enum, text, to_json};
 use crate::{Store, StoreError};
@@ -280,9 +281,11 @@ impl Store {
         &self,
         not_ready_before: Timestamp,
         unreachable_before: Timestamp,
+        fence: &Fence,
     ) -> Result<Vec<Worker>, StoreError> {
         let now = Timestamp::now().as_millis();
         let mut tx = self.pool.begin().await?;
+        self.check_fence_in(&mut tx, fence).await?;
         let unreachable = sqlx::query(&format!(
             "UPDATE workers SET state = 'unreachable', state_message = $2, updated_at = $3 \
              WHERE state IN ('ready', 'not_ready') AND last_heartbeat_at < $1 RETURNING {COLUMNS}"

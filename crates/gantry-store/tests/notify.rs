@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_store::{Change, ChangeKind};
+use gantry_store::{Change, ChangeKind, Fence};
 use gantry_testkit::{TestDatabase, TestEngine};
 use gantry_types::{ModelCreate, ModelUpdate};
 use tokio::sync::broadcast;
@@ -36,7 +36,9 @@ async fn changes_made_through_one_store_reach_the_other() {
     let mut seen_by_a = a.subscribe();
 
     let created = a.create_model(&model("tiny")).await.unwrap();
-    a.create_instances(&created, &[0]).await.unwrap();
+    a.create_instances(&created, &[0], &Fence::Unfenced)
+        .await
+        .unwrap();
     match &*next(&mut seen_by_b).await {
         Change::Model(ChangeKind::Created, m) => assert_eq!(m.id, created.id),
         other => panic!("unexpected {other:?}"),

@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use gantry_store::Listed;
 use gantry_store::{
     ApiKeyFilter, Change, ChangeKind, InstanceFilter, ModelFilter, NewApiKey, NewUser, Page,
     StoreError, UserFilter, WorkerFilter,
 };
+use gantry_store::{Fence, Listed};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
 use gantry_types::fixtures::worker_status;
 use gantry_types::{BackendKind, InstanceState, ModelCreate, Role};
@@ -169,7 +169,10 @@ async fn instances_are_created_pending_and_a_taken_replica_is_skipped(engine: Te
     assert!(instances.iter().all(|i| i.model_name == "tiny"));
 
     // Another writer was first with replica 1: it is skipped, 3 is created.
-    let created = store.create_instances(&model, &[1, 3]).await.unwrap();
+    let created = store
+        .create_instances(&model, &[1, 3], &Fence::Unfenced)
+        .await
+        .unwrap();
     let names: Vec<_> = created.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(names, ["tiny-3"]);
 
@@ -188,7 +191,7 @@ async fn instances_are_created_pending_and_a_taken_replica_is_skipped(engine: Te
     // A model deleted meanwhile gets no instances.
     store.delete_model(model.id).await.unwrap();
     assert!(store
-        .create_instances(&model, &[7])
+        .create_instances(&model, &[7], &Fence::Unfenced)
         .await
         .unwrap()
         .is_empty());
@@ -212,13 +215,13 @@ async fn an_instance_is_deleted_only_as_it_was_read(engine: TestEngine) {
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     place_by_hand(&store, instances[0].id, worker.id, &[1]).await;
     assert!(store
-        .delete_instance_if_unchanged(&instances[0])
+        .delete_instance_if_unchanged(&instances[0], &Fence::Unfenced)
         .await
         .unwrap()
         .is_none());
     assert!(store.get_instance(instances[0].id).await.is_ok());
     let deleted = store
-        .delete_instance_if_unchanged(&instances[1])
+        .delete_instance_if_unchanged(&instances[1], &Fence::Unfenced)
         .await
         .unwrap()
         .expect("unchanged since read");
@@ -362,7 +365,10 @@ async fn lists_and_watches_read_a_filter_the_same_way(engine: TestEngine) {
         let mut create = model_create(&name.to_lowercase(), 0);
         create.backend = BackendKind::parse(backend).unwrap();
         let model = store.create_model(&create).await.unwrap();
-        store.create_instances(&model, &[0, 1]).await.unwrap();
+        store
+            .create_instances(&model, &[0, 1], &Fence::Unfenced)
+            .await
+            .unwrap();
     }
     for name in ["Alice", "bob", "ALBERT", "carol_a"] {
         store
@@ -562,6 +568,9 @@ async fn model_with_instances(
         .await
         .unwrap();
     let numbers: Vec<u32> = (0..replicas).collect();
-    let instances = store.create_instances(&model, &numbers).await.unwrap();
+    let instances = store
+        .create_instances(&model, &numbers, &Fence::Unfenced)
+        .await
+        .unwrap();
     (model, instances)
 }

@@ -8,6 +8,7 @@
 pub mod api_key;
 pub mod auth;
 pub mod claim;
+pub mod coordination;
 pub mod error;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
@@ -27,6 +28,10 @@ pub use api_key::{ApiKey, ApiKeyCreate, ApiKeyCreated};
 pub use auth::{ChangePasswordRequest, LoginRequest, LoginResponse};
 pub use claim::{
     EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
+};
+pub use coordination::{
+    ClusterStatus, CoordinatorHealth, LeaderInfo, LockAcquire, LockInfo, LockRelease,
+    ServerDirectory, ServerHeartbeat, ServerInfo, ServerLoad, ServerRegister, ServerRole,
 };
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use instance::{InstancePatch, InstanceState, InstanceStateReport, LogQuery, ModelInstance};

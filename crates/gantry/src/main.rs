@@ -77,6 +77,10 @@ fn server_config(config: &Config) -> ServerConfig {
         jwt_secret: config.jwt_secret.clone(),
         bootstrap_password: config.bootstrap_password.clone(),
         server_id: config.server_id.clone(),
+        advertise_url: config.advertise_url.clone(),
+        scheduling_mode: config.scheduling_mode,
+        lease_ttl: config.lease_ttl,
+        lease_renew_interval: config.lease_renew_interval,
         max_request_body: config.max_request_body,
         gateway_max_request_body: config.gateway_max_request_body,
         heartbeat_interval: config.heartbeat_interval,
@@ -85,6 +89,7 @@ fn server_config(config: &Config) -> ServerConfig {
         lock_timeout: config.lock_timeout,
         distributed_scheduling: config.distributed_scheduling,
         schedule_lock_timeout: config.schedule_lock_timeout,
+        shutdown_grace: config.stop_grace_period,
         ..ServerConfig::new(config.data_dir.clone())
     }
 }

@@ -74,11 +74,34 @@ pub async fn heartbeat(
     Auth(principal): Auth,
 ) -> ApiResult<Json<Worker>> {
     let (worker_id, _) = calling_worker(&principal)?;
+    state.cluster.worker_seen(worker_id);
     let (worker, before) = service::workers::heartbeat(&state.store, worker_id).await?;
     if before != worker.state {
         tracing::info!(worker_id, worker = %worker.name, from = before.as_str(), to = worker.state.as_str(), "worker state changed on heartbeat");
     }
     Ok(Json(worker))
+}
+
+/// The active servers a worker may call, lowest load score first: a worker keeps its list
+/// of servers fresh from this and (re)connects to the least loaded.
+#[utoipa::path(get, path = "/api/v1/worker/servers", tag = "worker-agent", security(("bearer" = [])),
+    responses((status = 200, body = gantry_types::ServerDirectory), (status = 401, body = gantry_types::ErrorBody)))]
+pub async fn servers(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+) -> ApiResult<Json<gantry_types::ServerDirectory>> {
+    calling_worker(&principal)?;
+    let mut servers: Vec<gantry_types::ServerInfo> = super::coordinator::servers_of(&state)
+        .await?
+        .into_iter()
+        .filter(|s| s.active)
+        .collect();
+    servers.sort_by(|a, b| {
+        a.load_score
+            .total_cmp(&b.load_score)
+            .then_with(|| a.server_id.cmp(&b.server_id))
+    });
+    Ok(Json(gantry_types::ServerDirectory { servers }))
 }
 
 /// Stores the calling worker's hardware report.

@@ -26,6 +26,11 @@ pub async fn healthz() -> Json<HealthStatus> {
 pub async fn readyz(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> ApiResult<Json<HealthStatus>> {
+    if state.draining.is_cancelled() {
+        return Err(ApiError::unavailable(
+            "this server is shutting down; use another server",
+        ));
+    }
     match state.store.migrations_done().await {
         Ok(true) => Ok(Json(HealthStatus { status: "ready" })),
         Ok(false) => Err(ApiError::unavailable(

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod api_keys;
 pub mod auth;
+pub mod coordinator;
 pub mod health;
 pub mod instances;
 pub mod models;
@@ -56,6 +57,25 @@ pub fn router(state: AppState) -> Router {
         .route("/model-instances/{id}/logs", get(instances::logs))
         .route("/workers/register", post(agent::register))
         .route("/worker/heartbeat", post(agent::heartbeat))
+        .route("/worker/servers", get(agent::servers))
+        .route("/coordinator/servers", get(coordinator::servers))
+        .route("/coordinator/servers/register", post(coordinator::register))
+        .route(
+            "/coordinator/servers/unregister/{server_id}",
+            post(coordinator::unregister),
+        )
+        .route("/coordinator/heartbeat", post(coordinator::heartbeat))
+        .route("/coordinator/cluster", get(coordinator::cluster))
+        .route("/coordinator/locks", get(coordinator::locks))
+        .route(
+            "/coordinator/locks/acquire",
+            post(coordinator::acquire_lock),
+        )
+        .route(
+            "/coordinator/locks/release",
+            post(coordinator::release_lock),
+        )
+        .route("/coordinator/health", get(coordinator::health))
         .route("/worker/status", put(agent::status))
         .route("/worker/assignments", get(agent::assignments))
         .route("/worker/instances/{id}/state", post(agent::report_state))

@@ -6,7 +6,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{agent, api_keys, auth, health, instances, models, usage, users, workers};
+use super::{agent, api_keys, auth, coordinator, health, instances, models, usage, users, workers};
 
 /// The management API's description.
 #[derive(OpenApi)]
@@ -29,7 +29,10 @@ use super::{agent, api_keys, auth, health, instances, models, usage, users, work
         models::list, models::create, models::get, models::update, models::delete,
         instances::list, instances::get, instances::update, instances::delete, instances::logs,
         agent::register, agent::heartbeat, agent::status, agent::assignments,
-        agent::report_state, agent::goodbye,
+        agent::report_state, agent::goodbye, agent::servers,
+        coordinator::servers, coordinator::register, coordinator::unregister,
+        coordinator::heartbeat, coordinator::cluster, coordinator::acquire_lock,
+        coordinator::release_lock, coordinator::locks, coordinator::health,
         usage::report,
         gantry_gateway::list_models, gantry_gateway::chat_completions,
         gantry_gateway::completions, gantry_gateway::embeddings,
@@ -47,6 +50,7 @@ use super::{agent, api_keys, auth, health, instances, models, usage, users, work
         (name = "users", description = "Users (admin)"),
         (name = "api-keys", description = "API keys"),
         (name = "workers", description = "GPU nodes (admin)"),
+        (name = "coordinator", description = "Servers, the leader and distributed locks (admin)"),
         (name = "models", description = "Models: the desired state"),
         (name = "model-instances", description = "Replicas: the observed state"),
         (name = "worker-agent", description = "Called by worker agents with their credential"),

@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use gantry_store::{Store, StoreError};
+use gantry_store::{Fence, Store, StoreError};
 use gantry_types::{InstanceState, ModelInstance};
 use tokio::time::Instant;
 
@@ -75,6 +75,7 @@ pub async fn reschedule_lost(
     store: &Store,
     backoff: &mut RescheduleBackoff,
     instances: &[ModelInstance],
+    fence: &Fence,
 ) -> Result<(Action, Vec<(i64, i64)>), StoreError> {
     let lost: Vec<LostInstance> = instances.iter().filter_map(LostInstance::of).collect();
     let now = Instant::now();
@@ -83,7 +84,13 @@ pub async fn reschedule_lost(
     for instance in due {
         let message = instance.reschedule_message();
         let unplaced = store
-            .unplace_instance(instance.id, instance.state, instance.worker_id, &message)
+            .unplace_instance(
+                instance.id,
+                instance.state,
+                instance.worker_id,
+                &message,
+                fence,
+            )
             .await?;
         if unplaced.is_some() {
             backoff.rescheduled(instance.id, now);

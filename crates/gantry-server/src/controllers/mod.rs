@@ -7,7 +7,9 @@
 //! * [`pass`]: one pass, which runs the controllers in order: [`model`] (replica counts),
 //!   [`instance`] (rescheduling lost instances), [`rollout`] (model changes), and
 //!   [`placement`] (with [`analyze`] and [`snapshot`]);
-//! * [`worker_health`]: marks silent workers, on every server.
+//! * [`scheduling`]: placement on every server under the scheduling lock, when
+//!   scheduling is distributed (otherwise placement is part of the leader's pass);
+//! * [`worker_health`]: marks silent workers, leader only.
 
 pub mod analyze;
 pub mod instance;
@@ -16,21 +18,28 @@ pub mod pass;
 pub mod placement;
 pub mod rollout;
 pub mod run_loop;
+pub mod scheduling;
 pub mod snapshot;
 pub mod triggers;
 pub mod worker_health;
 
 use std::sync::Arc;
 
-use gantry_coord::Coordinator;
+use gantry_coord::{Coordinator, LocalCoordinator};
 
 use crate::state::AppState;
 
-/// Starts the leader-only controllers on the server's task tracker. They run passes only
-/// while `coordinator` says this server leads, and end at shutdown.
-pub fn spawn(state: &AppState, coordinator: Arc<dyn Coordinator>) {
+/// Starts the controllers on the server's task tracker: the leader-only pass, which runs
+/// only while the cluster's coordinator says this server leads, and, when scheduling is
+/// distributed, the placement loop every server runs. They end at shutdown.
+pub fn spawn(state: &AppState) {
     let config = pass::ControllerConfig::from_server_config(&state.config);
-    let reconciler = pass::ControlPass::new(state.clone(), Arc::clone(&coordinator), &config);
+    let placer = Arc::new(tokio::sync::Mutex::new(placement::Placer::new(
+        config.analysis_retry,
+        config.show_analyzing_after,
+    )));
+    let coordinator = Arc::clone(&state.cluster.coordinator);
+    let reconciler = pass::ControlPass::new(state.clone(), &config, Arc::clone(&placer));
     state.tasks.spawn(run_loop::run(
         reconciler,
         coordinator,
@@ -38,4 +47,17 @@ pub fn spawn(state: &AppState, coordinator: Arc<dyn Coordinator>) {
         config.loop_config(),
         state.shutdown.clone(),
     ));
+    if state.cluster.places_under_lock() {
+        let placing = scheduling::LockedPlacement::new(state.clone(), placer);
+        // Every server places: a coordinator that always "leads" runs its loop.
+        let always: Arc<dyn Coordinator> =
+            Arc::new(LocalCoordinator::new(state.config.server_id.clone()));
+        state.tasks.spawn(run_loop::run(
+            placing,
+            always,
+            state.store.subscribe(),
+            config.loop_config(),
+            state.shutdown.clone(),
+        ));
+    }
 }

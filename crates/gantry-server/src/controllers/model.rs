@@ -9,18 +9,20 @@
 
 use std::collections::HashMap;
 
-use gantry_store::{Store, StoreError};
+use gantry_store::{Fence, Store, StoreError};
 use gantry_types::{Model, ModelInstance};
 
 use crate::service::replicas;
 
 /// Brings every model of `models` to its replica count, given all `instances`. A failure
-/// for one model is logged and does not stop the others; returns how many failed.
+/// for one model is logged and does not stop the others; returns how many failed. A
+/// stale fence stops it: [`StoreError::Fenced`].
 pub async fn reconcile_replicas(
     store: &Store,
     models: &[Model],
     instances: &[ModelInstance],
-) -> usize {
+    fence: &Fence,
+) -> Result<usize, StoreError> {
     let mut by_model: HashMap<i64, Vec<ModelInstance>> = HashMap::new();
     for instance in instances {
         by_model
@@ -35,27 +37,35 @@ pub async fn reconcile_replicas(
         if plan.is_empty() {
             continue;
         }
-        if let Err(e) = apply(store, model, &plan).await {
+        if let Err(e) = apply(store, model, &plan, fence).await {
+            if matches!(e, StoreError::Fenced { .. }) {
+                return Err(e);
+            }
             failures += 1;
             tracing::warn!(model = %model.name, model_id = model.id, error = %e,
                 "reconcile the model's replica count");
         }
     }
-    failures
+    Ok(failures)
 }
 
 async fn apply(
     store: &Store,
     model: &Model,
     plan: &replicas::ReplicaPlan,
+    fence: &Fence,
 ) -> Result<(), StoreError> {
-    let created = store.create_instances(model, &plan.create).await?;
+    let created = store.create_instances(model, &plan.create, fence).await?;
     for instance in &created {
         tracing::info!(model = %model.name, model_id = model.id, instance = %instance.name,
             instance_id = instance.id, "created instance");
     }
     for victim in &plan.delete {
-        if store.delete_instance_if_unchanged(victim).await?.is_some() {
+        if store
+            .delete_instance_if_unchanged(victim, fence)
+            .await?
+            .is_some()
+        {
             tracing::info!(model = %model.name, model_id = model.id, instance = %victim.name,
                 instance_id = victim.id, state = victim.state.as_str(),
                 replicas = model.replicas, "removed instance: the model has fewer replicas");

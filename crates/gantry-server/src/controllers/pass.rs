@@ -6,7 +6,11 @@
 //!    given up by it (`error`) go back to `pending`, after a per-instance backoff;
 //! 3. [`rollout`](super::rollout): instances whose launch settings the model no longer has
 //!    move onto the new ones, one serving instance at a time;
-//! 4. [`placement`](super::placement): the `pending` instances are placed.
+//! 4. [`placement`](super::placement): the `pending` instances are placed (unless every
+//!    server places under the scheduling lock: [`scheduling`](super::scheduling)).
+//!
+//! Every write carries the leader's fence ([`Cluster::leader_fence`]), taken once at the
+//! start of the pass; a write refused as stale ends the pass, and the server steps down.
 //!
 //! [`run_loop`](super::run_loop) decides when a pass runs. A pass that finds nothing to
 //! change writes nothing, so the changes it causes itself settle after one more pass.
@@ -14,12 +18,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_coord::Coordinator;
-use gantry_store::{InstanceFilter, ModelFilter, Page, StoreError};
+use gantry_store::{Fence, InstanceFilter, ModelFilter, Page, StoreError};
 
 use super::instance::{reschedule_lost, RescheduleBackoff};
 use super::placement::Placer;
 use super::run_loop::{Action, LoopConfig, Reconcile};
+use crate::cluster::Cluster;
 use crate::config::ServerConfig;
 use crate::state::AppState;
 
@@ -81,58 +85,81 @@ impl ControllerConfig {
 /// The controllers of one leader, and what they remember between passes.
 pub struct ControlPass {
     state: AppState,
-    coordinator: Arc<dyn Coordinator>,
     backoff: RescheduleBackoff,
-    placer: Placer,
+    /// Shared with the placement loop of distributed scheduling, which places when
+    /// this pass does not.
+    placer: Arc<tokio::sync::Mutex<Placer>>,
 }
 
 impl ControlPass {
     pub fn new(
         state: AppState,
-        coordinator: Arc<dyn Coordinator>,
         config: &ControllerConfig,
+        placer: Arc<tokio::sync::Mutex<Placer>>,
     ) -> Self {
         ControlPass {
             state,
-            coordinator,
             backoff: RescheduleBackoff::new(config.reschedule_base, config.reschedule_cap),
-            placer: Placer::new(config.analysis_retry, config.show_analyzing_after),
+            placer,
         }
     }
-}
 
-impl Reconcile for ControlPass {
-    fn new_term(&mut self) {
-        self.backoff.clear();
-        self.placer.clear();
-    }
-
-    async fn pass(&mut self) -> Result<Action, StoreError> {
+    async fn run(&mut self, cluster: &Cluster, fence: &Fence) -> Result<Action, StoreError> {
         let store = self.state.store.clone();
-        let leading = || self.coordinator.is_leader();
+        let leading = || cluster.leader_fence().as_ref() == Some(fence);
         let (models, _) = store
             .list_models(&ModelFilter::default(), EVERYTHING)
             .await?;
         let (instances, _) = store
             .list_instances(&InstanceFilter::default(), EVERYTHING)
             .await?;
-        super::model::reconcile_replicas(&store, &models, &instances).await;
+        super::model::reconcile_replicas(&store, &models, &instances, fence).await?;
         if !leading() {
             return Ok(Action::AwaitChange);
         }
-        let (reschedule, gave_up) = reschedule_lost(&store, &mut self.backoff, &instances).await?;
-        for (instance_id, worker_id) in gave_up {
-            self.placer.avoid(instance_id, worker_id);
+        let (reschedule, gave_up) =
+            reschedule_lost(&store, &mut self.backoff, &instances, fence).await?;
+        {
+            let mut placer = self.placer.lock().await;
+            for (instance_id, worker_id) in gave_up {
+                placer.avoid(instance_id, worker_id);
+            }
         }
         if !leading() {
             return Ok(Action::AwaitChange);
         }
-        super::rollout::roll(&store, &models, &instances).await?;
-        if !leading() {
-            return Ok(Action::AwaitChange);
+        super::rollout::roll(&store, &models, &instances, fence).await?;
+        if !leading() || cluster.places_under_lock() {
+            return Ok(reschedule);
         }
-        let retry = self.placer.place_pending(&store, &models, leading).await?;
+        let retry = self
+            .placer
+            .lock()
+            .await
+            .place_pending(&store, &models, leading, fence)
+            .await?;
         Ok(reschedule.min(retry))
+    }
+}
+
+impl Reconcile for ControlPass {
+    fn new_term(&mut self) {
+        self.backoff.clear();
+        if let Ok(mut placer) = self.placer.try_lock() {
+            placer.clear();
+        }
+    }
+
+    async fn pass(&mut self) -> Result<Action, StoreError> {
+        let cluster = Arc::clone(&self.state.cluster);
+        let Some(fence) = cluster.leader_fence() else {
+            return Ok(Action::AwaitChange);
+        };
+        let outcome = self.run(&cluster, &fence).await;
+        if let Err(e) = &outcome {
+            cluster.on_write_error(e);
+        }
+        outcome
     }
 }
 

@@ -19,7 +19,7 @@ use gantry_sched::{
     ClusterSnapshot, GpuShare, ManualGpuSelection, ModelMemory, PlacedClaim, Placement,
     PlacementKind, PlacementRequest, ResourceClaim, SnapshotState, Strategy, Unschedulable,
 };
-use gantry_store::{InstanceFilter, NewPlacement, Store, StoreError, WorkerFilter};
+use gantry_store::{Fence, InstanceFilter, NewPlacement, Store, StoreError, WorkerFilter};
 use gantry_types::{
     BackendKind, InstanceState, Model, ModelInstance, PlacementRecord, PlacementStrategy,
     Reservation,
@@ -73,6 +73,7 @@ impl Placer {
         store: &Store,
         models: &[Model],
         leading: impl Fn() -> bool,
+        fence: &Fence,
     ) -> Result<Action, StoreError> {
         let model_ids: HashSet<i64> = models.iter().map(|m| m.id).collect();
         self.analyses.retain_models(&model_ids);
@@ -97,7 +98,7 @@ impl Placer {
             let Some(model) = by_id.get(&instance.model_id) else {
                 continue; // created after the model list was read; the next pass has it
             };
-            let result = self.analysis_of(store, model).await?;
+            let result = self.analysis_of(store, model, fence).await?;
             analyses.insert(model.id, result);
         }
 
@@ -122,7 +123,9 @@ impl Placer {
                 Ok(analysis) => analysis,
                 Err(e) => {
                     let message = with_reschedule_note(&e.0, &instance.state_message);
-                    store.set_pending_reason(instance.id, &message).await?;
+                    store
+                        .set_pending_reason(instance.id, &message, fence)
+                        .await?;
                     continue;
                 }
             };
@@ -131,7 +134,14 @@ impl Placer {
             match place_preferring_elsewhere(&mut ledger, &snapshot, &request, avoid) {
                 Ok(placement) => {
                     let written = self
-                        .record(store, instance, model, analysis, &placement, &snapshot)
+                        .record(
+                            (store, fence),
+                            instance,
+                            model,
+                            analysis,
+                            &placement,
+                            &snapshot,
+                        )
                         .await?;
                     if written {
                         self.avoid_worker.remove(&instance.id);
@@ -145,7 +155,7 @@ impl Placer {
                     let reason = unschedulable_message(&unschedulable);
                     let message = with_reschedule_note(&reason, &instance.state_message);
                     if store
-                        .set_pending_reason(instance.id, &message)
+                        .set_pending_reason(instance.id, &message, fence)
                         .await?
                         .is_some()
                     {
@@ -171,6 +181,7 @@ impl Placer {
         &mut self,
         store: &Store,
         model: &Model,
+        fence: &Fence,
     ) -> Result<Result<Arc<Analysis>, AnalysisError>, StoreError> {
         let now = Instant::now();
         let retry = match self.analyses.get(model.id, model.updated_at, now) {
@@ -189,6 +200,7 @@ impl Placer {
                         .mark_instances_analyzing(
                             model.id,
                             "reading the model's file headers to estimate its memory",
+                            fence,
                         )
                         .await?;
                 }
@@ -218,7 +230,7 @@ impl Placer {
     /// model or the worker changed.
     async fn record(
         &self,
-        store: &Store,
+        (store, fence): (&Store, &Fence),
         instance: &ModelInstance,
         model: &Model,
         analysis: &Analysis,
@@ -250,6 +262,7 @@ impl Placer {
                 gpu_indexes: &gpu_indexes,
                 state_message: &message,
                 record: &record,
+                fence,
             })
             .await?;
         if written.is_some() {

@@ -20,7 +20,7 @@
 //! The worker sees the instance leave (or its record change) and stops the old process; the
 //! gateway stops routing to it as soon as it is no longer `running`.
 
-use gantry_store::{Store, StoreError};
+use gantry_store::{Fence, Store, StoreError};
 use gantry_types::{InstanceState, LaunchTemplate, Model, ModelInstance, PlacementRecord};
 
 /// One move of the roll.
@@ -83,6 +83,7 @@ pub async fn roll(
     store: &Store,
     models: &[Model],
     instances: &[ModelInstance],
+    fence: &Fence,
 ) -> Result<usize, StoreError> {
     let mut moved = 0;
     for model in models {
@@ -103,6 +104,7 @@ pub async fn roll(
                             instance.state,
                             worker_id,
                             "moving onto the model's new settings",
+                            fence,
                         )
                         .await?;
                     (instance, done.is_some())
@@ -114,6 +116,7 @@ pub async fn roll(
                             instance,
                             &record,
                             "restarting with the model's new settings (placed by hand)",
+                            fence,
                         )
                         .await?;
                     (instance, done.is_some())

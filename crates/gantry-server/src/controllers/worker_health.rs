@@ -2,6 +2,10 @@
 //! (nothing new is placed there); silent for `server_timeout` it is `unreachable` and
 //! its instances are marked `unreachable` so they can be rescheduled. A heartbeat
 //! brings it back to `ready` (in the heartbeat handler).
+//!
+//! Leader only, fenced like every controller: a server that is not sure it leads (a
+//! standby, or a leader cut off from the database that could not renew) may be the one
+//! that cannot hear the workers, so it must not judge them.
 
 use std::time::Duration;
 
@@ -44,17 +48,25 @@ pub fn spawn(state: &AppState) {
                 () = state.shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
+            let Some(fence) = state.cluster.leader_fence() else {
+                continue;
+            };
             let (not_ready, unreachable) = thresholds(
                 Timestamp::now(),
                 state.config.heartbeat_interval,
                 state.config.server_timeout,
             );
-            match state.store.mark_silent_workers(not_ready, unreachable).await {
+            match state
+                .store
+                .mark_silent_workers(not_ready, unreachable, &fence)
+                .await
+            {
                 Ok(changed) => {
                     for worker in changed {
                         tracing::warn!(worker_id = worker.id, worker = %worker.name, state = worker.state.as_str(), last_heartbeat_at = ?worker.last_heartbeat_at.map(|t| t.to_string()), "worker went silent");
                     }
                 }
+                Err(e @ gantry_store::StoreError::Fenced { .. }) => state.cluster.on_write_error(&e),
                 Err(e) => tracing::error!(error = %e, "check worker heartbeats"),
             }
         }

@@ -299,7 +299,8 @@ mod tests {
             "--max-request-body <SIZE>",
             "[default: 1MiB]",
             "[default: SQLite file in data_dir]",
-            "Not used yet",
+            "--scheduling-mode <MODE>",
+            "--lease-ttl <DURATION>",
         ] {
             assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
         }

@@ -19,16 +19,10 @@ use gantry_worker::supervisor;
 
 use super::kinds::{
     BodyLimit, Bool, DatabaseUrl, Dir, Duration, IpAddr, Kind, Labels, LogFilter, LogFormat,
-    Optional, Port, PortRange, SchedulingMode, ServerId, SimulatedGpus, Text, Urls, WorkerName,
+    Optional, Port, PortRange, Scheduling, SchedulingMode, ServerId, SimulatedGpus, Text, Urls,
+    WorkerName,
 };
 use super::{DefaultText, Key, Layers, Scope};
-
-/// Said of every key that is read but does nothing yet.
-macro_rules! not_used_yet {
-    () => {
-        " Not used yet: every server schedules alone until the high-availability work lands."
-    };
-}
 
 config_table! {
     global {
@@ -44,6 +38,8 @@ config_table! {
         /// Every server's URL, comma-separated or repeated; a worker joins them and fails
         /// over between them.
         server_urls: Urls = Vec::new(), also "server-url";
+        /// How long a stop may take. A worker's serving llama.cpp, vLLM or SGLang backend first finishes its requests in progress for up to half of it, then gets SIGTERM, then SIGKILL when the time is up; a server finishes its gateway requests in flight for up to all of it.
+        stop_grace_period: Duration = supervisor::DEFAULT_STOP_GRACE_PERIOD;
     }
     server {
         /// Address the server listens on.
@@ -57,21 +53,30 @@ config_table! {
         /// Password of the first admin.
         bootstrap_password: Optional<Text> = None,
             shown "generated into `<data_dir>/initial_admin_password`";
-        /// This server's name in logs.
+        /// This server's name in logs and the server registry; unique among the servers
+        /// sharing a database.
         server_id: ServerId = default_server_id(), shown "the hostname";
-        /// How scheduling is shared between servers: `local`, `distributed` or `auto`.
-        #[doc = not_used_yet!()]
-        scheduling_mode: SchedulingMode = SchedulingMode::Auto;
+        /// The URL other servers, workers and the console use to reach this server.
+        advertise_url: Optional<Text> = None,
+            shown "`http://<host>:<port>` (the hostname when `host` is `0.0.0.0`)";
+        /// How scheduling is shared between servers: `local` (this server alone; refused
+        /// on PostgreSQL while another server is active), `distributed` (a leader elected
+        /// through PostgreSQL runs the controllers) or `auto` (distributed on PostgreSQL,
+        /// local on SQLite).
+        scheduling_mode: Scheduling = SchedulingMode::Auto;
         /// Silence after which a server or worker counts as gone.
         server_timeout: Duration = server::DEFAULT_SERVER_TIMEOUT;
-        /// Default timeout of distributed locks.
-        #[doc = not_used_yet!()]
+        /// How long the leader lease holds without renewal; a leader that cannot renew
+        /// within it steps down, and a standby takes over.
+        lease_ttl: Duration = server::DEFAULT_LEASE_TTL;
+        /// How often the leader renews its lease (at most half of `lease_ttl`).
+        lease_renew_interval: Duration = server::DEFAULT_LEASE_RENEW_INTERVAL;
+        /// Default timeout of distributed locks (`/api/v1/coordinator/locks`).
         lock_timeout: Duration = server::DEFAULT_LOCK_TIMEOUT;
-        /// Let several servers share scheduling under locks.
-        #[doc = not_used_yet!()]
+        /// In distributed mode, let every server place pending instances under the
+        /// scheduling lock (`false`: only the leader places).
         distributed_scheduling: Bool = server::DEFAULT_DISTRIBUTED_SCHEDULING;
-        /// Timeout of the per-instance scheduling lock.
-        #[doc = not_used_yet!()]
+        /// Timeout of the scheduling lock a server holds while it places.
         schedule_lock_timeout: Duration = server::DEFAULT_SCHEDULE_LOCK_TIMEOUT;
         /// Largest management-API request body.
         max_request_body: BodyLimit = server::DEFAULT_MAX_REQUEST_BODY;
@@ -111,8 +116,6 @@ config_table! {
         vllm_path: Text = vllm::PROGRAM.to_owned();
         /// The Python that has SGLang installed: a path, or a name looked up on `PATH`.
         sglang_python: Text = sglang::PYTHON.to_owned();
-        /// How long a backend has to stop: a serving llama.cpp, vLLM or SGLang backend first finishes its requests in progress for up to half of it, then gets SIGTERM, then SIGKILL when the time is up.
-        stop_grace_period: Duration = supervisor::DEFAULT_STOP_GRACE_PERIOD;
         /// How long a backend may take to become healthy.
         backend_ready_timeout: Duration = gantry_backends::DEFAULT_READINESS_DEADLINE;
     }

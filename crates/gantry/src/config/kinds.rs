@@ -362,32 +362,27 @@ fn word_of<T: PartialEq>(value: &T, choices: &[(&'static str, T)]) -> Option<Str
         .map(|(word, _)| (*word).to_owned())
 }
 
-/// How scheduling is shared between servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SchedulingMode {
-    /// This server schedules alone (single server, SQLite).
-    Local,
-    /// The elected leader schedules, with locks (several servers, PostgreSQL).
-    Distributed,
-    /// Distributed when the database is PostgreSQL, local otherwise.
-    Auto,
-}
+pub use gantry_server::config::SchedulingMode;
 
-impl SchedulingMode {
-    const CHOICES: [(&'static str, Self); 3] = [
-        ("local", Self::Local),
-        ("distributed", Self::Distributed),
-        ("auto", Self::Auto),
+/// How scheduling is shared between servers (the server's [`SchedulingMode`]).
+#[derive(Debug)]
+pub struct Scheduling;
+
+impl Scheduling {
+    const CHOICES: [(&'static str, SchedulingMode); 3] = [
+        ("local", SchedulingMode::Local),
+        ("distributed", SchedulingMode::Distributed),
+        ("auto", SchedulingMode::Auto),
     ];
 }
 
-impl Kind for SchedulingMode {
-    type Value = Self;
+impl Kind for Scheduling {
+    type Value = SchedulingMode;
     const VALUE_NAME: Option<&'static str> = Some("MODE");
-    fn parse(text: &str) -> Result<Self, String> {
+    fn parse(text: &str) -> Result<SchedulingMode, String> {
         choose(text, &Self::CHOICES)
     }
-    fn render(value: &Self) -> Option<String> {
+    fn render(value: &SchedulingMode) -> Option<String> {
         word_of(value, &Self::CHOICES)
     }
 }
@@ -461,7 +456,7 @@ mod tests {
     #[test]
     fn choices_name_every_word() {
         assert_eq!(LogFormat::parse("json"), Ok(LogFormat::Json));
-        let err = SchedulingMode::parse("leader").expect_err("not a mode");
+        let err = Scheduling::parse("leader").expect_err("not a mode");
         assert!(err.contains("local, distributed, auto"), "{err}");
     }
 

@@ -235,6 +235,10 @@ impl Cluster {
             "--bootstrap-password".into(),
             ADMIN_PASSWORD.into(),
         ];
+        if !extra.contains(&"--server-id") {
+            // Servers sharing a database need distinct ids.
+            args.extend(["--server-id".into(), format!("server-{port}")]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let server = Process::spawn("server", &args, &dir.path().join("server.log"), env);
         let base = format!("http://127.0.0.1:{port}");

@@ -1,0 +1,273 @@
+//! Coordination between servers: the server registry, the leader and its fencing token,
+//! and distributed locks, as the coordinator API (`/api/v1/coordinator/*`) shows them.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::time::Timestamp;
+use crate::validate::{FieldError, Validate};
+
+/// A server's part in scheduling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerRole {
+    /// Holds the leader lease: runs the controllers (and places, unless scheduling is
+    /// distributed).
+    Leader,
+    /// Serves the API, the console and the gateway; takes over when the leader goes.
+    Standby,
+}
+
+impl ServerRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerRole::Leader => "leader",
+            ServerRole::Standby => "standby",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "leader" => Some(ServerRole::Leader),
+            "standby" => Some(ServerRole::Standby),
+            _ => None,
+        }
+    }
+}
+
+/// What a server reports of its load with every heartbeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServerLoad {
+    /// Gateway requests in flight on this server.
+    pub inflight_requests: u64,
+    /// Workers whose heartbeats reach this server.
+    pub connected_workers: u64,
+}
+
+/// One server in the registry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServerInfo {
+    pub server_id: String,
+    /// Where workers and clients reach it.
+    pub url: String,
+    /// The gantry version it runs.
+    pub version: String,
+    pub role: ServerRole,
+    pub started_at: Timestamp,
+    pub last_heartbeat_at: Timestamp,
+    /// False once it has been silent for `server_timeout`: workers are no longer sent
+    /// there.
+    pub active: bool,
+    pub load: ServerLoad,
+    /// `worker_factor * 0.4 + load_factor * 0.6`, each factor this server's share of the
+    /// largest value among the active servers (0 to 1): a worker (re)connecting prefers
+    /// the lowest.
+    pub load_score: f64,
+}
+
+/// `POST /api/v1/coordinator/servers/register`: adds a server to the registry (a server
+/// does this for itself at start-up; the API is for tools and tests).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServerRegister {
+    pub server_id: String,
+    pub url: String,
+    #[serde(default)]
+    pub version: String,
+}
+
+/// `POST /api/v1/coordinator/heartbeat`: a registered server is alive, with its load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServerHeartbeat {
+    pub server_id: String,
+    #[serde(default)]
+    pub load: ServerLoad,
+}
+
+/// Server ids: 1 to 128 characters of letters, digits, `-`, `_` and `.`.
+pub fn check_server_id(field: &str, id: &str) -> Result<(), FieldError> {
+    if id.is_empty() || id.chars().count() > 128 {
+        return Err(FieldError::new(field, "must be 1 to 128 characters long"));
+    }
+    if let Some(bad) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(FieldError::new(
+            field,
+            format!("contains {bad:?}; only letters, digits, '-', '_' and '.' are allowed"),
+        ));
+    }
+    Ok(())
+}
+
+impl Validate for ServerRegister {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_server_id("server_id", &self.server_id)?;
+        let url = self.url.as_str();
+        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > 2048 {
+            return Err(FieldError::new(
+                "url",
+                "must be an http:// or https:// URL of at most 2048 characters",
+            ));
+        }
+        if self.version.len() > 64 {
+            return Err(FieldError::new("version", "must be at most 64 characters"));
+        }
+        Ok(())
+    }
+}
+
+impl Validate for ServerHeartbeat {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_server_id("server_id", &self.server_id)
+    }
+}
+
+/// The leader lease as it stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LeaderInfo {
+    /// The holder; `None` when nobody leads (between a release and the next take-over).
+    pub server_id: Option<String>,
+    /// Grows by one every time the lease changes hands; a leader-only write carrying an
+    /// older token is refused.
+    pub fencing_token: u64,
+    /// When the lease lapses unless renewed.
+    pub expires_at: Timestamp,
+}
+
+/// `GET /api/v1/coordinator/cluster`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ClusterStatus {
+    /// How servers share scheduling: `local` or `distributed`.
+    pub scheduling_mode: String,
+    pub servers: Vec<ServerInfo>,
+    pub active_servers: u64,
+    pub leader: LeaderInfo,
+    /// Registered workers.
+    pub total_workers: u64,
+    /// Gateway requests in flight over all active servers.
+    pub total_load: u64,
+}
+
+/// `POST /api/v1/coordinator/locks/acquire`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockAcquire {
+    /// What the lock guards, 1 to 200 printable ASCII characters.
+    pub name: String,
+    /// Who takes it (a server id, or a tool's name).
+    pub owner: String,
+    /// How long it holds without renewal, in milliseconds (1 to 3,600,000); the server's
+    /// `lock_timeout` when absent. Acquiring again as the owner renews it.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `POST /api/v1/coordinator/locks/release`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockRelease {
+    pub name: String,
+    pub owner: String,
+}
+
+/// The longest lock timeout the API accepts: one hour.
+pub const MAX_LOCK_TIMEOUT_MS: u64 = 3_600_000;
+
+fn check_lock_text(field: &str, text: &str) -> Result<(), FieldError> {
+    if text.is_empty() || text.len() > 200 || !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(FieldError::new(
+            field,
+            "must be 1 to 200 printable ASCII characters without spaces",
+        ));
+    }
+    Ok(())
+}
+
+impl Validate for LockAcquire {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_lock_text("name", &self.name)?;
+        check_lock_text("owner", &self.owner)?;
+        if let Some(ms) = self.timeout_ms {
+            if ms == 0 || ms > MAX_LOCK_TIMEOUT_MS {
+                return Err(FieldError::new(
+                    "timeout_ms",
+                    format!("must be 1 to {MAX_LOCK_TIMEOUT_MS}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Validate for LockRelease {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_lock_text("name", &self.name)?;
+        check_lock_text("owner", &self.owner)
+    }
+}
+
+/// A held lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LockInfo {
+    pub name: String,
+    pub owner: String,
+    /// Grows by one at every acquisition of this name; writes guarded by the lock carry
+    /// it.
+    pub token: u64,
+    pub acquired_at: Timestamp,
+    pub expires_at: Timestamp,
+}
+
+/// `GET /api/v1/coordinator/health`: this server's view of coordination.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CoordinatorHealth {
+    pub server_id: String,
+    pub role: ServerRole,
+    pub scheduling_mode: String,
+    /// This server's fencing token while it leads.
+    pub fencing_token: Option<u64>,
+    /// Whether the coordination tables answer.
+    pub database: bool,
+}
+
+/// `GET /api/v1/worker/servers`: where a worker may send its calls, best first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServerDirectory {
+    /// Active servers, lowest load score first.
+    pub servers: Vec<ServerInfo>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_ids_and_lock_names_are_checked() {
+        assert!(check_server_id("server_id", "gantry-1.example").is_ok());
+        assert!(check_server_id("server_id", "").is_err());
+        assert!(check_server_id("server_id", "a b").is_err());
+        let lock = |name: &str, timeout_ms| LockAcquire {
+            name: name.into(),
+            owner: "tool".into(),
+            timeout_ms,
+        };
+        assert!(lock("schedule:instance:7", None).validate().is_ok());
+        assert_eq!(lock("", None).validate().unwrap_err().field, "name");
+        assert_eq!(lock("a b", None).validate().unwrap_err().field, "name");
+        assert_eq!(
+            lock("x", Some(0)).validate().unwrap_err().field,
+            "timeout_ms"
+        );
+        assert!(lock("x", Some(MAX_LOCK_TIMEOUT_MS)).validate().is_ok());
+        let register = ServerRegister {
+            server_id: "s1".into(),
+            url: "ftp://x".into(),
+            version: String::new(),
+        };
+        assert_eq!(register.validate().unwrap_err().field, "url");
+    }
+}
