@@ -39,6 +39,12 @@ impl Client {
             .await
     }
 
+    /// The active servers of the cluster, lowest load score first.
+    pub async fn worker_servers(&self) -> Result<gantry_types::ServerDirectory, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/worker/servers"))
+            .await
+    }
+
     /// Stores the calling worker's hardware report.
     pub async fn report_status(&self, status: &WorkerStatus) -> Result<Worker, ClientError> {
         self.json(Call::new(Method::PUT, "/api/v1/worker/status").body(status))

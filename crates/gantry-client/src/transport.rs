@@ -9,7 +9,6 @@
 //! for an answer without a body, 200 otherwise); another one means that client and server
 //! disagree on the API, and is an error.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -35,10 +34,16 @@ pub struct Client {
 
 #[derive(Debug)]
 struct Inner {
-    urls: Vec<String>,
-    current: AtomicUsize,
+    servers: RwLock<Servers>,
     http: reqwest::Client,
     timeout: Duration,
+}
+
+/// The servers of the cluster, best first, and the one in use.
+#[derive(Debug, Clone)]
+struct Servers {
+    urls: Vec<String>,
+    current: usize,
 }
 
 /// One request, before it is sent.
@@ -132,11 +137,13 @@ impl Client {
             .expect("a reqwest client without TLS settings builds");
         Client {
             inner: Arc::new(Inner {
-                urls: urls
-                    .into_iter()
-                    .map(|url| url.trim_end_matches('/').to_owned())
-                    .collect(),
-                current: AtomicUsize::new(0),
+                servers: RwLock::new(Servers {
+                    urls: urls
+                        .into_iter()
+                        .map(|url| url.trim_end_matches('/').to_owned())
+                        .collect(),
+                    current: 0,
+                }),
                 http,
                 timeout: DEFAULT_TIMEOUT,
             }),
@@ -174,9 +181,44 @@ impl Client {
     }
 
     /// The server in use.
-    pub fn current_url(&self) -> &str {
-        let urls = &self.inner.urls;
-        &urls[self.inner.current.load(Ordering::Relaxed) % urls.len()]
+    pub fn current_url(&self) -> String {
+        let servers = self.servers();
+        servers.urls[servers.current % servers.urls.len()].clone()
+    }
+
+    /// Every server this client knows, best first.
+    pub fn server_urls(&self) -> Vec<String> {
+        self.servers().urls
+    }
+
+    /// Replaces the servers this client knows (a fresh list from the registry, best
+    /// first). The server in use stays in use while it is listed; a call that fails there
+    /// then tries the others in this order, so a (re)connection goes to the best one.
+    /// An empty list changes nothing.
+    pub fn set_servers(&self, urls: Vec<String>) {
+        let urls: Vec<String> = urls
+            .into_iter()
+            .map(|url| url.trim_end_matches('/').to_owned())
+            .collect();
+        if urls.is_empty() {
+            return;
+        }
+        let mut servers = self
+            .inner
+            .servers
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let in_use = servers.urls[servers.current % servers.urls.len()].clone();
+        servers.current = urls.iter().position(|u| *u == in_use).unwrap_or(0);
+        servers.urls = urls;
+    }
+
+    fn servers(&self) -> Servers {
+        self.inner
+            .servers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Sends a call and returns the successful response; an error answer becomes a
@@ -187,11 +229,14 @@ impl Client {
         Q: Serialize + ?Sized,
     {
         let inner = &self.inner;
-        let start = inner.current.load(Ordering::Relaxed);
+        let servers = self.servers();
+        let start = servers.current % servers.urls.len();
+        // The server in use first, then the others best first.
+        let order = std::iter::once(start).chain((0..servers.urls.len()).filter(|i| *i != start));
         let mut last = String::new();
-        for attempt in 0..inner.urls.len() {
-            let index = (start + attempt) % inner.urls.len();
-            let url = format!("{}{}", inner.urls[index], call.path);
+        for index in order {
+            let base = &servers.urls[index];
+            let url = format!("{base}{}", call.path);
             let mut request = inner.http.request(call.method.clone(), &url);
             if let Some(timeout) = call.timeout {
                 request = request.timeout(timeout);
@@ -208,7 +253,7 @@ impl Client {
             }
             match request.send().await {
                 Ok(response) if response.status().is_success() => {
-                    self.switch_to(index);
+                    self.switch_to(base);
                     return if call.success.contains(&response.status()) {
                         Ok(response)
                     } else {
@@ -229,14 +274,14 @@ impl Client {
                         last = format!("{url}: {error}");
                         continue;
                     }
-                    self.switch_to(index);
+                    self.switch_to(base);
                     return Err(error);
                 }
                 Err(e) => last = format!("{url}: {e}"),
             }
         }
         Err(ClientError::Unreachable {
-            tried: inner.urls.len(),
+            tried: servers.urls.len(),
             last,
         })
     }
@@ -264,11 +309,19 @@ impl Client {
         self.send(call).await.map(drop)
     }
 
-    fn switch_to(&self, index: usize) {
-        let previous = self.inner.current.swap(index, Ordering::Relaxed);
-        let urls = &self.inner.urls;
-        if previous != index {
-            tracing::warn!(from = %urls[previous % urls.len()], to = %urls[index], "switched to another server");
+    fn switch_to(&self, url: &str) {
+        let mut servers = self
+            .inner
+            .servers
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(index) = servers.urls.iter().position(|u| u == url) else {
+            return; // the list changed meanwhile
+        };
+        let previous = servers.urls[servers.current % servers.urls.len()].clone();
+        servers.current = index;
+        if previous != url {
+            tracing::warn!(from = %previous, to = %url, "switched to another server");
         }
     }
 }

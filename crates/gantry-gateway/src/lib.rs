@@ -268,6 +268,7 @@ pub async fn prometheus_metrics(State(gateway): State<Gateway>) -> Response {
             .map_err(|e| tracing::error!(error = %e, "count workers for /metrics"))
             .ok(),
         undecodable_placement_records: gantry_store::undecodable_placement_records(),
+        fenced_writes: Some(gantry_store::fenced_writes()),
     };
     let text = metrics::render(&gateway.metrics, &gateway.routes, &cluster);
     (

@@ -179,6 +179,8 @@ pub struct ClusterCounts {
     pub workers: Option<Vec<(WorkerState, u64)>>,
     /// This process's count of placement records that did not decode.
     pub undecodable_placement_records: u64,
+    /// This process's fenced (leader- or lock-only) writes.
+    pub fenced_writes: Option<gantry_store::FencedWrites>,
 }
 
 const INSTANCE_STATES: [InstanceState; 7] = [
@@ -427,6 +429,35 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
         "gantry_store_undecodable_placement_records_total {}",
         cluster.undecodable_placement_records
     );
+    if let Some(fenced) = cluster.fenced_writes {
+        header(
+            &mut out,
+            "gantry_fenced_writes_total",
+            "counter",
+            "Leader- or lock-only writes of this server: applied, or refused because another server holds the lease or lock now.",
+        );
+        let _ = writeln!(
+            out,
+            "gantry_fenced_writes_total{{result=\"applied\"}} {}",
+            fenced.applied
+        );
+        let _ = writeln!(
+            out,
+            "gantry_fenced_writes_total{{result=\"rejected\"}} {}",
+            fenced.rejected
+        );
+        header(
+            &mut out,
+            "gantry_fenced_write_last_applied_start_ms",
+            "gauge",
+            "When the latest-sent fenced write that landed was sent, in ms since the epoch (0: none).",
+        );
+        let _ = writeln!(
+            out,
+            "gantry_fenced_write_last_applied_start_ms {}",
+            fenced.last_applied_started_at
+        );
+    }
     out
 }
 
@@ -456,11 +487,19 @@ mod tests {
                 ]),
                 workers: Some(vec![(WorkerState::Ready, 3)]),
                 undecodable_placement_records: 2,
+                fenced_writes: Some(gantry_store::FencedWrites {
+                    applied: 5,
+                    rejected: 1,
+                    last_applied_started_at: 1_700_000_000_000,
+                }),
             },
         );
         for line in [
             "gantry_gateway_requests_total{model=\"tiny\",code=\"200\"} 2",
             "gantry_store_undecodable_placement_records_total 2",
+            "gantry_fenced_writes_total{result=\"applied\"} 5",
+            "gantry_fenced_writes_total{result=\"rejected\"} 1",
+            "gantry_fenced_write_last_applied_start_ms 1700000000000",
             "gantry_gateway_requests_total{model=\"\",code=\"401\"} 1",
             "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_connect\"} 1",
             "gantry_gateway_request_duration_seconds_bucket{model=\"tiny\",le=\"0.025\"} 1",

@@ -13,7 +13,9 @@
 //! [`StoreError::Fenced`] (the caller steps down), not with the "row moved on" `None` of
 //! an ordinary conditional write.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use gantry_types::Timestamp;
 
 use sqlx::any::AnyArguments;
 use sqlx::query::Query;
@@ -46,14 +48,34 @@ impl std::fmt::Display for Fence {
 /// `/metrics`.
 static APPLIED: AtomicU64 = AtomicU64::new(0);
 static REJECTED: AtomicU64 = AtomicU64::new(0);
+static LAST_APPLIED_START: AtomicI64 = AtomicI64::new(0);
 
-/// `(applied, rejected)`: fenced writes (those carrying a token) this process made that
-/// changed a row, and those refused because the token was stale.
-pub fn fenced_write_counts() -> (u64, u64) {
-    (
-        APPLIED.load(Ordering::Relaxed),
-        REJECTED.load(Ordering::Relaxed),
-    )
+/// Fenced writes (those carrying a token) this process made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FencedWrites {
+    /// Writes that changed a row.
+    pub applied: u64,
+    /// Writes refused because their token was stale.
+    pub rejected: u64,
+    /// When the latest-starting applied write was sent (ms since the epoch; 0: none). A
+    /// write that lands was sent before any later holder's token was issued, so this is
+    /// earlier than the current holder's `acquired_at` on every server that lost the
+    /// lease.
+    pub last_applied_started_at: i64,
+}
+
+/// The fenced writes of this process so far.
+pub fn fenced_writes() -> FencedWrites {
+    FencedWrites {
+        applied: APPLIED.load(Ordering::Relaxed),
+        rejected: REJECTED.load(Ordering::Relaxed),
+        last_applied_started_at: LAST_APPLIED_START.load(Ordering::Relaxed),
+    }
+}
+
+fn count_applied(started: Timestamp) {
+    APPLIED.fetch_add(1, Ordering::Relaxed);
+    LAST_APPLIED_START.fetch_max(started.as_millis(), Ordering::Relaxed);
 }
 
 impl Fence {
@@ -122,16 +144,18 @@ impl Store {
 
     /// After a fenced write: counts it, and turns "nothing changed" into
     /// [`StoreError::Fenced`] when the fence is what stopped it.
+    /// `started` is when the write was sent.
     pub(crate) async fn settle_fenced(
         &self,
         fence: &Fence,
+        started: Timestamp,
         rows_affected: u64,
     ) -> Result<u64, StoreError> {
         if !fence.is_fenced() {
             return Ok(rows_affected);
         }
         if rows_affected > 0 {
-            APPLIED.fetch_add(1, Ordering::Relaxed);
+            count_applied(started);
             return Ok(rows_affected);
         }
         if self.fence_is_current(fence).await? {
@@ -153,6 +177,7 @@ impl Store {
         if !fence.is_fenced() {
             return Ok(());
         }
+        let started = Timestamp::now();
         let sql = format!(
             "SELECT 1 AS ok FROM leader_lease WHERE id = 1{}",
             fence.clause(self.engine, 1)
@@ -168,7 +193,7 @@ impl Store {
                 fence: fence.to_string(),
             });
         }
-        APPLIED.fetch_add(1, Ordering::Relaxed);
+        count_applied(started);
         Ok(())
     }
 }

@@ -119,8 +119,9 @@ impl Store {
         let query = sqlx::query(&sql)
             .bind(seen.id)
             .bind(seen.updated_at.as_millis());
+        let started = Timestamp::now();
         let affected = fence.bind(query).execute(&self.pool).await?.rows_affected();
-        if self.settle_fenced(fence, affected).await? == 0 {
+        if self.settle_fenced(fence, started, affected).await? == 0 {
             return Ok(None);
         }
         self.publish(Change::Instance(ChangeKind::Deleted, seen.clone()));

@@ -58,10 +58,11 @@ impl Store {
 
     /// The lease as it stands.
     pub async fn leader_lease(&self) -> Result<LeaderInfo, StoreError> {
-        let row =
-            sqlx::query("SELECT holder, fencing_token, expires_at FROM leader_lease WHERE id = 1")
-                .fetch_one(&self.pool)
-                .await?;
+        let row = sqlx::query(
+            "SELECT holder, fencing_token, acquired_at, expires_at FROM leader_lease WHERE id = 1",
+        )
+        .fetch_one(&self.pool)
+        .await?;
         lease_of(&row)
     }
 }
@@ -71,6 +72,7 @@ fn lease_of(row: &sqlx::any::AnyRow) -> Result<LeaderInfo, StoreError> {
     Ok(LeaderInfo {
         server_id: opt_text(row, T, "holder")?,
         fencing_token: u64::try_from(int(row, T, "fencing_token")?).unwrap_or(0),
+        acquired_at: Timestamp::from_millis(int(row, T, "acquired_at")?),
         expires_at: Timestamp::from_millis(int(row, T, "expires_at")?),
     })
 }

@@ -55,7 +55,7 @@ use tokio::sync::broadcast;
 pub use api_keys::{ApiKeyRecord, NewApiKey};
 pub use changes::{Change, ChangeKind};
 pub use error::StoreError;
-pub use fence::{fenced_write_counts, Fence};
+pub use fence::{fenced_writes, Fence, FencedWrites};
 pub use instances::ManualPlacement;
 pub use lease::{LeaderSession, LEADER_LOCK_KEY};
 pub use locks::LockRelease;

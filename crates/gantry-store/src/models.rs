@@ -221,13 +221,14 @@ impl Store {
                 .bind(model.id)
                 .bind(i64::from(replica))
                 .bind(now);
+            let started = Timestamp::now();
             let row = fence.bind(query).fetch_optional(&self.pool).await?;
             let Some(row) = row else {
                 // A replica number already taken, or a stale fence.
-                self.settle_fenced(fence, 0).await?;
+                self.settle_fenced(fence, started, 0).await?;
                 continue;
             };
-            self.settle_fenced(fence, 1).await?;
+            self.settle_fenced(fence, started, 1).await?;
             let id = int(&row, "model_instances", "id")?;
             if let Ok(instance) = self.get_instance(id).await {
                 self.publish(Change::Instance(ChangeKind::Created, instance.clone()));

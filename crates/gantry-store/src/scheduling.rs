@@ -92,9 +92,14 @@ impl Store {
             .bind(model_id)
             .bind(message)
             .bind(Timestamp::now().as_millis());
+        let started = Timestamp::now();
         let rows = fence.bind(query).fetch_all(&self.pool).await?;
-        self.settle_fenced(fence, u64::try_from(rows.len()).unwrap_or(u64::MAX))
-            .await?;
+        self.settle_fenced(
+            fence,
+            started,
+            u64::try_from(rows.len()).unwrap_or(u64::MAX),
+        )
+        .await?;
         let mut changed = Vec::with_capacity(rows.len());
         for row in &rows {
             let id = int(row, "model_instances", "id")?;
@@ -222,8 +227,9 @@ impl Store {
         fence: &Fence,
         statement: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
     ) -> Result<Option<ModelInstance>, StoreError> {
+        let started = Timestamp::now();
         let affected = statement.execute(&self.pool).await?.rows_affected();
-        if self.settle_fenced(fence, affected).await? == 0 {
+        if self.settle_fenced(fence, started, affected).await? == 0 {
             return Ok(None);
         }
         self.publish_instance_update(id).await

@@ -134,6 +134,8 @@ pub struct LeaderInfo {
     /// Grows by one every time the lease changes hands; a leader-only write carrying an
     /// older token is refused.
     pub fencing_token: u64,
+    /// When the current holder took the lease (the database's clock).
+    pub acquired_at: Timestamp,
     /// When the lease lapses unless renewed.
     pub expires_at: Timestamp,
 }

@@ -50,6 +50,7 @@ async fn leader_of(state: &AppState) -> ApiResult<LeaderInfo> {
             .is_leader()
             .then(|| state.config.server_id.clone()),
         fencing_token: state.cluster.coordinator.fencing_token().unwrap_or(0),
+        acquired_at: Timestamp::from_millis(0),
         expires_at: Timestamp::from_millis(0),
     })
 }

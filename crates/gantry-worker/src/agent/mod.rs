@@ -150,6 +150,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
 
     crate::http::serve(shared.clone(), listener);
     spawn_heartbeat(shared.clone());
+    spawn_server_refresh(shared.clone());
     spawn_status(shared.clone());
     let reporter = report::spawn(shared.clone(), events_rx);
     assignments::spawn(shared.clone(), reporter);
@@ -186,6 +187,41 @@ impl RunningWorker {
         self.shared.tasks.wait().await;
         tracing::info!(worker = %self.identity.name, "worker stopped");
     }
+}
+
+/// Keeps the client's list of servers fresh from the registry, every heartbeat interval:
+/// the active servers, lowest load score first, then the configured URLs not among them
+/// (a way back in when the registry's servers are all gone). A failing call changes
+/// nothing: the heartbeat's own failover handles it.
+fn spawn_server_refresh(shared: Arc<Shared>) {
+    let tasks = shared.tasks.clone();
+    tasks.spawn(async move {
+        let configured = shared.config.server_urls.clone();
+        let mut tick = tokio::time::interval(shared.config.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut known = shared.client.server_urls();
+        loop {
+            tokio::select! {
+                () = shared.shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let Ok(directory) = shared.client.worker_servers().await else {
+                continue;
+            };
+            let mut urls: Vec<String> = directory.servers.into_iter().map(|s| s.url).collect();
+            for url in &configured {
+                let url = url.trim_end_matches('/').to_owned();
+                if !urls.contains(&url) {
+                    urls.push(url);
+                }
+            }
+            if urls != known {
+                tracing::info!(servers = ?urls, "servers of the cluster, best first");
+                shared.client.set_servers(urls.clone());
+                known = urls;
+            }
+        }
+    });
 }
 
 fn spawn_heartbeat(shared: Arc<Shared>) {
