@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates (once) a Python virtual environment with the official `openai` client, pinned
+# Creates (once) a Python virtual environment with the official `openai` client and
+# Playwright (driving Debian's chromium for the console's browser test), pinned
 # below, and prints the path of its python as the last line of stdout. Progress goes to
 # stderr. The gateway tests run OpenAI's own client against the gateway with it:
 #
@@ -12,7 +13,7 @@
 set -euo pipefail
 
 # What the environment holds. Changing this text changes the cache key.
-readonly REQUIREMENTS="openai==3.54.0"
+readonly REQUIREMENTS="openai==3.54.0 playwright==1.65.2"
 
 log() { echo "python-env: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -23,7 +24,7 @@ VENV="$CACHE_ROOT/venv-$HASH"
 PYTHON="$VENV/bin/python"
 
 ready() {
-  [[ -x "$PYTHON" && -f "$VENV/.complete" ]] && "$PYTHON" -c 'import openai' >/dev/null 2>&1
+  [[ -x "$PYTHON" && -f "$VENV/.complete" ]] && "$PYTHON" -c 'import openai, playwright.sync_api' >/dev/null 2>&1
 }
 
 if ready; then
@@ -62,6 +63,6 @@ mv "$VENV.tmp" "$VENV"
 # A venv's scripts name its directory; the interpreter itself does not care where it lives,
 # and the tests only run `python -c`, so the move is safe.
 touch "$VENV/.complete"
-ready || die "the new environment cannot import openai"
+ready || die "the new environment cannot import openai and playwright"
 log "ready: $PYTHON ($("$PYTHON" -c 'import openai; print("openai", openai.__version__)'))"
 echo "$PYTHON"

@@ -18,6 +18,17 @@ cd "$(dirname "$0")/.."
 GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -n 1)
 export GANTRY_LLAMA_SERVER
 echo "test.sh: llama-server at $GANTRY_LLAMA_SERVER" >&2
+# Debian's chromium, which the console's browser test drives through Playwright's
+# executable_path (Playwright's own browser download is not reachable from CI).
+if ! [[ -x "${GANTRY_CHROMIUM:-/usr/bin/chromium}" ]]; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y -qq chromium >&2
+  else
+    echo "test.sh: install chromium (Debian: apt-get install chromium)" >&2
+    exit 1
+  fi
+fi
 GANTRY_PYTHON=$(scripts/python-env.sh | tail -n 1)
 export GANTRY_PYTHON
 echo "test.sh: python with openai at $GANTRY_PYTHON" >&2

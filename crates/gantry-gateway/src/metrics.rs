@@ -432,29 +432,29 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
     if let Some(fenced) = cluster.fenced_writes {
         header(
             &mut out,
-            "gantry_fenced_writes_total",
+            "gantry_leader_writes_total",
             "counter",
-            "Leader- or lock-only writes of this server: applied, or refused because another server holds the lease or lock now.",
+            "Leader-only writes of this server (carrying its fencing token): applied, or refused because another server holds the lease now.",
         );
         let _ = writeln!(
             out,
-            "gantry_fenced_writes_total{{result=\"applied\"}} {}",
+            "gantry_leader_writes_total{{result=\"applied\"}} {}",
             fenced.applied
         );
         let _ = writeln!(
             out,
-            "gantry_fenced_writes_total{{result=\"rejected\"}} {}",
+            "gantry_leader_writes_total{{result=\"rejected\"}} {}",
             fenced.rejected
         );
         header(
             &mut out,
-            "gantry_fenced_write_last_applied_start_ms",
+            "gantry_leader_write_last_applied_start_ms",
             "gauge",
-            "When the latest-sent fenced write that landed was sent, in ms since the epoch (0: none).",
+            "When the latest-sent leader-only write that landed was sent, in ms since the epoch (0: none).",
         );
         let _ = writeln!(
             out,
-            "gantry_fenced_write_last_applied_start_ms {}",
+            "gantry_leader_write_last_applied_start_ms {}",
             fenced.last_applied_started_at
         );
     }
@@ -497,9 +497,9 @@ mod tests {
         for line in [
             "gantry_gateway_requests_total{model=\"tiny\",code=\"200\"} 2",
             "gantry_store_undecodable_placement_records_total 2",
-            "gantry_fenced_writes_total{result=\"applied\"} 5",
-            "gantry_fenced_writes_total{result=\"rejected\"} 1",
-            "gantry_fenced_write_last_applied_start_ms 1700000000000",
+            "gantry_leader_writes_total{result=\"applied\"} 5",
+            "gantry_leader_writes_total{result=\"rejected\"} 1",
+            "gantry_leader_write_last_applied_start_ms 1700000000000",
             "gantry_gateway_requests_total{model=\"\",code=\"401\"} 1",
             "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_connect\"} 1",
             "gantry_gateway_request_duration_seconds_bucket{model=\"tiny\",le=\"0.025\"} 1",

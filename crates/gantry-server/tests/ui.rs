@@ -8,14 +8,21 @@
 //! The page, its assets, their headers and the session cookie are read with raw HTTP:
 //! that is what the browser sees, and the typed API client does not serve assets or keep
 //! cookies. The API itself is called through the typed client.
+//!
+//! One test drives the console in a real browser: Debian's `chromium`, through
+//! Playwright's Python package (`tests/ui_browser.py`, run with `GANTRY_PYTHON`). It takes
+//! a screenshot of what it checked, under `target/tmp/ui-screenshots/`.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::{assert_raw_error, expect_error, TestServer, ADMIN_PASSWORD};
+use std::path::{Path, PathBuf};
+
+use common::{assert_raw_error, expect_error, user, TestServer, ADMIN_PASSWORD};
+use gantry_client::ClientError;
 use gantry_testkit::TestEngine;
-use gantry_types::ErrorCode;
+use gantry_types::{ClusterStatus, ErrorCode, ServerRole};
 use reqwest::header::{
     CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, COOKIE, ETAG, IF_NONE_MATCH, SET_COOKIE,
     X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
@@ -240,5 +247,123 @@ async fn every_api_path_in_the_script_exists_in_the_openapi_spec() {
         checked >= 10,
         "found only {checked} API paths in the script"
     );
+    server.shutdown().await;
+}
+
+/// The Python that runs `tests/ui_browser.py`: `GANTRY_PYTHON`, which must have Playwright.
+fn browser_python() -> std::ffi::OsString {
+    let Some(python) = std::env::var_os("GANTRY_PYTHON") else {
+        panic!(
+            "GANTRY_PYTHON is not set. The browser test drives chromium with Playwright's \
+             Python package: run the tests with scripts/test.sh, or set \
+             GANTRY_PYTHON=$(scripts/python-env.sh | tail -1)."
+        );
+    };
+    let has_playwright = std::process::Command::new(&python)
+        .args(["-c", "import playwright.sync_api"])
+        .status()
+        .unwrap_or_else(|e| panic!("run {python:?}: {e}"));
+    assert!(
+        has_playwright.success(),
+        "{python:?} cannot import playwright: the browser test needs Playwright's Python \
+         package in the environment scripts/python-env.sh makes"
+    );
+    python
+}
+
+/// Debian's chromium (`GANTRY_CHROMIUM` names another): Playwright drives it through
+/// `executable_path` and downloads no browser of its own.
+fn chromium() -> PathBuf {
+    let path = std::env::var_os("GANTRY_CHROMIUM")
+        .map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
+    assert!(
+        path.is_file(),
+        "no browser at {}: install Debian's chromium (apt-get install chromium) or set \
+         GANTRY_CHROMIUM",
+        path.display()
+    );
+    path
+}
+
+/// The single test server registers itself and leads, so the servers screen shows one row
+/// with the leader's mark; a user who is not an admin has no servers screen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_the_servers_and_their_leader_in_a_real_browser() {
+    let python = browser_python();
+    let chromium = chromium();
+    let server = TestServer::start(TestEngine::Sqlite).await;
+    server
+        .client()
+        .create_user(&user("viewer", "viewer-password-1"))
+        .await
+        .unwrap();
+
+    // What the page must show, as the API says it (the typed client has no call for it).
+    let token = server.client().token().unwrap();
+    let cluster: ClusterStatus = server
+        .wait_for(
+            "the server to register itself and lead",
+            || async {
+                let (status, body) = server
+                    .raw(
+                        Method::GET,
+                        "/api/v1/coordinator/cluster",
+                        Some(&token),
+                        None,
+                    )
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{body}");
+                Ok::<_, ClientError>(serde_json::from_value::<ClusterStatus>(body).unwrap())
+            },
+            |cluster| {
+                cluster.leader.server_id.is_some()
+                    && cluster
+                        .servers
+                        .iter()
+                        .any(|s| s.role == ServerRole::Leader && s.active)
+            },
+        )
+        .await;
+    assert_eq!(cluster.servers.len(), 1, "{cluster:?}");
+    let leader = &cluster.servers[0];
+    assert_eq!(cluster.leader.server_id.as_deref(), Some("test-server"));
+
+    let screenshots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+    std::fs::create_dir_all(&screenshots).unwrap();
+    let screenshot = screenshots.join("servers.png");
+    let screenshot_dark = screenshots.join("servers-dark.png");
+    for old in [&screenshot, &screenshot_dark] {
+        let _ = std::fs::remove_file(old);
+    }
+    let expected = serde_json::json!({
+        "base": server.base,
+        "chromium": chromium,
+        "screenshot": screenshot,
+        "screenshot_dark": screenshot_dark,
+        "admin": {"username": "admin", "password": ADMIN_PASSWORD},
+        "user": {"username": "viewer", "password": "viewer-password-1"},
+        "leader": leader.server_id,
+        "fencing_token": cluster.leader.fencing_token,
+        "scheduling_mode": cluster.scheduling_mode,
+        "server_url": leader.url,
+    });
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui_browser.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(&script)
+        .arg(expected.to_string())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {python:?} {}: {e}", script.display()));
+    assert!(
+        output.status.success(),
+        "the browser checks failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for taken in [&screenshot, &screenshot_dark] {
+        assert!(taken.is_file(), "no screenshot at {}", taken.display());
+        println!("screenshot of the servers screen: {}", taken.display());
+    }
     server.shutdown().await;
 }

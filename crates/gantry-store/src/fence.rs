@@ -44,13 +44,14 @@ impl std::fmt::Display for Fence {
     }
 }
 
-/// Fenced writes this process made, and those the database refused as stale. Exported on
-/// `/metrics`.
+/// Leader-fenced writes this process made, and those the database refused as stale.
+/// Exported on `/metrics`. (Writes fenced by a lock are not counted: any server may hold
+/// a lock, so they say nothing about leadership.)
 static APPLIED: AtomicU64 = AtomicU64::new(0);
 static REJECTED: AtomicU64 = AtomicU64::new(0);
 static LAST_APPLIED_START: AtomicI64 = AtomicI64::new(0);
 
-/// Fenced writes (those carrying a token) this process made.
+/// Leader-fenced writes (those carrying the leader's token) this process made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FencedWrites {
     /// Writes that changed a row.
@@ -73,9 +74,18 @@ pub fn fenced_writes() -> FencedWrites {
     }
 }
 
-fn count_applied(started: Timestamp) {
+fn count_applied(fence: &Fence, started: Timestamp) {
+    if !matches!(fence, Fence::Leader(_)) {
+        return;
+    }
     APPLIED.fetch_add(1, Ordering::Relaxed);
     LAST_APPLIED_START.fetch_max(started.as_millis(), Ordering::Relaxed);
+}
+
+fn count_rejected(fence: &Fence) {
+    if matches!(fence, Fence::Leader(_)) {
+        REJECTED.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Fence {
@@ -155,13 +165,13 @@ impl Store {
             return Ok(rows_affected);
         }
         if rows_affected > 0 {
-            count_applied(started);
+            count_applied(fence, started);
             return Ok(rows_affected);
         }
         if self.fence_is_current(fence).await? {
             return Ok(0);
         }
-        REJECTED.fetch_add(1, Ordering::Relaxed);
+        count_rejected(fence);
         Err(StoreError::Fenced {
             fence: fence.to_string(),
         })
@@ -188,12 +198,12 @@ impl Store {
             .await?
             .is_none()
         {
-            REJECTED.fetch_add(1, Ordering::Relaxed);
+            count_rejected(fence);
             return Err(StoreError::Fenced {
                 fence: fence.to_string(),
             });
         }
-        count_applied(started);
+        count_applied(fence, started);
         Ok(())
     }
 }

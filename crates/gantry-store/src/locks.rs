@@ -73,6 +73,32 @@ impl Store {
         Ok(Err(decode(&holder)?))
     }
 
+    /// Takes `name` from a holder known to be gone (its server's session ended): only
+    /// while the lock is still as seen (`seen_token`), with a new token, so the old holder's
+    /// fenced writes fail should it be alive after all.
+    pub async fn take_over_lock(
+        &self,
+        name: &str,
+        owner: &str,
+        seen_token: u64,
+        timeout: std::time::Duration,
+        now: Timestamp,
+    ) -> Result<Option<LockInfo>, StoreError> {
+        let expires = now.as_millis() + i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX / 2);
+        let row = sqlx::query(&format!(
+            "UPDATE coordination_locks SET owner = $2, token = token + 1, acquired_at = $3, \
+             expires_at = $4 WHERE name = $1 AND token = $5 RETURNING {COLUMNS}"
+        ))
+        .bind(name)
+        .bind(owner)
+        .bind(now.as_millis())
+        .bind(expires)
+        .bind(i64::try_from(seen_token).unwrap_or(i64::MAX))
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(decode).transpose()
+    }
+
     /// Releases `name` if `owner` holds it.
     pub async fn release_lock(&self, name: &str, owner: &str) -> Result<LockRelease, StoreError> {
         let released = sqlx::query(

@@ -153,6 +153,32 @@ impl Store {
         row.as_ref().map(decode).transpose()
     }
 
+    /// Whether the server `server_id` is certainly gone: not registered, or (PostgreSQL)
+    /// its registered session has ended — a `kill -9` shows at once, without waiting for
+    /// its heartbeat to age.
+    pub async fn server_is_gone(&self, server_id: &str) -> Result<bool, StoreError> {
+        let row = sqlx::query("SELECT session_pid FROM servers WHERE server_id = $1")
+            .bind(server_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok(true);
+        };
+        let Some(pid) = opt_int(&row, "servers", "session_pid")? else {
+            return Ok(false);
+        };
+        if self.engine != Engine::Postgres {
+            return Ok(false);
+        }
+        let alive =
+            sqlx::query("SELECT 1 AS alive FROM pg_stat_activity WHERE pid = CAST($1 AS INTEGER)")
+                .bind(pid)
+                .fetch_optional(&self.pool)
+                .await?
+                .is_some();
+        Ok(!alive)
+    }
+
     /// Removes a server from the registry; false when it was not there. With
     /// `incarnation`, only that process's row.
     pub async fn unregister_server(

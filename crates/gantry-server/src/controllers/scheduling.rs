@@ -58,8 +58,32 @@ impl Reconcile for LockedPlacement {
         {
             Ok(lock) => lock,
             Err(holder) => {
-                tracing::debug!(holder = %holder.owner, "the scheduling lock is held elsewhere; retrying shortly");
-                return Ok(Action::requeue_after(LOCK_BUSY_RETRY));
+                // A holder that died (kill -9) would block placement until the lock's
+                // timeout: take it over at once when its server's session is gone.
+                let taken = if store.server_is_gone(&holder.owner).await? {
+                    store
+                        .take_over_lock(
+                            SCHEDULING_LOCK,
+                            owner,
+                            holder.token,
+                            self.state.config.schedule_lock_timeout,
+                            Timestamp::now(),
+                        )
+                        .await?
+                } else {
+                    None
+                };
+                match taken {
+                    Some(lock) => {
+                        tracing::warn!(server_id = owner, previous = %holder.owner, token = lock.token,
+                            "took the scheduling lock over from a server that is gone");
+                        lock
+                    }
+                    None => {
+                        tracing::debug!(holder = %holder.owner, "the scheduling lock is held elsewhere; retrying shortly");
+                        return Ok(Action::requeue_after(LOCK_BUSY_RETRY));
+                    }
+                }
             }
         };
         let fence = Fence::Lock {
