@@ -96,10 +96,12 @@ impl Fence {
     /// On PostgreSQL the row is share-locked for the rest of the transaction; SQLite
     /// serialises every write anyway.
     pub(crate) fn clause(&self, engine: Engine, first: usize) -> String {
-        let share = match engine {
-            Engine::Postgres => " FOR SHARE",
-            Engine::Sqlite => "",
-        };
+        self.condition(engine == Engine::Postgres, first)
+    }
+
+    /// The condition, with the row share-locked or read plainly.
+    fn condition(&self, lock_row: bool, first: usize) -> String {
+        let share = if lock_row { " FOR SHARE" } else { "" };
         match self {
             Fence::Unfenced => String::new(),
             Fence::Leader(_) => format!(
@@ -139,11 +141,10 @@ impl Store {
         if !fence.is_fenced() {
             return Ok(true);
         }
-        // leader_lease always has row 1, so this reads as "the fence holds"; a plain
-        // read, no lock (the SQLite spelling).
+        // leader_lease always has row 1, so this reads as "the fence holds".
         let sql = format!(
             "SELECT 1 AS ok FROM leader_lease WHERE id = 1{}",
-            fence.clause(Engine::Sqlite, 1)
+            fence.condition(false, 1)
         );
         let row = fence
             .bind(sqlx::query(&sql))

@@ -84,15 +84,9 @@ impl Store {
             let session_pid = opt_int(&row, "servers", "session_pid")?;
             let mut live = record.incarnation != registration.incarnation
                 && record.last_heartbeat_at > live_after;
-            if live && self.engine == Engine::Postgres {
+            if live {
                 if let Some(pid) = session_pid {
-                    live = sqlx::query(
-                        "SELECT 1 AS alive FROM pg_stat_activity WHERE pid = CAST($1 AS INTEGER)",
-                    )
-                    .bind(pid)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .is_some();
+                    live = self.session_alive(pid).await?;
                 }
             }
             if live {
@@ -167,16 +161,21 @@ impl Store {
         let Some(pid) = opt_int(&row, "servers", "session_pid")? else {
             return Ok(false);
         };
+        Ok(!self.session_alive(pid).await?)
+    }
+
+    /// Whether the database session with backend pid `pid` is still connected (always
+    /// true on SQLite, which has no sessions to tell apart).
+    async fn session_alive(&self, pid: i64) -> Result<bool, StoreError> {
         if self.engine != Engine::Postgres {
-            return Ok(false);
+            return Ok(true);
         }
-        let alive =
+        let row =
             sqlx::query("SELECT 1 AS alive FROM pg_stat_activity WHERE pid = CAST($1 AS INTEGER)")
                 .bind(pid)
                 .fetch_optional(&self.pool)
-                .await?
-                .is_some();
-        Ok(!alive)
+                .await?;
+        Ok(row.is_some())
     }
 
     /// Removes a server from the registry; false when it was not there. With
