@@ -5,6 +5,7 @@
 //!   verified with argon2 once, then found by digest. Each use is recorded for the
 //!   last-used batcher; nothing is written on the request path.
 //! - Worker credentials `gantryw_…`: found by digest in the store.
+//! - Server credentials `gantrys_…`: checked against the cluster's secret, no store read.
 //! - Anything else is a session token: signature and expiry, then the user's session
 //!   version in the store (a logout or password change ends older sessions at once).
 //!
@@ -21,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::cache::{AcceptedKey, CacheConfig, CredentialCache, Lookup};
 use crate::error::AuthError;
-use crate::jwt::JwtKeys;
+use crate::jwt::{JwtKeys, SERVER_CREDENTIAL_PREFIX};
 use crate::last_used::{LastUsedBatcher, LAST_USED_FLUSH_INTERVAL};
 use crate::password;
 use crate::principal::Principal;
@@ -95,6 +96,13 @@ impl Authenticator {
                 Err(StoreError::NotFound { .. }) => Err(AuthError::UnknownWorkerCredential),
                 Err(e) => Err(e.into()),
             };
+        }
+        if token.starts_with(SERVER_CREDENTIAL_PREFIX) {
+            return self
+                .jwt
+                .verify_server_credential(token)
+                .map(|server_id| Principal::Server { server_id })
+                .ok_or(AuthError::InvalidServerCredential);
         }
         let claims = self
             .jwt

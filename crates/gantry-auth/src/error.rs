@@ -14,6 +14,8 @@ pub enum AuthError {
     ApiKeyExpired { name: String, expires_at: Timestamp },
     #[error("unknown worker credential: the worker was deleted; register it again")]
     UnknownWorkerCredential,
+    #[error("invalid server credential: it was not made with this cluster's secret (are the servers' jwt_secret the same?)")]
+    InvalidServerCredential,
     #[error("invalid session token ({0}); log in again")]
     InvalidSessionToken(jsonwebtoken::errors::Error),
     #[error("the user of this session no longer exists")]

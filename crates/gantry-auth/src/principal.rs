@@ -1,5 +1,6 @@
-//! Who is calling: a person (through a session token or an API key) or a worker agent
-//! (through the credential it received at registration).
+//! Who is calling: a person (through a session token or an API key), a worker agent
+//! (through the credential it received at registration) or a server of the cluster
+//! (through its server credential, for the coordinator API).
 
 use std::sync::Arc;
 
@@ -16,6 +17,8 @@ pub enum Principal {
     },
     /// A worker agent, through the credential it received at registration.
     Worker { worker_id: i64, worker_name: String },
+    /// A server of the cluster, through the credential the cluster's secret made for it.
+    Server { server_id: String },
 }
 
 /// The caller may not do this; the message says why (a 403 for HTTP callers).
@@ -25,6 +28,8 @@ pub struct Forbidden(pub &'static str);
 
 const WORKERS_ONLY_CALL_WORKER_ENDPOINTS: Forbidden =
     Forbidden("worker credentials can only call worker endpoints");
+const SERVERS_ONLY_CALL_COORDINATOR_ENDPOINTS: Forbidden =
+    Forbidden("server credentials can only call the coordinator endpoints");
 
 impl Principal {
     /// The user if they are an admin.
@@ -33,6 +38,23 @@ impl Principal {
             Principal::User { user, .. } if user.role == Role::Admin => Ok(user),
             Principal::User { .. } => Err(Forbidden("this action needs the admin role")),
             Principal::Worker { .. } => Err(WORKERS_ONLY_CALL_WORKER_ENDPOINTS),
+            Principal::Server { .. } => Err(SERVERS_ONLY_CALL_COORDINATOR_ENDPOINTS),
+        }
+    }
+
+    /// An admin or a server of the cluster (the coordinator API); returns who, for logs.
+    pub fn require_admin_or_server(&self) -> Result<String, Forbidden> {
+        match self {
+            Principal::Server { server_id } => Ok(format!("server {server_id}")),
+            _ => self
+                .require_admin()
+                .map(|user| format!("user {}", user.username))
+                .map_err(|e| match self {
+                    Principal::User { .. } => {
+                        Forbidden("this action needs the admin role or a server credential")
+                    }
+                    _ => e,
+                }),
         }
     }
 
@@ -41,6 +63,7 @@ impl Principal {
         match self {
             Principal::User { user, .. } => Ok(user),
             Principal::Worker { .. } => Err(WORKERS_ONLY_CALL_WORKER_ENDPOINTS),
+            Principal::Server { .. } => Err(SERVERS_ONLY_CALL_COORDINATOR_ENDPOINTS),
         }
     }
 
@@ -53,6 +76,7 @@ impl Principal {
             } => format!("user {} (api key {key})", user.username),
             Principal::User { user, .. } => format!("user {}", user.username),
             Principal::Worker { worker_name, .. } => format!("worker {worker_name}"),
+            Principal::Server { server_id } => format!("server {server_id}"),
         }
     }
 }

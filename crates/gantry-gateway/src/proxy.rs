@@ -122,11 +122,11 @@ pub async fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Call
                 api_key_id: None,
             })
         }
-        Principal::Worker { .. } => Err(OpenAiError::new(
+        Principal::Worker { .. } | Principal::Server { .. } => Err(OpenAiError::new(
             StatusCode::FORBIDDEN,
             "permission_error",
             "forbidden",
-            "worker credentials cannot call the gateway; use an API key",
+            "worker and server credentials cannot call the gateway; use an API key",
         )),
     }
 }

@@ -18,6 +18,8 @@ use crate::config::ServerConfig;
 pub const INITIAL_ADMIN_PASSWORD_FILE: &str = "initial_admin_password";
 /// File holding the worker registration token.
 pub const REGISTRATION_TOKEN_FILE: &str = "registration_token";
+/// Where a server keeps its own server credential (for the coordinator API).
+pub const SERVER_CREDENTIAL_FILE: &str = "server_credential";
 /// File holding the generated JWT secret.
 pub const JWT_SECRET_FILE: &str = "jwt_secret";
 
@@ -157,4 +159,15 @@ pub async fn ensure_registration_token(
         let _ = fs::remove_file(&path);
         Ok(None)
     }
+}
+
+/// Writes this server's credential (made from the cluster's secret and its id) to
+/// `data_dir/server_credential`, for tools that act for it on the coordinator API.
+pub fn write_server_credential(
+    jwt: &gantry_auth::jwt::JwtKeys,
+    config: &ServerConfig,
+) -> anyhow::Result<PathBuf> {
+    let path = config.data_dir.join(SERVER_CREDENTIAL_FILE);
+    write_secret_file(&path, &jwt.server_credential(&config.server_id))?;
+    Ok(path)
 }

@@ -142,6 +142,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         JwtKeys::new(&jwt_secret, config.session_ttl),
         AuthConfig::default(),
     ));
+    bootstrap::write_server_credential(authenticator.jwt(), &config)?;
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let coordinator: Arc<dyn gantry_coord::Coordinator> = match mode {

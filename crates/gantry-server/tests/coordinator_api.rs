@@ -1,4 +1,4 @@
-//! The coordinator API (`/api/v1/coordinator/*`, admin only) and the workers' server
+//! The coordinator API (`/api/v1/coordinator/*`, an admin or a server credential) and the workers' server
 //! directory (`/api/v1/worker/servers`) over HTTP, against SQLite and PostgreSQL: who may
 //! call them, bad input, lock ownership and expiry, the server registry, the leader, and
 //! the OpenAPI document.
@@ -554,6 +554,13 @@ async fn a_lapsed_lock_is_taken_over_with_a_larger_token(engine: TestEngine) {
     let (status, body) = release(&server, &admin, "short", "alice").await;
     assert!(assert_raw_error(status, &body, 403, ErrorCode::Forbidden).contains("bob"));
     assert_eq!(lock_named(&server, &admin, "short").await, Some(bob));
+
+    // A lock that lapsed is held by no one: its owner's late release is a 404.
+    let (status, body) = acquire(&server, &admin, "brief", "carol", Some(1)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (status, body) = release(&server, &admin, "brief", "carol").await;
+    assert!(assert_raw_error(status, &body, 404, ErrorCode::NotFound).contains("lapsed"));
     server.shutdown().await;
 }
 
@@ -903,7 +910,89 @@ async fn openapi_lists_every_coordinator_path(engine: TestEngine) {
     server.shutdown().await;
 }
 
+/// A server credential (written to `data_dir/server_credential`, made from the cluster's
+/// secret) calls the coordinator API, for its own server id only; one made with another
+/// secret is refused, and it opens nothing outside the coordinator API.
+async fn a_server_credential_acts_on_the_coordinator_api_for_its_own_id(engine: TestEngine) {
+    let server = TestServer::start(engine).await;
+    let admin = admin_token(&server);
+    let own = std::fs::read_to_string(server.data_path("server_credential")).unwrap();
+    let own = own.trim();
+    assert!(own.starts_with("gantrys_"), "{own}");
+    let status: ClusterStatus = get(&server, "/api/v1/coordinator/cluster", own).await;
+    assert!(status.servers.iter().any(|s| s.server_id == SERVER_ID));
+    let health: CoordinatorHealth = get(&server, "/api/v1/coordinator/health", own).await;
+    assert_eq!(health.server_id, SERVER_ID);
+    let (code, body) = heartbeat(&server, own, SERVER_ID, ServerLoad::default()).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = acquire(&server, own, "tool-lock", SERVER_ID, None).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = release(&server, own, "tool-lock", SERVER_ID).await;
+    assert_eq!(code, StatusCode::NO_CONTENT, "{body}");
+
+    // Acting for another server id: refused, naming both, nothing stored.
+    let (code, body) = register(&server, own, "peer-1", "http://10.0.0.7:80").await;
+    let message = assert_raw_error(code, &body, 403, ErrorCode::Forbidden);
+    assert!(
+        message.contains("peer-1") && message.contains(SERVER_ID),
+        "{message}"
+    );
+    let (code, body) = unregister(&server, own, SERVER_ID).await;
+    assert_eq!(code, StatusCode::NO_CONTENT, "its own id: {body}");
+    let (code, body) = heartbeat(&server, own, "peer-1", ServerLoad::default()).await;
+    assert_raw_error(code, &body, 403, ErrorCode::Forbidden);
+
+    // The credential of a peer, made with the same secret, registers that peer.
+    let peer = server
+        .state()
+        .authenticator
+        .jwt()
+        .server_credential("peer-1");
+    let (code, body) = register(&server, &peer, "peer-1", "http://10.0.0.7:80").await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+    let (code, body) = heartbeat(&server, &peer, "peer-1", ServerLoad::default()).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert!(servers(&server, &admin)
+        .await
+        .iter()
+        .any(|s| s.server_id == "peer-1" && s.active));
+
+    // One made with another secret, or tampered with: 401, saying why.
+    let foreign = gantry_auth::jwt::JwtKeys::new(
+        b"a-different-secret-of-enough-length-0123456789",
+        Duration::from_secs(60),
+    )
+    .server_credential(SERVER_ID);
+    let tampered = format!("{}x", &own[..own.len() - 1]);
+    for bad in [foreign.as_str(), tampered.as_str()] {
+        let (code, body) = server
+            .raw(Method::GET, "/api/v1/coordinator/cluster", Some(bad), None)
+            .await;
+        let message = assert_raw_error(code, &body, 401, ErrorCode::Unauthorized);
+        assert!(message.contains("server credential"), "{message}");
+    }
+
+    // Nothing outside the coordinator API: not the management API, not the gateway.
+    let (code, body) = server
+        .raw(Method::GET, "/api/v1/models", Some(own), None)
+        .await;
+    assert!(assert_raw_error(code, &body, 403, ErrorCode::Forbidden).contains("coordinator"));
+    let (code, body) = server.raw(Method::GET, "/auth/me", Some(own), None).await;
+    assert_raw_error(code, &body, 403, ErrorCode::Forbidden);
+    let (code, _) = server
+        .raw(
+            Method::POST,
+            "/v1/chat/completions",
+            Some(own),
+            Some(json!({"model": "m", "messages": []})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    server.shutdown().await;
+}
+
 test_both_engines!(
+    a_server_credential_acts_on_the_coordinator_api_for_its_own_id,
     coordinator_endpoints_need_an_admin,
     coordinator_bad_input_answers_4xx_naming_the_field,
     a_lock_has_one_owner_who_renews_and_releases_it,

@@ -45,32 +45,42 @@ impl Store {
         now: Timestamp,
     ) -> Result<Result<LockInfo, LockInfo>, StoreError> {
         let expires = now.as_millis() + i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX / 2);
-        let row = sqlx::query(&format!(
-            "INSERT INTO coordination_locks (name, owner, token, acquired_at, expires_at) \
-             VALUES ($1, $2, 1, $3, $4) \
-             ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
-                 token = coordination_locks.token + 1, acquired_at = excluded.acquired_at, \
-                 expires_at = excluded.expires_at \
-             WHERE coordination_locks.owner = '' OR coordination_locks.owner = excluded.owner \
-                   OR coordination_locks.expires_at <= excluded.acquired_at \
-             RETURNING {COLUMNS}"
-        ))
-        .bind(name)
-        .bind(owner)
-        .bind(now.as_millis())
-        .bind(expires)
-        .fetch_optional(&self.pool)
-        .await?;
-        if let Some(row) = row {
-            return Ok(Ok(decode(&row)?));
+        // The holder read after a refused take can find the lock freed meanwhile: then
+        // the take is tried again, so a refusal always names a live holder.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let row = sqlx::query(&format!(
+                "INSERT INTO coordination_locks (name, owner, token, acquired_at, expires_at) \
+                 VALUES ($1, $2, 1, $3, $4) \
+                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
+                     token = coordination_locks.token + 1, acquired_at = excluded.acquired_at, \
+                     expires_at = excluded.expires_at \
+                 WHERE coordination_locks.owner = '' OR coordination_locks.owner = excluded.owner \
+                       OR coordination_locks.expires_at <= excluded.acquired_at \
+                 RETURNING {COLUMNS}"
+            ))
+            .bind(name)
+            .bind(owner)
+            .bind(now.as_millis())
+            .bind(expires)
+            .fetch_optional(&self.pool)
+            .await?;
+            if let Some(row) = row {
+                return Ok(Ok(decode(&row)?));
+            }
+            let holder = sqlx::query(&format!(
+                "SELECT {COLUMNS} FROM coordination_locks WHERE name = $1"
+            ))
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
+            let holder = decode(&holder)?;
+            let live = !holder.owner.is_empty() && holder.expires_at > now;
+            if live || tries >= 3 {
+                return Ok(Err(holder));
+            }
         }
-        let holder = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM coordination_locks WHERE name = $1"
-        ))
-        .bind(name)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(Err(decode(&holder)?))
     }
 
     /// Takes `name` from a holder known to be gone (its server's session ended): only
@@ -99,30 +109,39 @@ impl Store {
         row.as_ref().map(decode).transpose()
     }
 
-    /// Releases `name` if `owner` holds it.
-    pub async fn release_lock(&self, name: &str, owner: &str) -> Result<LockRelease, StoreError> {
+    /// Releases `name` if `owner` holds it at `now`. A lapsed lock is not held by anyone
+    /// (`NotHeld`), whoever's name it still carries.
+    pub async fn release_lock(
+        &self,
+        name: &str,
+        owner: &str,
+        now: Timestamp,
+    ) -> Result<LockRelease, StoreError> {
         let released = sqlx::query(
             "UPDATE coordination_locks SET owner = '', expires_at = 0 \
-             WHERE name = $1 AND owner = $2 AND owner <> ''",
+             WHERE name = $1 AND owner = $2 AND owner <> '' AND expires_at > $3",
         )
         .bind(name)
         .bind(owner)
+        .bind(now.as_millis())
         .execute(&self.pool)
         .await?;
         if released.rows_affected() == 1 {
             return Ok(LockRelease::Released);
         }
-        let row = sqlx::query("SELECT owner FROM coordination_locks WHERE name = $1")
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(
+            "SELECT owner FROM coordination_locks WHERE name = $1 AND owner <> '' \
+             AND expires_at > $2",
+        )
+        .bind(name)
+        .bind(now.as_millis())
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(match row {
-            Some(row) if !text(&row, "coordination_locks", "owner")?.is_empty() => {
-                LockRelease::NotOwner {
-                    owner: text(&row, "coordination_locks", "owner")?,
-                }
-            }
-            _ => LockRelease::NotHeld,
+            Some(row) => LockRelease::NotOwner {
+                owner: text(&row, "coordination_locks", "owner")?,
+            },
+            None => LockRelease::NotHeld,
         })
     }
 

@@ -62,6 +62,10 @@ pub enum RegistryConflict {
     Duplicate(ServerRecord),
 }
 
+/// The first key of the advisory lock taken per server id while registering (the two-key
+/// form, so it never meets the leader's one-key lock).
+const REGISTER_LOCK_CLASS: i32 = 7_251_002;
+
 impl Store {
     /// Adds or replaces this server's row, unless another live process holds the id: a
     /// row of another incarnation whose heartbeat is newer than `live_after` and (on
@@ -73,6 +77,15 @@ impl Store {
         live_after: Timestamp,
     ) -> Result<Result<ServerRecord, RegistryConflict>, StoreError> {
         let mut tx = self.pool.begin().await?;
+        if self.engine == Engine::Postgres {
+            // Two processes registering one id at once take turns: the second reads the
+            // first one's row and is refused, instead of both reading "free".
+            sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+                .bind(REGISTER_LOCK_CLASS)
+                .bind(registration.server_id)
+                .execute(&mut *tx)
+                .await?;
+        }
         let existing = sqlx::query(&format!(
             "SELECT {COLUMNS}, session_pid FROM servers WHERE server_id = $1"
         ))

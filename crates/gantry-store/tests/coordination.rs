@@ -122,7 +122,10 @@ async fn a_lapsed_lock_is_taken_over_with_a_larger_token(engine: TestEngine) {
         "bob"
     );
     assert_eq!(
-        store.release_lock("deploy", "alice").await.unwrap(),
+        store
+            .release_lock("deploy", "alice", at(10_001))
+            .await
+            .unwrap(),
         LockRelease::NotOwner {
             owner: "bob".into()
         }
@@ -137,13 +140,16 @@ async fn only_the_owner_releases_and_tokens_grow_across_releases(engine: TestEng
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
     assert_eq!(
-        store.release_lock("never-taken", "alice").await.unwrap(),
+        store
+            .release_lock("never-taken", "alice", at(0))
+            .await
+            .unwrap(),
         LockRelease::NotHeld
     );
 
     let first = acquire(&store, "deploy", "alice", at(0)).await;
     assert_eq!(
-        store.release_lock("deploy", "bob").await.unwrap(),
+        store.release_lock("deploy", "bob", at(1)).await.unwrap(),
         LockRelease::NotOwner {
             owner: "alice".into()
         }
@@ -154,17 +160,17 @@ async fn only_the_owner_releases_and_tokens_grow_across_releases(engine: TestEng
     );
 
     assert_eq!(
-        store.release_lock("deploy", "alice").await.unwrap(),
+        store.release_lock("deploy", "alice", at(1)).await.unwrap(),
         LockRelease::Released
     );
     assert_eq!(held(&store, at(2)).await, vec![]);
     // A second release finds nothing held, for the owner and for anyone else.
     assert_eq!(
-        store.release_lock("deploy", "alice").await.unwrap(),
+        store.release_lock("deploy", "alice", at(2)).await.unwrap(),
         LockRelease::NotHeld
     );
     assert_eq!(
-        store.release_lock("deploy", "bob").await.unwrap(),
+        store.release_lock("deploy", "bob", at(2)).await.unwrap(),
         LockRelease::NotHeld
     );
 
@@ -172,9 +178,23 @@ async fn only_the_owner_releases_and_tokens_grow_across_releases(engine: TestEng
     // before, whoever takes it: a write fenced by the old token stays refused.
     let second = acquire(&store, "deploy", "bob", at(3)).await;
     assert_eq!(second.token, first.token + 1);
-    store.release_lock("deploy", "bob").await.unwrap();
+    store.release_lock("deploy", "bob", at(3)).await.unwrap();
     let third = acquire(&store, "deploy", "alice", at(4)).await;
     assert_eq!(third.token, second.token + 1);
+
+    // Once lapsed, a lock is held by no one: its release is "not held", for the owner
+    // whose name it still carries too, and another may take it.
+    let lapsed = at(4).plus(TEN_SECONDS);
+    assert_eq!(held(&store, lapsed).await, vec![]);
+    for who in ["alice", "bob"] {
+        assert_eq!(
+            store.release_lock("deploy", who, lapsed).await.unwrap(),
+            LockRelease::NotHeld,
+            "{who}"
+        );
+    }
+    let fourth = acquire(&store, "deploy", "bob", lapsed).await;
+    assert_eq!(fourth.token, third.token + 1);
 }
 
 async fn release_locks_of_frees_every_lock_of_one_owner(engine: TestEngine) {
@@ -190,7 +210,7 @@ async fn release_locks_of_frees_every_lock_of_one_owner(engine: TestEngine) {
     assert_eq!(store.release_locks_of("server-1").await.unwrap(), 0);
     assert_eq!(store.release_locks_of("nobody").await.unwrap(), 0);
     assert_eq!(
-        store.release_lock("a", "server-1").await.unwrap(),
+        store.release_lock("a", "server-1", at(1)).await.unwrap(),
         LockRelease::NotHeld
     );
     // The freed names are free for others, with grown tokens.
@@ -506,7 +526,47 @@ async fn servers_are_listed_by_id_and_unregistered_by_incarnation(engine: TestEn
     assert_eq!(ids(store.list_servers().await.unwrap()), ["s2"]);
 }
 
+/// Processes registering one id at the same moment: exactly one gets it, on PostgreSQL
+/// (which several servers share; SQLite serves one server, and its writers queue).
+async fn one_of_several_simultaneous_registrations_of_an_id_wins(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    if store.engine() != Engine::Postgres {
+        return;
+    }
+    // One store (and connection, opened beforehand) per process, all let go at once.
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+    let mut attempts = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let store = db.open().await;
+        store.list_servers().await.unwrap();
+        let start = std::sync::Arc::clone(&start);
+        attempts.spawn(async move {
+            start.wait().await;
+            let incarnation = format!("process-{i}");
+            register(
+                &store,
+                &registration("contested", "http://10.0.0.1:80", &incarnation),
+                at(0),
+            )
+            .await
+        });
+    }
+    let results = attempts.join_all().await;
+    let winners: Vec<&ServerRecord> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    for result in &results {
+        if let Err(RegistryConflict::Duplicate(holder)) = result {
+            assert_eq!(holder.incarnation, winners[0].incarnation);
+        }
+    }
+    let stored = store.list_servers().await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].incarnation, winners[0].incarnation);
+}
+
 test_both_engines!(
+    one_of_several_simultaneous_registrations_of_an_id_wins,
     a_lock_is_held_by_one_owner_and_renewed_only_by_it,
     a_lapsed_lock_is_taken_over_with_a_larger_token,
     only_the_owner_releases_and_tokens_grow_across_releases,

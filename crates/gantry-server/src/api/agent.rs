@@ -33,7 +33,7 @@ fn calling_worker(principal: &Principal) -> ApiResult<(i64, &str)> {
             worker_id,
             worker_name,
         } => Ok((*worker_id, worker_name.as_str())),
-        Principal::User { .. } => Err(ApiError::forbidden(
+        Principal::User { .. } | Principal::Server { .. } => Err(ApiError::forbidden(
             "this endpoint is for worker agents (worker credential required)",
         )),
     }

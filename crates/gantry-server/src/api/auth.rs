@@ -121,5 +121,8 @@ pub async fn me(
         Principal::Worker { .. } => Err(ApiError::forbidden(
             "worker credentials can only call worker endpoints",
         )),
+        Principal::Server { .. } => Err(ApiError::forbidden(
+            "server credentials can only call the coordinator endpoints",
+        )),
     }
 }

@@ -1,7 +1,8 @@
-//! `/api/v1/coordinator/*` (admin only): the server registry, the leader and its fencing
-//! token, distributed locks. Servers register, heartbeat and lead on their own; these
-//! endpoints show that state and let tools take part (a tool can hold a lock, register
-//! an external component as a server).
+//! `/api/v1/coordinator/*` (an admin, or a server of the cluster with its server
+//! credential): the server registry, the leader and its fencing token, distributed locks.
+//! Servers register, heartbeat and lead on their own; these endpoints show that state and
+//! let tools take part (a tool can hold a lock, register an external component as a
+//! server). A server credential registers, heartbeats and unregisters only its own id.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -14,7 +15,7 @@ use gantry_types::{
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::auth::Auth;
+use crate::auth::{Auth, Principal};
 use crate::cluster::registry;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath};
@@ -24,6 +25,23 @@ use crate::state::AppState;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LockList {
     pub locks: Vec<LockInfo>,
+}
+
+/// Who calls, for log lines: an admin or a server; anyone else is refused.
+fn coordinator_caller(principal: &Principal) -> ApiResult<String> {
+    Ok(principal.require_admin_or_server()?)
+}
+
+/// Like [`coordinator_caller`], and a server credential must be `server_id`'s own.
+fn caller_for_server(principal: &Principal, server_id: &str) -> ApiResult<String> {
+    if let Principal::Server { server_id: own } = principal {
+        if own != server_id {
+            return Err(ApiError::forbidden(format!(
+                "the credential of server {own:?} cannot act for server {server_id:?}"
+            )));
+        }
+    }
+    coordinator_caller(principal)
 }
 
 /// The registry with activity and load scores.
@@ -63,7 +81,7 @@ pub async fn servers(
     State(state): State<AppState>,
     Auth(principal): Auth,
 ) -> ApiResult<Json<ServerDirectory>> {
-    principal.require_admin()?;
+    coordinator_caller(&principal)?;
     Ok(Json(ServerDirectory {
         servers: servers_of(&state).await?,
     }))
@@ -79,7 +97,7 @@ pub async fn register(
     Auth(principal): Auth,
     ApiJson(body): ApiJson<ServerRegister>,
 ) -> ApiResult<(StatusCode, Json<ServerInfo>)> {
-    let admin = principal.require_admin()?;
+    let caller = caller_for_server(&principal, &body.server_id)?;
     let now = Timestamp::now();
     let live_after = Timestamp::from_millis(
         now.as_millis() - i64::try_from(state.config.server_timeout.as_millis()).unwrap_or(0),
@@ -98,7 +116,7 @@ pub async fn register(
         .await?
     {
         Ok(record) => {
-            tracing::info!(by = %admin.username, server_id = %record.server_id, url = %record.url, "registered a server through the API");
+            tracing::info!(by = %caller, server_id = %record.server_id, url = %record.url, "registered a server through the API");
             let info = registry::describe(vec![record], now, state.config.server_timeout, None);
             let info = info
                 .into_iter()
@@ -122,13 +140,13 @@ pub async fn unregister(
     Auth(principal): Auth,
     ApiPath(server_id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    let admin = principal.require_admin()?;
+    let caller = caller_for_server(&principal, &server_id)?;
     if !state.store.unregister_server(&server_id, None).await? {
         return Err(ApiError::not_found(format!(
             "no server {server_id:?} is registered"
         )));
     }
-    tracing::info!(by = %admin.username, %server_id, "unregistered a server through the API");
+    tracing::info!(by = %caller, %server_id, "unregistered a server through the API");
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -142,7 +160,7 @@ pub async fn heartbeat(
     Auth(principal): Auth,
     ApiJson(body): ApiJson<ServerHeartbeat>,
 ) -> ApiResult<Json<ServerInfo>> {
-    principal.require_admin()?;
+    caller_for_server(&principal, &body.server_id)?;
     let now = Timestamp::now();
     let record = state
         .store
@@ -169,7 +187,7 @@ pub async fn cluster(
     State(state): State<AppState>,
     Auth(principal): Auth,
 ) -> ApiResult<Json<ClusterStatus>> {
-    principal.require_admin()?;
+    coordinator_caller(&principal)?;
     let leader = leader_of(&state).await?;
     let servers = servers_of(&state).await?;
     let active: Vec<&ServerInfo> = servers.iter().filter(|s| s.active).collect();
@@ -202,7 +220,7 @@ pub async fn acquire_lock(
     Auth(principal): Auth,
     ApiJson(body): ApiJson<LockAcquire>,
 ) -> ApiResult<Json<LockInfo>> {
-    principal.require_admin()?;
+    coordinator_caller(&principal)?;
     let timeout = body
         .timeout_ms
         .map_or(state.config.lock_timeout, std::time::Duration::from_millis);
@@ -229,15 +247,19 @@ pub async fn release_lock(
     Auth(principal): Auth,
     ApiJson(body): ApiJson<LockRelease>,
 ) -> ApiResult<StatusCode> {
-    principal.require_admin()?;
-    match state.store.release_lock(&body.name, &body.owner).await? {
+    coordinator_caller(&principal)?;
+    match state
+        .store
+        .release_lock(&body.name, &body.owner, Timestamp::now())
+        .await?
+    {
         Released::Released => Ok(StatusCode::NO_CONTENT),
         Released::NotOwner { owner } => Err(ApiError::forbidden(format!(
             "lock {:?} is held by {owner:?}, not {:?}; only its owner may release it",
             body.name, body.owner
         ))),
         Released::NotHeld => Err(ApiError::not_found(format!(
-            "lock {:?} is not held",
+            "lock {:?} is not held (never taken, released, or lapsed)",
             body.name
         ))),
     }
@@ -251,7 +273,7 @@ pub async fn locks(
     State(state): State<AppState>,
     Auth(principal): Auth,
 ) -> ApiResult<Json<LockList>> {
-    principal.require_admin()?;
+    coordinator_caller(&principal)?;
     Ok(Json(LockList {
         locks: state.store.held_locks(Timestamp::now()).await?,
     }))
@@ -265,7 +287,7 @@ pub async fn health(
     State(state): State<AppState>,
     Auth(principal): Auth,
 ) -> ApiResult<Json<CoordinatorHealth>> {
-    principal.require_admin()?;
+    coordinator_caller(&principal)?;
     let database = state.store.leader_lease().await.is_ok();
     Ok(Json(CoordinatorHealth {
         server_id: state.config.server_id.clone(),

@@ -98,7 +98,10 @@ impl Reconcile for LockedPlacement {
             placer.place_pending(store, &models, || true, &fence).await
         }
         .await;
-        if let Err(e) = store.release_lock(SCHEDULING_LOCK, owner).await {
+        if let Err(e) = store
+            .release_lock(SCHEDULING_LOCK, owner, Timestamp::now())
+            .await
+        {
             tracing::warn!(error = %e, "could not release the scheduling lock; it lapses after schedule_lock_timeout");
         }
         if let Err(StoreError::Fenced { .. }) = &outcome {
