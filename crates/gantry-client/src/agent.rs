@@ -39,6 +39,18 @@ impl Client {
             .await
     }
 
+    /// Records a heartbeat, giving each server `timeout` to answer before the next one is
+    /// tried: a server that hangs (stopped, overloaded, cut off) is left within one
+    /// heartbeat instead of after the default timeout.
+    pub async fn heartbeat_within(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<Worker, ClientError> {
+        let mut call = Call::new(Method::POST, "/api/v1/worker/heartbeat");
+        call.timeout = Some(timeout);
+        self.json(call).await
+    }
+
     /// The active servers of the cluster, lowest load score first.
     pub async fn worker_servers(&self) -> Result<gantry_types::ServerDirectory, ClientError> {
         self.json(Call::new(Method::GET, "/api/v1/worker/servers"))

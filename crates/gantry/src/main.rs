@@ -59,8 +59,10 @@ fn run(invocation: Invocation) -> anyhow::Result<()> {
 fn init_logging(config: &Config) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level)
         .with_context(|| format!("invalid log_level {:?}", config.log_level))?;
+    // Colours only on a terminal: a log file or journal gets plain lines.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Text => builder.try_init(),

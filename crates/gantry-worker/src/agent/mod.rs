@@ -224,9 +224,14 @@ fn spawn_server_refresh(shared: Arc<Shared>) {
     });
 }
 
+/// How long one server has to answer a heartbeat before the next server is tried: the
+/// heartbeat interval, and at least this much (a busy server is not a dead one).
+const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+
 fn spawn_heartbeat(shared: Arc<Shared>) {
     let tasks = shared.tasks.clone();
     tasks.spawn(async move {
+        let timeout = shared.config.heartbeat_interval.max(MIN_HEARTBEAT_TIMEOUT);
         let mut tick = tokio::time::interval(shared.config.heartbeat_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
@@ -235,7 +240,7 @@ fn spawn_heartbeat(shared: Arc<Shared>) {
                 () = shared.shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let result = shared.client.heartbeat().await;
+            let result = shared.client.heartbeat_within(timeout).await;
             match result {
                 Ok(_) if failing => {
                     failing = false;

@@ -213,6 +213,10 @@ pub struct Cluster {
     pub http: reqwest::Client,
     /// The admin's client.
     client: Client,
+    /// How the server was started, for [`Cluster::restart`].
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    restarts: u32,
 }
 
 impl Cluster {
@@ -250,7 +254,35 @@ impl Cluster {
             base,
             http: reqwest::Client::new(),
             client,
+            args,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            restarts: 0,
         }
+    }
+
+    /// Stops the server with SIGTERM, asserting that it exits 0 within `grace`, and starts
+    /// it again with the same arguments (port, id, data directory); returns once it is
+    /// ready. The previous run's log is kept as `server.<n>.log`. Blocks its thread while
+    /// the server stops (other tasks of a multi-threaded runtime go on).
+    pub async fn restart(&mut self, grace: Duration) {
+        tokio::task::block_in_place(|| self.server.terminate_cleanly(grace));
+        self.restarts += 1;
+        let log = self.dir.path().join("server.log");
+        let kept = self
+            .dir
+            .path()
+            .join(format!("server.{}.log", self.restarts));
+        std::fs::rename(&log, kept).unwrap();
+        let env: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        self.server = Process::spawn("server", &self.args, &log, &env);
+        wait_until_served(&format!("{}/readyz", self.base), &self.server).await;
     }
 
     /// The admin's client.
