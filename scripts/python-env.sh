@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Creates (once) a Python virtual environment with the official `openai` client and
-# Playwright (driving Debian's chromium for the console's browser test), pinned
-# below, and prints the path of its python as the last line of stdout. Progress goes to
-# stderr. The gateway tests run OpenAI's own client against the gateway with it:
+# Creates (once) a Python virtual environment with the official `openai` client,
+# Playwright (driving Debian's chromium for the console's browser test) and the official
+# `huggingface_hub` client, pinned below, and prints the path of its python as the last
+# line of stdout. Progress goes to stderr. The gateway tests run OpenAI's own client
+# against the gateway with it, and gantry-testkit's hub double is checked by running
+# `huggingface_hub`'s downloads against it:
 #
 #   GANTRY_PYTHON=$(scripts/python-env.sh | tail -1) cargo nextest run -p gantry-server
+#   GANTRY_PYTHON=$(scripts/python-env.sh | tail -1) cargo nextest run -p gantry-testkit
 #
 # The environment is cached outside the repository at
 #   ${GANTRY_CACHE_DIR:-$HOME/.cache/gantry}/venv-<hash of the requirements below>
@@ -13,7 +16,7 @@
 set -euo pipefail
 
 # What the environment holds. Changing this text changes the cache key.
-readonly REQUIREMENTS="openai==3.54.0 playwright==1.65.2"
+readonly REQUIREMENTS="openai==3.54.0 playwright==1.65.2 huggingface_hub==2.4.0"
 
 log() { echo "python-env: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -24,7 +27,7 @@ VENV="$CACHE_ROOT/venv-$HASH"
 PYTHON="$VENV/bin/python"
 
 ready() {
-  [[ -x "$PYTHON" && -f "$VENV/.complete" ]] && "$PYTHON" -c 'import openai, playwright.sync_api' >/dev/null 2>&1
+  [[ -x "$PYTHON" && -f "$VENV/.complete" ]] && "$PYTHON" -c 'import openai, playwright.sync_api, huggingface_hub' >/dev/null 2>&1
 }
 
 if ready; then
@@ -63,6 +66,6 @@ mv "$VENV.tmp" "$VENV"
 # A venv's scripts name its directory; the interpreter itself does not care where it lives,
 # and the tests only run `python -c`, so the move is safe.
 touch "$VENV/.complete"
-ready || die "the new environment cannot import openai and playwright"
-log "ready: $PYTHON ($("$PYTHON" -c 'import openai; print("openai", openai.__version__)'))"
+ready || die "the new environment cannot import openai, playwright and huggingface_hub"
+log "ready: $PYTHON ($("$PYTHON" -c 'import openai, huggingface_hub; print("openai", openai.__version__, "huggingface_hub", huggingface_hub.__version__)'))"
 echo "$PYTHON"

@@ -183,10 +183,11 @@ pub struct ClusterCounts {
     pub fenced_writes: Option<gantry_store::FencedWrites>,
 }
 
-const INSTANCE_STATES: [InstanceState; 7] = [
+const INSTANCE_STATES: [InstanceState; 8] = [
     InstanceState::Pending,
     InstanceState::Analyzing,
     InstanceState::Scheduled,
+    InstanceState::Downloading,
     InstanceState::Starting,
     InstanceState::Running,
     InstanceState::Error,

@@ -98,6 +98,9 @@ pub struct ServerConfig {
     pub schedule_lock_timeout: Duration,
     /// How long a shutdown waits for requests in flight.
     pub shutdown_grace: Duration,
+    /// Where remote models (Hugging Face, URLs) are read from, to estimate them from
+    /// their headers.
+    pub sources: gantry_source::SourceConfig,
 }
 
 impl ServerConfig {
@@ -127,6 +130,7 @@ impl ServerConfig {
             distributed_scheduling: DEFAULT_DISTRIBUTED_SCHEDULING,
             schedule_lock_timeout: DEFAULT_SCHEDULE_LOCK_TIMEOUT,
             shutdown_grace: Duration::from_secs(30),
+            sources: gantry_source::SourceConfig::default(),
         }
     }
 

@@ -34,6 +34,7 @@ fn report(state: InstanceState) -> InstanceStateReport {
         port: None,
         address: None,
         restart_count: 0,
+        download: None,
     }
 }
 

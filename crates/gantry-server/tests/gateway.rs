@@ -226,6 +226,7 @@ impl Cluster {
                 port: Some(port),
                 address: Some(address.clone()),
                 restart_count: 0,
+                download: None,
             };
             self.worker.report_state(*id, &running).await.unwrap();
         }

@@ -382,6 +382,7 @@ async fn errored_instances_are_rescheduled_on_another_worker(engine: TestEngine)
         port: None,
         address: None,
         restart_count: 0,
+        download: None,
     };
     w1.report_state(id, &gave_up).await.unwrap();
     // Both workers are ready and equally empty, so spread alone would pick w1 again; the

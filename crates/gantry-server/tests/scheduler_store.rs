@@ -234,6 +234,7 @@ async fn unplacing_applies_only_to_the_lost_state_on_the_same_worker(engine: Tes
                 port: Some(40000),
                 address: None,
                 restart_count: 5,
+                download: None,
             },
         )
         .await

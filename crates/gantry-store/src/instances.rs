@@ -13,7 +13,7 @@ use crate::{Store, StoreError};
 /// An instance with the names of its model and worker.
 const COLUMNS: &str = "i.id, i.name, i.model_id, m.name AS model_name, i.replica, \
      i.worker_id, w.name AS worker_name, i.gpu_indexes, i.port, i.address, i.state, \
-     i.state_message, i.placement, i.restart_count, i.created_at, i.updated_at";
+     i.state_message, i.placement, i.download, i.restart_count, i.created_at, i.updated_at";
 const FROM: &str = "model_instances i JOIN models m ON m.id = i.model_id \
      LEFT JOIN workers w ON w.id = i.worker_id";
 
@@ -24,6 +24,15 @@ fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
         .transpose()?;
     let id = int(row, T, "id")?;
     let placement = crate::placement_record::decode(id, opt_text(row, T, "placement")?.as_deref());
+    let state = parse_enum(&text(row, T, "state")?, InstanceState::parse, T, "state")?;
+    // Progress is shown while downloading only; a later state leaves the column behind.
+    let download = match opt_text(row, T, "download")? {
+        Some(text) if state == InstanceState::Downloading => Some(
+            serde_json::from_str(&text)
+                .map_err(|e| StoreError::corrupt(T, format!("download {text:?}: {e}")))?,
+        ),
+        _ => None,
+    };
     Ok(ModelInstance {
         id,
         name: text(row, T, "name")?,
@@ -35,9 +44,10 @@ fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
         gpu_indexes: json(row, T, "gpu_indexes")?,
         port,
         address: opt_text(row, T, "address")?,
-        state: parse_enum(&text(row, T, "state")?, InstanceState::parse, T, "state")?,
+        state,
         state_message: text(row, T, "state_message")?,
         placement: placement.into_record(),
+        download,
         restart_count: u32_of(int(row, T, "restart_count")?, T, "restart_count")?,
         created_at: Timestamp::from_millis(int(row, T, "created_at")?),
         updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
@@ -190,7 +200,7 @@ impl Store {
     ) -> Result<ModelInstance, StoreError> {
         let result = sqlx::query(
             "UPDATE model_instances SET state = $3, state_message = $4, port = $5, address = $6, \
-             restart_count = $7, updated_at = $8 WHERE id = $1 AND worker_id = $2",
+             restart_count = $7, updated_at = $8, download = $9 WHERE id = $1 AND worker_id = $2",
         )
         .bind(id)
         .bind(worker_id)
@@ -200,6 +210,7 @@ impl Store {
         .bind(report.address.as_deref())
         .bind(i64::from(report.restart_count))
         .bind(Timestamp::now().as_millis())
+        .bind(report.download.map(|d| to_json(&d)))
         .execute(&self.pool)
         .await?;
         if result.rows_affected() == 0 {

@@ -161,6 +161,10 @@ const MIGRATIONS: &[Migration] = &[Migration {
             session_pid BIGINT
         )",
     ],
+}, Migration {
+    version: 5,
+    name: "instance download progress",
+    statements: &["ALTER TABLE model_instances ADD COLUMN download TEXT"],
 }];
 
 /// The newest schema version this build knows.

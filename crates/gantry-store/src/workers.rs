@@ -316,7 +316,7 @@ impl Store {
         {
             let rows = sqlx::query(
                 "UPDATE model_instances SET state = 'unreachable', state_message = $2, updated_at = $3 \
-                 WHERE worker_id = $1 AND state IN ('scheduled', 'starting', 'running') RETURNING id",
+                 WHERE worker_id = $1 AND state IN ('scheduled', 'downloading', 'starting', 'running') RETURNING id",
             )
             .bind(worker.id)
             .bind(format!("worker {} is unreachable", worker.name))

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests of several crates: a store on either engine,
 //! the macro that runs one test body against both, blocks of backend ports, and
-//! [`eventually`], the one loop that waits for something the system does a moment later.
+//! [`eventually`], the one loop that waits for something the system does a moment later;
+//! and [`hub`], a test double of the Hugging Face Hub to download models from.
 //!
 //! PostgreSQL tests need `GANTRY_TEST_POSTGRES_URL`, which `scripts/with-postgres.sh`
 //! (and so `scripts/test.sh`) sets. Without it they fail with a message saying so:
@@ -11,6 +12,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use gantry_store::{Store, StoreConfig};
+
+pub mod hub;
 
 /// The database engines every store-backed test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -55,6 +55,7 @@ pub fn instance(id: i64, model: &Model, replica: u32, state: InstanceState) -> M
         state,
         state_message: String::new(),
         placement: None,
+        download: None,
         restart_count: 0,
         created_at: Timestamp::from_millis(id),
         updated_at: Timestamp::from_millis(id),

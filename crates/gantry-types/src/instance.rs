@@ -15,6 +15,8 @@ pub enum InstanceState {
     Pending,
     Analyzing,
     Scheduled,
+    /// The worker is downloading the model's files (see `download`).
+    Downloading,
     Starting,
     Running,
     Error,
@@ -27,6 +29,7 @@ impl InstanceState {
             InstanceState::Pending => "pending",
             InstanceState::Analyzing => "analyzing",
             InstanceState::Scheduled => "scheduled",
+            InstanceState::Downloading => "downloading",
             InstanceState::Starting => "starting",
             InstanceState::Running => "running",
             InstanceState::Error => "error",
@@ -39,6 +42,7 @@ impl InstanceState {
             "pending" => Some(InstanceState::Pending),
             "analyzing" => Some(InstanceState::Analyzing),
             "scheduled" => Some(InstanceState::Scheduled),
+            "downloading" => Some(InstanceState::Downloading),
             "starting" => Some(InstanceState::Starting),
             "running" => Some(InstanceState::Running),
             "error" => Some(InstanceState::Error),
@@ -76,9 +80,24 @@ pub struct ModelInstance {
     /// (the server logs that; the scheduler keeps the instance's GPUs booked and rolls it
     /// onto a fresh placement).
     pub placement: Option<crate::placement::PlacementRecord>,
+    /// While `downloading`: how far the worker is with the model's files.
+    #[serde(default)]
+    pub download: Option<DownloadProgress>,
     pub restart_count: u32,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+/// How far a worker is with downloading an instance's model files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DownloadProgress {
+    /// Bytes on disk, across every file (those already in the worker's cache included).
+    pub bytes_done: u64,
+    /// Bytes of every file; `None` while a size is unknown.
+    pub bytes_total: Option<u64>,
+    /// Recent download speed.
+    pub bytes_per_second: u64,
 }
 
 /// `PATCH /api/v1/model-instances/{id}` (admin): manual placement until the scheduler
@@ -141,7 +160,7 @@ pub(crate) mod double_option_i64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceStateReport {
-    /// `starting`, `running` or `error`; the server sets the others.
+    /// `downloading`, `starting`, `running` or `error`; the server sets the others.
     pub state: InstanceState,
     #[serde(default)]
     pub state_message: String,
@@ -154,17 +173,29 @@ pub struct InstanceStateReport {
     /// Restarts since the instance was placed on this worker.
     #[serde(default)]
     pub restart_count: u32,
+    /// With `downloading`: the progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download: Option<DownloadProgress>,
 }
 
 impl Validate for InstanceStateReport {
     fn validate(&self) -> Result<(), FieldError> {
         if !matches!(
             self.state,
-            InstanceState::Starting | InstanceState::Running | InstanceState::Error
+            InstanceState::Downloading
+                | InstanceState::Starting
+                | InstanceState::Running
+                | InstanceState::Error
         ) {
             return Err(FieldError::new(
                 "state",
-                "workers report starting, running or error",
+                "workers report downloading, starting, running or error",
+            ));
+        }
+        if self.download.is_some() && self.state != InstanceState::Downloading {
+            return Err(FieldError::new(
+                "download",
+                "only a downloading instance has download progress",
             ));
         }
         if self.state == InstanceState::Running && self.address.is_none() {

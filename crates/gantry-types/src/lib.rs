@@ -34,10 +34,13 @@ pub use coordination::{
     ServerDirectory, ServerHeartbeat, ServerInfo, ServerLoad, ServerRegister, ServerRole,
 };
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
-pub use instance::{InstancePatch, InstanceState, InstanceStateReport, LogQuery, ModelInstance};
+pub use instance::{
+    DownloadProgress, InstancePatch, InstanceState, InstanceStateReport, LogQuery, ModelInstance,
+};
 pub use list::{ChangeKind, ListResponse, Pagination, WatchEvent};
 pub use model::{
-    BackendKind, GpuSelector, Model, ModelCreate, ModelSource, ModelUpdate, PlacementStrategy,
+    BackendKind, GpuSelector, Model, ModelCreate, ModelSource, ModelUpdate, OneOrMany,
+    PlacementStrategy,
 };
 pub use placement::{
     GpuShare, LaunchTemplate, LlamaLayout, Placement, PlacementKind, PlacementRecord, Reservation,

@@ -54,26 +54,79 @@ impl BackendKind {
 pub enum ModelSource {
     /// A file or directory already present on the workers.
     LocalPath { path: String },
-    /// A Hugging Face repository, optionally one file of it (a GGUF, say).
+    /// A Hugging Face repository: one file of it, or the files a glob matches (a split
+    /// GGUF brings all its parts); without `file`, the files the backend needs.
     Huggingface {
         repo_id: String,
+        /// A path in the repository, or a glob of file names (`*Q4_K_M.gguf`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         file: Option<String>,
+        /// A branch, tag or commit; `main` when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revision: Option<String>,
     },
-    /// A file downloadable over HTTP(S).
-    Url { url: String },
+    /// A file downloadable over HTTP(S), or the parts of a split file in order.
+    Url {
+        url: OneOrMany,
+        /// The SHA-256 of the file (of each part, in order), checked after download.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sha256: Option<OneOrMany>,
+    },
+}
+
+/// One string or a list of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    /// The strings, in order.
+    pub fn items(&self) -> Vec<&str> {
+        match self {
+            OneOrMany::One(one) => vec![one.as_str()],
+            OneOrMany::Many(many) => many.iter().map(String::as_str).collect(),
+        }
+    }
 }
 
 impl ModelSource {
+    /// The revision of a Hugging Face source: the one asked for, else `main`.
+    pub fn revision(&self) -> Option<&str> {
+        match self {
+            ModelSource::Huggingface { revision, .. } => {
+                Some(revision.as_deref().unwrap_or("main"))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the worker has to download the files (they are not on its disk).
+    pub fn is_remote(&self) -> bool {
+        !matches!(self, ModelSource::LocalPath { .. })
+    }
+
     fn validate(&self) -> Result<(), FieldError> {
         match self {
             ModelSource::LocalPath { path } => {
                 if !path.starts_with('/') {
                     return Err(FieldError::new("source.path", "must be an absolute path"));
                 }
+                if path.split('/').any(|part| part == "..") {
+                    return Err(FieldError::new(
+                        "source.path",
+                        "must not contain '..'; give the path itself",
+                    ));
+                }
                 check_text("source.path", path, 4096)
             }
-            ModelSource::Huggingface { repo_id, file } => {
+            ModelSource::Huggingface {
+                repo_id,
+                file,
+                revision,
+            } => {
                 let parts: Vec<&str> = repo_id.split('/').collect();
                 let well_formed = parts.len() == 2
                     && parts.iter().all(|p| {
@@ -88,23 +141,70 @@ impl ModelSource {
                     ));
                 }
                 if let Some(file) = file {
-                    if file.is_empty() || file.starts_with('/') || file.contains("..") {
+                    if file.is_empty()
+                        || file.starts_with('/')
+                        || file.split('/').any(|part| part == "..")
+                    {
                         return Err(FieldError::new(
                             "source.file",
-                            "must be a relative path inside the repository",
+                            "must be a relative path or glob inside the repository",
+                        ));
+                    }
+                    check_text("source.file", file, 1024)?;
+                }
+                if let Some(revision) = revision {
+                    let plain = !revision.is_empty()
+                        && revision.len() <= 255
+                        && !revision.split('/').any(|p| p == ".." || p.is_empty())
+                        && revision.chars().all(|c| {
+                            c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/')
+                        });
+                    if !plain {
+                        return Err(FieldError::new(
+                            "source.revision",
+                            "must be a branch, tag or commit (letters, digits, '-', '_', '.', '/')",
                         ));
                     }
                 }
                 Ok(())
             }
-            ModelSource::Url { url } => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(FieldError::new(
-                        "source.url",
-                        "must start with http:// or https://",
-                    ));
+            ModelSource::Url { url, sha256 } => {
+                let urls = url.items();
+                if urls.is_empty() {
+                    return Err(FieldError::new("source.url", "give at least one URL"));
                 }
-                check_text("source.url", url, 4096)
+                for url in &urls {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(FieldError::new(
+                            "source.url",
+                            "must start with http:// or https://",
+                        ));
+                    }
+                    check_text("source.url", url, 4096)?;
+                }
+                if let Some(sha256) = sha256 {
+                    let digests = sha256.items();
+                    if digests.len() != urls.len() {
+                        return Err(FieldError::new(
+                            "source.sha256",
+                            format!(
+                                "give one digest per URL ({} URLs, {} digests)",
+                                urls.len(),
+                                digests.len()
+                            ),
+                        ));
+                    }
+                    if !digests
+                        .iter()
+                        .all(|d| d.len() == 64 && d.chars().all(|c| c.is_ascii_hexdigit()))
+                    {
+                        return Err(FieldError::new(
+                            "source.sha256",
+                            "must be 64 hexadecimal characters",
+                        ));
+                    }
+                }
+                Ok(())
             }
         }
     }

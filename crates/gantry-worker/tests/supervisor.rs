@@ -145,6 +145,7 @@ impl Harness {
                 )),
                 health_path: None,
             },
+            remote: None,
             ready_deadline: None,
         }
     }

@@ -105,6 +105,7 @@ impl Harness {
                 custom_command: None,
                 health_path: None,
             },
+            remote: None,
             ready_deadline: Some(Duration::from_secs(20)),
         }
     }

@@ -92,7 +92,16 @@ fn server_config(config: &Config) -> ServerConfig {
         distributed_scheduling: config.distributed_scheduling,
         schedule_lock_timeout: config.schedule_lock_timeout,
         shutdown_grace: config.stop_grace_period,
+        sources: source_config(config),
         ..ServerConfig::new(config.data_dir.clone())
+    }
+}
+
+/// Where remote models come from (server: to read their headers; worker: to download).
+fn source_config(config: &Config) -> gantry_source::SourceConfig {
+    gantry_source::SourceConfig {
+        hf_endpoint: config.hf_endpoint.clone(),
+        hf_token: config.hf_token.clone(),
     }
 }
 
@@ -132,6 +141,10 @@ fn worker_config(config: &Config, role: Role, server_port: Option<u16>) -> Worke
             ]),
             ..BackendSettings::default()
         },
+        model_cache: Some(std::sync::Arc::new(gantry_source::cache::ModelCache::new(
+            data_dir.join("model-cache"),
+            gantry_source::Sources::new(source_config(config)),
+        ))),
         ..SupervisorConfig::new(data_dir.clone())
     };
     let (server_urls, registration_token) = match (role, server_port) {

@@ -35,6 +35,7 @@ use gantry_sched::{
     estimate_engine, estimate_llama_cpp, EngineOptions, GgufModelFacts, HfModelConfig,
     ResourceClaim, SafetensorsHeader,
 };
+use gantry_source::{SourceError, Sources};
 use gantry_types::{BackendKind, Model, ModelSource, Timestamp};
 use tokio::time::Instant;
 
@@ -84,18 +85,10 @@ pub fn analyze(input: &AnalysisInput) -> Result<Analysis, AnalysisError> {
     }
     let path = match &input.source {
         ModelSource::LocalPath { path } => PathBuf::from(path),
-        ModelSource::Huggingface { repo_id, .. } => {
+        remote => {
             return Err(AnalysisError(format!(
-                "source huggingface ({repo_id}) cannot be scheduled yet: downloading models is \
-                 not built; put the files on storage the server and the workers share and use \
-                 source type local_path"
-            )))
-        }
-        ModelSource::Url { url } => {
-            return Err(AnalysisError(format!(
-                "source url ({url}) cannot be scheduled yet: downloading models is not built; \
-                 put the file on storage the server and the workers share and use source type \
-                 local_path"
+                "source {remote:?} is remote: it is analysed from its headers over HTTP \
+                 (analyze_remote), not from local files"
             )))
         }
     };
@@ -148,24 +141,152 @@ fn analyze_gguf(path: &Path, args: &[String]) -> Result<Analysis, AnalysisError>
             path.display()
         )),
     })?;
-    let facts = GgufModelFacts::from_gguf(&file).map_err(|e| {
+    estimate_gguf(&file, &path.display().to_string(), &options)
+}
+
+/// The claim of a llama.cpp model from its GGUF header; `name` names it in messages.
+fn estimate_gguf(
+    file: &GgufFile,
+    name: &str,
+    options: &gantry_sched::LlamaCppOptions,
+) -> Result<Analysis, AnalysisError> {
+    let facts = GgufModelFacts::from_gguf(file).map_err(|e| {
         AnalysisError(format!(
-            "model file {} lacks what the memory estimate needs: {e}",
-            path.display()
+            "model file {name} lacks what the memory estimate needs: {e}"
         ))
     })?;
-    let estimate = estimate_llama_cpp(&facts, &options).map_err(|e| {
-        AnalysisError(format!(
-            "cannot estimate the memory of {}: {e}",
-            path.display()
-        ))
-    })?;
-    let default_context_size = gantry_backends::llama_cpp::default_context_size(&options, &facts);
+    let estimate = estimate_llama_cpp(&facts, options)
+        .map_err(|e| AnalysisError(format!("cannot estimate the memory of {name}: {e}")))?;
+    let default_context_size = gantry_backends::llama_cpp::default_context_size(options, &facts);
     Ok(Analysis {
         claim: estimate.claim,
         default_context_size,
         args_data_parallel_size: None,
     })
+}
+
+/// Computes the claim of a model whose files are remote (Hugging Face, URL) from their
+/// headers, read with range requests: the GGUF header of the first (or only) GGUF file,
+/// or `config.json` and every safetensors header. Nothing else is downloaded.
+pub async fn analyze_remote(
+    sources: &Sources,
+    input: &AnalysisInput,
+) -> Result<Analysis, AnalysisError> {
+    if input.backend == BackendKind::Custom {
+        return custom_claim(&input.env);
+    }
+    let remote = |e: SourceError| {
+        AnalysisError(format!(
+            "cannot read the model's headers: {e}; the instance is retried automatically"
+        ))
+    };
+    let resolved = sources
+        .resolve(&input.source, input.backend)
+        .await
+        .map_err(remote)?;
+    match input.backend {
+        BackendKind::LlamaCpp => {
+            let options = gantry_backends::llama_cpp::estimate_options(&input.backend_args)
+                .map_err(bad_args)?;
+            let file = resolved.first_gguf().ok_or_else(|| {
+                AnalysisError("the source holds no .gguf file, which llama.cpp loads".to_owned())
+            })?;
+            let header = sources.gguf_header(file).await.map_err(remote)?;
+            estimate_gguf(&header, &file.path, &options)
+        }
+        BackendKind::Vllm | BackendKind::Sglang => {
+            let options = if input.backend == BackendKind::Vllm {
+                gantry_backends::vllm::estimate_options(&input.backend_args)
+            } else {
+                gantry_backends::sglang::estimate_options(&input.backend_args)
+            }
+            .map_err(bad_args)?;
+            let named = |name: &str| resolved.files.iter().find(|f| f.path == name);
+            let config_file = named("config.json").ok_or_else(|| {
+                AnalysisError(format!(
+                    "the source has no config.json, which {} needs",
+                    input.backend.as_str()
+                ))
+            })?;
+            let config_bytes = sources.read_small(config_file).await.map_err(remote)?;
+            let config = HfModelConfig::parse(&config_bytes)
+                .map_err(|e| AnalysisError(format!("config.json: {e}")))?;
+            // The index names the weight files when there is one (some repositories also
+            // carry a consolidated copy the engines do not load).
+            let weights: Vec<&gantry_source::RemoteFile> =
+                match named("model.safetensors.index.json") {
+                    Some(index) => {
+                        let raw = sources.read_small(index).await.map_err(remote)?;
+                        let names = weight_map_names(&raw, &index.path)?;
+                        names
+                            .iter()
+                            .map(|n| {
+                                named(n).ok_or_else(|| {
+                                    AnalysisError(format!(
+                                        "{} names {n}, which the source does not have",
+                                        index.path
+                                    ))
+                                })
+                            })
+                            .collect::<Result<_, _>>()?
+                    }
+                    None => resolved
+                        .files
+                        .iter()
+                        .filter(|f| f.path.ends_with(".safetensors"))
+                        .collect(),
+                };
+            let mut weight_bytes = 0u64;
+            for file in weights {
+                let header = sources.safetensors_header(file).await.map_err(remote)?;
+                let mut bytes = Vec::with_capacity(8 + header.len());
+                bytes.extend_from_slice(&(header.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(&header);
+                let parsed = SafetensorsHeader::parse(&bytes)
+                    .map_err(|e| AnalysisError(format!("{}: {e}", file.path)))?;
+                weight_bytes = weight_bytes.saturating_add(parsed.total_bytes());
+            }
+            let claim = estimate_engine(weight_bytes, &config, &options)
+                .map_err(|e| AnalysisError(format!("cannot estimate the memory: {e}")))?;
+            Ok(Analysis {
+                claim,
+                default_context_size: None,
+                args_data_parallel_size: options.data_parallel_size,
+            })
+        }
+        BackendKind::Custom => custom_claim(&input.env),
+    }
+}
+
+/// The file names of a `model.safetensors.index.json`'s `weight_map`, sorted and unique;
+/// refuses names that leave the model's directory.
+fn weight_map_names(raw: &[u8], what: &str) -> Result<BTreeSet<String>, AnalysisError> {
+    let index: serde_json::Value =
+        serde_json::from_slice(raw).map_err(|e| AnalysisError(format!("{what}: {e}")))?;
+    let names: BTreeSet<String> = index
+        .get("weight_map")
+        .and_then(serde_json::Value::as_object)
+        .map(|map| {
+            map.values()
+                .filter_map(serde_json::Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    if names.is_empty() {
+        return Err(AnalysisError(format!(
+            "{what} has no weight_map naming the weight files"
+        )));
+    }
+    if let Some(bad) = names
+        .iter()
+        .find(|n| n.contains("..") || n.starts_with('/'))
+    {
+        return Err(AnalysisError(format!(
+            "{what} names {bad:?}, which is outside the model directory"
+        )));
+    }
+    Ok(names)
 }
 
 fn analyze_model_directory(
@@ -215,29 +336,7 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, AnalysisError> {
     let index_path = dir.join("model.safetensors.index.json");
     if index_path.is_file() {
         let raw = std::fs::read(&index_path).map_err(|e| unreadable(&index_path, e))?;
-        let index: serde_json::Value = serde_json::from_slice(&raw)
-            .map_err(|e| AnalysisError(format!("{}: {e}", index_path.display())))?;
-        let names: BTreeSet<&str> = index
-            .get("weight_map")
-            .and_then(serde_json::Value::as_object)
-            .map(|map| map.values().filter_map(serde_json::Value::as_str).collect())
-            .unwrap_or_default();
-        if names.is_empty() {
-            return Err(AnalysisError(format!(
-                "{} has no weight_map naming the weight files",
-                index_path.display()
-            )));
-        }
-        // Names are relative to the directory; refuse anything that leaves it.
-        if let Some(bad) = names
-            .iter()
-            .find(|n| n.contains("..") || n.starts_with('/'))
-        {
-            return Err(AnalysisError(format!(
-                "{} names {bad:?}, which is outside the model directory",
-                index_path.display()
-            )));
-        }
+        let names = weight_map_names(&raw, &index_path.display().to_string())?;
         return Ok(names.iter().map(|name| dir.join(name)).collect());
     }
     let entries = std::fs::read_dir(dir).map_err(|e| unreadable(dir, e))?;
@@ -470,12 +569,10 @@ mod tests {
         remote.source = ModelSource::Huggingface {
             repo_id: "org/model".into(),
             file: None,
+            revision: None,
         };
         let e = analyze(&remote).expect_err("not local");
-        assert!(
-            e.0.contains("org/model") && e.0.contains("local_path"),
-            "{e}"
-        );
+        assert!(e.0.contains("org/model") && e.0.contains("remote"), "{e}");
     }
 
     #[test]

@@ -26,11 +26,14 @@ use gantry_types::{
 };
 use tokio::time::Instant;
 
-use super::analyze::{analyze, Analysis, AnalysisCache, AnalysisError, AnalysisInput, Cached};
+use super::analyze::{
+    analyze, analyze_remote, Analysis, AnalysisCache, AnalysisError, AnalysisInput, Cached,
+};
 use super::instance::with_reschedule_note;
 use super::pass::EVERYTHING;
 use super::run_loop::Action;
 use super::snapshot::build_snapshot;
+use gantry_source::Sources;
 
 /// The scheduler's memory between passes: analyses per model version, and the workers that
 /// gave up on instances being placed again.
@@ -43,15 +46,18 @@ pub struct Placer {
     /// An analysis that takes longer than this shows its instances as `analyzing`; faster
     /// ones go from `pending` straight to their outcome without two extra writes each.
     show_analyzing_after: Duration,
+    /// Reads the headers of remote models.
+    sources: Sources,
 }
 
 impl Placer {
     /// A placer that retries failed analyses after `analysis_retry`.
-    pub fn new(analysis_retry: Duration, show_analyzing_after: Duration) -> Self {
+    pub fn new(analysis_retry: Duration, show_analyzing_after: Duration, sources: Sources) -> Self {
         Placer {
             analyses: AnalysisCache::new(analysis_retry),
             avoid_worker: HashMap::new(),
             show_analyzing_after,
+            sources,
         }
     }
 
@@ -189,7 +195,13 @@ impl Placer {
             Cached::Miss { retry } => retry,
         };
         let input = AnalysisInput::of(model);
-        let mut task = tokio::task::spawn_blocking(move || analyze(&input));
+        // Local files are read on a blocking thread, remote headers over HTTP.
+        let mut task = if input.source.is_remote() {
+            let sources = self.sources.clone();
+            tokio::spawn(async move { analyze_remote(&sources, &input).await })
+        } else {
+            tokio::task::spawn_blocking(move || analyze(&input))
+        };
         let joined = match tokio::time::timeout(self.show_analyzing_after, &mut task).await {
             Ok(joined) => joined,
             Err(_) => {
@@ -199,7 +211,11 @@ impl Placer {
                     store
                         .mark_instances_analyzing(
                             model.id,
-                            "reading the model's file headers to estimate its memory",
+                            if model.source.is_remote() {
+                                "reading the model's file headers over the network to estimate its memory"
+                            } else {
+                                "reading the model's file headers to estimate its memory"
+                            },
                             fence,
                         )
                         .await?;

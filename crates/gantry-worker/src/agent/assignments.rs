@@ -121,6 +121,7 @@ fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, instance: &ModelInstanc
         // The worker said so itself; the server decides what happens next.
         InstanceState::Error => return,
         InstanceState::Scheduled
+        | InstanceState::Downloading
         | InstanceState::Starting
         | InstanceState::Running
         | InstanceState::Unreachable => {}
@@ -137,6 +138,7 @@ fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, instance: &ModelInstanc
                     port: None,
                     address: None,
                     restart_count: 0,
+                    download: None,
                 },
             );
             return;
@@ -180,28 +182,21 @@ fn spec_for(shared: &Shared, instance: &ModelInstance) -> Result<InstanceSpec, S
         )
     })?;
     let launch = &record.launch;
-    let model_path = match &launch.source {
-        ModelSource::LocalPath { path } => PathBuf::from(path),
-        ModelSource::Huggingface { repo_id, .. } => {
-            return Err(format!(
-                "model source huggingface ({repo_id}) cannot be downloaded by this worker yet; \
-                 download it and use a local_path source"
-            ))
+    let (model_path, remote) = match &launch.source {
+        ModelSource::LocalPath { path } => {
+            let path = PathBuf::from(path);
+            if !path.exists() {
+                return Err(format!(
+                    "model path {} does not exist on worker {}",
+                    path.display(),
+                    shared.config.name
+                ));
+            }
+            (path, None)
         }
-        ModelSource::Url { url } => {
-            return Err(format!(
-                "model source url ({url}) cannot be downloaded by this worker yet; \
-                 download it and use a local_path source"
-            ))
-        }
+        // Downloaded into the model cache when the instance starts; the path is set then.
+        remote => (PathBuf::new(), Some(remote.clone())),
     };
-    if !model_path.exists() {
-        return Err(format!(
-            "model path {} does not exist on worker {}",
-            model_path.display(),
-            shared.config.name
-        ));
-    }
     Ok(InstanceSpec {
         instance_id: instance.id,
         key: format!("{}#{}", instance.model_name, instance.replica),
@@ -215,6 +210,7 @@ fn spec_for(shared: &Shared, instance: &ModelInstance) -> Result<InstanceSpec, S
             custom_command: launch.custom_command.clone(),
             health_path: None,
         },
+        remote,
         ready_deadline: None,
     })
 }

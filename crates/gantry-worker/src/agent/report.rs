@@ -68,7 +68,17 @@ impl Reporter {
 /// The report for a supervisor state; `None` for `Stopped` (nothing to say: the
 /// instance was removed or moved).
 pub fn report_for(state: &BackendState, restart_count: u32) -> Option<InstanceStateReport> {
+    let mut download = None;
     let (state, message, port, address) = match state {
+        BackendState::Downloading { progress } => {
+            download = Some(*progress);
+            (
+                InstanceState::Downloading,
+                download_message(progress),
+                None,
+                None,
+            )
+        }
         BackendState::Starting { port } => {
             (InstanceState::Starting, String::new(), Some(*port), None)
         }
@@ -100,7 +110,39 @@ pub fn report_for(state: &BackendState, restart_count: u32) -> Option<InstanceSt
         port,
         address,
         restart_count,
+        download,
     })
+}
+
+/// `downloading 1.2 GiB of 4.7 GiB at 85.3 MiB/s`.
+fn download_message(progress: &gantry_types::DownloadProgress) -> String {
+    let size = |bytes: u64| {
+        let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let mut value = bytes as f64;
+        let mut unit = 0;
+        while value >= 1024.0 && unit < units.len() - 1 {
+            value /= 1024.0;
+            unit += 1;
+        }
+        if unit == 0 {
+            format!("{bytes} B")
+        } else {
+            format!("{value:.1} {}", units[unit])
+        }
+    };
+    match progress.bytes_total {
+        Some(total) => format!(
+            "downloading {} of {} at {}/s",
+            size(progress.bytes_done),
+            size(total),
+            size(progress.bytes_per_second)
+        ),
+        None => format!(
+            "downloading: {} at {}/s",
+            size(progress.bytes_done),
+            size(progress.bytes_per_second)
+        ),
+    }
 }
 
 fn humantime_short(d: Duration) -> String {

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gantry_backends::{backend, backend_command, join_gpu_indexes, rank_gpu_indexes, LaunchTarget};
+use gantry_types::DownloadProgress;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -126,7 +127,22 @@ pub(crate) struct InstanceTask {
 }
 
 impl InstanceTask {
-    pub(crate) async fn run(self) {
+    pub(crate) async fn run(mut self) {
+        // A remote model is downloaded first; a failure there is final like a failed
+        // first start.
+        match self.fetch_model().await {
+            Ok(()) => {}
+            Err(None) => {
+                self.emit(BackendState::Stopped).await;
+                return;
+            }
+            Err(Some(message)) => {
+                self.emit(BackendState::Error { message }).await;
+                self.cancel.cancelled().await;
+                self.emit(BackendState::Stopped).await;
+                return;
+            }
+        }
         let mut crashes = CrashTracker::new(self.shared.config.restart.clone());
         let mut lease: Option<PortLease> = None;
         let mut ever_ready = false;
@@ -190,6 +206,69 @@ impl InstanceTask {
             status.ports.clear();
         });
         self.emit(BackendState::Stopped).await;
+    }
+
+    /// Downloads the files of a remote model into the worker's cache (state
+    /// `Downloading`, with progress every half second) and points the launch at them.
+    /// `Err(None)` when cancelled, `Err(Some(message))` when it failed.
+    async fn fetch_model(&mut self) -> Result<(), Option<String>> {
+        let Some(source) = self.spec.remote.clone() else {
+            return Ok(());
+        };
+        let Some(cache) = self.shared.config.model_cache.clone() else {
+            return Err(Some(
+                "this worker has no model cache configured, so it cannot download models"
+                    .to_owned(),
+            ));
+        };
+        let backend = self.spec.launch.backend;
+        self.emit(BackendState::Downloading {
+            progress: DownloadProgress::default(),
+        })
+        .await;
+        let resolved = tokio::select! {
+            () = self.cancel.cancelled() => return Err(None),
+            resolved = cache.sources().resolve(&source, backend) => resolved,
+        }
+        .map_err(|e| Some(format!("cannot find the model's files: {e}")))?;
+        let (progress, mut updates) = watch::channel(gantry_source::cache::Progress::default());
+        let fetched = {
+            let fetch = cache.fetch(&resolved, &progress, &self.cancel);
+            tokio::pin!(fetch);
+            loop {
+                tokio::select! {
+                    fetched = &mut fetch => break fetched,
+                    Ok(()) = updates.changed() => {
+                        let now = *updates.borrow_and_update();
+                        self.emit(BackendState::Downloading {
+                            progress: DownloadProgress {
+                                bytes_done: now.bytes_done,
+                                bytes_total: now.bytes_total,
+                                bytes_per_second: now.bytes_per_second,
+                            },
+                        })
+                        .await;
+                    }
+                }
+            }
+        };
+        let fetched = match fetched {
+            Ok(fetched) => fetched,
+            Err(gantry_source::SourceError::Cancelled) => return Err(None),
+            Err(e) => return Err(Some(format!("downloading the model failed: {e}"))),
+        };
+        // llama.cpp loads the (first) GGUF file, finding split parts beside it; the
+        // engines load the directory.
+        self.spec.launch.model_path = match backend {
+            gantry_types::BackendKind::LlamaCpp => resolved
+                .files
+                .iter()
+                .position(|f| f.path.ends_with(".gguf"))
+                .and_then(|i| fetched.files.get(i).cloned())
+                .ok_or_else(|| Some("the downloaded files hold no .gguf file".to_owned()))?,
+            _ => fetched.dir,
+        };
+        Ok(())
     }
 
     /// One start: spawn, wait for readiness, watch until a crash or cancellation.
@@ -491,6 +570,14 @@ impl InstanceTask {
                 state = state.name(),
                 "backend ready at {address}"
             ),
+            // One line when the download starts; progress goes to the server only.
+            BackendState::Downloading { progress } if progress.bytes_done == 0 => tracing::info!(
+                instance_id = spec.instance_id,
+                key = %spec.key,
+                state = state.name(),
+                "downloading the model's files"
+            ),
+            BackendState::Downloading { .. } => {}
             BackendState::Starting { .. } | BackendState::Stopped => tracing::info!(
                 instance_id = spec.instance_id,
                 key = %spec.key,

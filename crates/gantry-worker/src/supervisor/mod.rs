@@ -56,7 +56,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gantry_backends::{BackendSettings, LaunchSpec};
-use gantry_types::InstanceState;
+use gantry_source::cache::ModelCache;
+use gantry_types::{DownloadProgress, InstanceState, ModelSource};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -76,6 +77,9 @@ pub struct InstanceSpec {
     pub key: String,
     /// What to run: backend, model path, arguments, environment, GPUs, data parallelism.
     pub launch: LaunchSpec,
+    /// A model whose files must be downloaded first (Hugging Face, URL): fetched into the
+    /// worker's model cache before the start, which then sets `launch.model_path`.
+    pub remote: Option<ModelSource>,
     /// How long the backend may take to answer its health path with 200 before it is
     /// stopped and reported as `Error`; the supervisor's setting, else the backend's
     /// default, when `None`.
@@ -112,6 +116,8 @@ pub struct SupervisorConfig {
     /// path.
     pub backends: BackendSettings,
     pub logs: LogConfig,
+    /// Where remote models are downloaded; `None` refuses them.
+    pub model_cache: Option<Arc<ModelCache>>,
 }
 
 impl SupervisorConfig {
@@ -127,6 +133,7 @@ impl SupervisorConfig {
             restart: RestartPolicy::default(),
             backends: BackendSettings::default(),
             logs: LogConfig::default(),
+            model_cache: None,
         }
     }
 }
@@ -141,6 +148,8 @@ pub struct InstanceEvent {
 /// What an instance's backend is doing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendState {
+    /// The model's files are being downloaded into the worker's cache.
+    Downloading { progress: DownloadProgress },
     /// The process(es) are being spawned and probed; `port` is the first (advertised) port.
     Starting { port: u16 },
     /// Every process answered its health path with 200.
@@ -173,6 +182,7 @@ impl BackendState {
     /// A short name for logs: `starting`, `running`, `restarting`, `error`, `stopped`.
     pub fn name(&self) -> &'static str {
         match self {
+            BackendState::Downloading { .. } => "downloading",
             BackendState::Starting { .. } => "starting",
             BackendState::Running { .. } => "running",
             BackendState::Restarting { .. } => "restarting",
@@ -185,6 +195,7 @@ impl BackendState {
     /// runs here, the server decides what it is).
     pub fn instance_state(&self) -> Option<InstanceState> {
         match self {
+            BackendState::Downloading { .. } => Some(InstanceState::Downloading),
             BackendState::Starting { .. } | BackendState::Restarting { .. } => {
                 Some(InstanceState::Starting)
             }

@@ -40,6 +40,13 @@ config_table! {
         server_urls: Urls = Vec::new(), also "server-url";
         /// How long a stop may take. A worker's serving llama.cpp, vLLM or SGLang backend first finishes its requests in progress for up to half of it, then gets SIGTERM, then SIGKILL when the time is up; a server finishes its gateway requests in flight for up to all of it.
         stop_grace_period: Duration = supervisor::DEFAULT_STOP_GRACE_PERIOD;
+        /// The Hugging Face Hub (or a mirror speaking its API) that `huggingface` model
+        /// sources come from.
+        hf_endpoint: Text = default_hf_endpoint(),
+            shown format!("`$HF_ENDPOINT`, else `{}`", gantry_source::DEFAULT_HF_ENDPOINT);
+        /// Token for gated and private Hugging Face repositories; a secret, never logged.
+        hf_token: Optional<Text> = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
+            shown "`$HF_TOKEN`, else none";
     }
     server {
         /// Address the server listens on.
@@ -119,6 +126,14 @@ config_table! {
         /// How long a backend may take to become healthy.
         backend_ready_timeout: Duration = gantry_backends::DEFAULT_READINESS_DEADLINE;
     }
+}
+
+/// `HF_ENDPOINT`, as the hub's own client reads it, else the public hub.
+fn default_hf_endpoint() -> String {
+    std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| gantry_source::DEFAULT_HF_ENDPOINT.to_owned())
 }
 
 /// Where root keeps gantry's state.

@@ -1,0 +1,44 @@
+//! Why a source could not be resolved, read or downloaded. Each message names the
+//! source and what to do.
+
+/// A failure of a model source.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// The source, as given, cannot work (no such repository, file or revision; a glob
+    /// that matches nothing; an ambiguous choice). Retrying will not help.
+    #[error("{0}")]
+    Invalid(String),
+    /// The source refused the credentials (or their absence).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The network or the remote side failed; a later try may work.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The bytes received are not the ones expected.
+    #[error("{0}")]
+    Corrupt(String),
+    /// The worker's disk: no space, or a file it cannot write.
+    #[error("{0}")]
+    Disk(String),
+    /// The download was cancelled (the instance went away).
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl SourceError {
+    /// Whether trying again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SourceError::Unavailable(_))
+    }
+}
+
+/// Turns a failed request into an [`SourceError::Unavailable`] naming the URL.
+pub(crate) fn unavailable(url: &str, error: &reqwest::Error) -> SourceError {
+    let mut message = format!("{url}: {error}");
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    SourceError::Unavailable(message)
+}

@@ -1,0 +1,172 @@
+//! Model sources: where a model's files are, reading their headers without downloading
+//! them, and downloading them into a worker's cache.
+//!
+//! - [`Sources::resolve`] turns a [`ModelSource`] into the list of files it stands for
+//!   ([`Resolved`]): for Hugging Face through the hub's API (`hub.rs`: the revision's
+//!   commit, the file tree with sizes and LFS SHA-256s, globs and split GGUF parts), for
+//!   URLs with a `HEAD` per file (`url.rs`).
+//! - [`Sources::gguf_header`] and [`Sources::read_range`] read what the scheduler needs to
+//!   estimate memory with HTTP range requests (`remote.rs`): the GGUF header, the
+//!   safetensors headers, `config.json` — a few megabytes, never the weights.
+//! - [`cache::ModelCache`] downloads the files a worker was given into a content-addressed
+//!   cache (`cache.rs`): resumable from the bytes on disk, verified against the SHA-256
+//!   before a file is renamed into place, retried with backoff, one download per file
+//!   however many instances want it, with the free space checked first.
+//!
+//! `local_path` sources are not handled here: their files are already on the worker.
+
+pub mod cache;
+mod error;
+pub mod glob;
+mod hub;
+mod remote;
+mod url;
+
+use std::time::Duration;
+
+use gantry_types::{BackendKind, ModelSource};
+
+pub use error::SourceError;
+
+/// The public Hugging Face Hub.
+pub const DEFAULT_HF_ENDPOINT: &str = "https://huggingface.co";
+
+/// How to reach the places models come from.
+#[derive(Clone)]
+pub struct SourceConfig {
+    /// Base URL of the Hugging Face Hub (or a mirror speaking its API).
+    pub hf_endpoint: String,
+    /// Sent to the hub as a bearer token (gated and private repositories). A secret:
+    /// never logged.
+    pub hf_token: Option<String>,
+}
+
+impl std::fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceConfig")
+            .field("hf_endpoint", &self.hf_endpoint)
+            .field("hf_token", &self.hf_token.as_ref().map(|_| "<secret>"))
+            .finish()
+    }
+}
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        Self {
+            hf_endpoint: DEFAULT_HF_ENDPOINT.to_owned(),
+            hf_token: None,
+        }
+    }
+}
+
+/// One file of a model, where to get it, and what it must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteFile {
+    /// Its path inside the model's directory (the repository path, or the URL's file
+    /// name).
+    pub path: String,
+    pub url: String,
+    /// Its size, when the source says.
+    pub size: Option<u64>,
+    /// Its SHA-256 (lowercase hex), when the source says: the hub's LFS metadata, or the
+    /// model's `sha256`.
+    pub sha256: Option<String>,
+    /// Whether requests for it carry the hub token.
+    pub hub_auth: bool,
+}
+
+/// What a source stands for: its files, in order (the first GGUF part first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// Names the set of files in the cache: `hf/<repo>/<commit>` or `url/<digest>`.
+    pub key: String,
+    /// The hub's commit of the revision asked for.
+    pub commit: Option<String>,
+    pub files: Vec<RemoteFile>,
+}
+
+impl Resolved {
+    /// Bytes of every file, when all sizes are known.
+    pub fn total_size(&self) -> Option<u64> {
+        self.files.iter().map(|f| f.size).sum()
+    }
+
+    /// The first GGUF file (the first part of a split one).
+    pub fn first_gguf(&self) -> Option<&RemoteFile> {
+        self.files.iter().find(|f| f.path.ends_with(".gguf"))
+    }
+}
+
+/// How long one request for metadata or a header may take.
+const META_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client of the model sources. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    config: SourceConfig,
+    http: reqwest::Client,
+}
+
+impl Sources {
+    pub fn new(config: SourceConfig) -> Self {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("gantry/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        Self { config, http }
+    }
+
+    pub fn config(&self) -> &SourceConfig {
+        &self.config
+    }
+
+    /// The files `source` stands for, for `backend`. `local_path` is refused: its files
+    /// are read where they are.
+    pub async fn resolve(
+        &self,
+        source: &ModelSource,
+        backend: BackendKind,
+    ) -> Result<Resolved, SourceError> {
+        match source {
+            ModelSource::Huggingface {
+                repo_id,
+                file,
+                revision,
+            } => {
+                hub::resolve(
+                    self,
+                    repo_id,
+                    file.as_deref(),
+                    revision.as_deref().unwrap_or("main"),
+                    backend,
+                )
+                .await
+            }
+            ModelSource::Url { url, sha256 } => {
+                let digests = sha256.as_ref().map(|d| d.items());
+                url::resolve(self, &url.items(), digests.as_deref()).await
+            }
+            ModelSource::LocalPath { path } => Err(SourceError::Invalid(format!(
+                "source local_path ({path}) has nothing to download"
+            ))),
+        }
+    }
+
+    /// A request for `file`, with the hub token when it needs one.
+    fn get(&self, url: &str, hub_auth: bool) -> reqwest::RequestBuilder {
+        let request = self.http.get(url);
+        self.authorize(request, hub_auth)
+    }
+
+    fn authorize(
+        &self,
+        request: reqwest::RequestBuilder,
+        hub_auth: bool,
+    ) -> reqwest::RequestBuilder {
+        match (&self.config.hf_token, hub_auth) {
+            (Some(token), true) => request.bearer_auth(token),
+            _ => request,
+        }
+    }
+}
