@@ -299,8 +299,7 @@ impl ModelCache {
                 )));
             }
             _ => {
-                let has_token = self.sources.config.hf_token.is_some();
-                crate::hub::check_status(response, &file.url, &file.path, has_token).await?;
+                self.sources.check_file_status(response, file).await?;
                 return Err(SourceError::Unavailable(format!(
                     "{} answered {status}",
                     file.url

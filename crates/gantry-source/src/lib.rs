@@ -159,6 +159,20 @@ impl Sources {
         self.authorize(request, hub_auth)
     }
 
+    /// Passes a successful answer for `file`; turns an error answer into the error of its
+    /// kind of source (the hub's codes for a hub file, the plain status for a URL).
+    async fn check_file_status(
+        &self,
+        response: reqwest::Response,
+        file: &RemoteFile,
+    ) -> Result<reqwest::Response, SourceError> {
+        if file.hub_auth {
+            let has_token = self.config.hf_token.is_some();
+            return hub::check_status(response, &file.url, &file.path, has_token).await;
+        }
+        url::check_status(response, &file.url)
+    }
+
     fn authorize(
         &self,
         request: reqwest::RequestBuilder,

@@ -31,7 +31,7 @@ impl Sources {
             return Ok(Bytes::new());
         }
         let end = start + len - 1;
-        let mut response = self
+        let response = self
             .get(&file.url, file.hub_auth)
             .header(reqwest::header::RANGE, format!("bytes={start}-{end}"))
             .timeout(META_TIMEOUT)
@@ -42,14 +42,7 @@ impl Sources {
         if status == reqwest::StatusCode::RANGE_NOT_SATISFIABLE {
             return Ok(Bytes::new());
         }
-        if !status.is_success() {
-            let has_token = self.config.hf_token.is_some();
-            crate::hub::check_status(response, &file.url, &file.path, has_token).await?;
-            return Err(SourceError::Unavailable(format!(
-                "{} answered {status}",
-                file.url
-            )));
-        }
+        let mut response = self.check_file_status(response, file).await?;
         let whole = status == reqwest::StatusCode::OK;
         let mut out = Vec::with_capacity(usize::try_from(len.min(64 << 20)).unwrap_or(0));
         let mut skipped = 0u64;

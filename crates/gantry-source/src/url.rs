@@ -23,17 +23,7 @@ pub(crate) async fn resolve(
             .send()
             .await
             .map_err(|e| unavailable(url, &e))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(match status.as_u16() {
-                401 | 403 => SourceError::Unauthorized(format!(
-                    "{url} answered {status}: the file is not public; make it readable \
-                     without credentials or use another source"
-                )),
-                404 | 410 => SourceError::Invalid(format!("{url} answered {status}: no such file")),
-                _ => SourceError::Unavailable(format!("{url} answered {status}")),
-            });
-        }
+        let response = check_status(response, url)?;
         let size = response
             .headers()
             .get(reqwest::header::CONTENT_LENGTH)
@@ -53,6 +43,25 @@ pub(crate) async fn resolve(
         key: format!("url/{}", &hex::encode(key.finalize())[..16]),
         commit: None,
         files,
+    })
+}
+
+/// Passes a successful answer; an error answer becomes an error saying what to do.
+pub(crate) fn check_status(
+    response: reqwest::Response,
+    url: &str,
+) -> Result<reqwest::Response, SourceError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    Err(match status.as_u16() {
+        401 | 403 => SourceError::Unauthorized(format!(
+            "{url} answered {status}: the file is not public; make it readable without \
+             credentials or use another source"
+        )),
+        404 | 410 => SourceError::Invalid(format!("{url} answered {status}: no such file")),
+        _ => SourceError::Unavailable(format!("{url} answered {status}")),
     })
 }
 
