@@ -111,6 +111,7 @@ impl ModelCache {
         self.check_free_space(&plan).await?;
 
         let ticker = {
+            let total = resolved.total_size();
             let plan: Vec<(Option<u64>, PathBuf, PathBuf)> = plan
                 .iter()
                 .map(|(f, blob, part)| (f.size, blob.clone(), part.clone()))
@@ -119,7 +120,6 @@ impl ModelCache {
             let stop = cancel.child_token();
             let guard = stop.clone().drop_guard();
             tokio::spawn(async move {
-                let total = plan.iter().map(|(size, _, _)| *size).sum::<Option<u64>>();
                 let mut samples: Vec<(Instant, u64)> = Vec::new();
                 loop {
                     let done = bytes_on_disk(&plan).await;

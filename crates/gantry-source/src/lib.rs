@@ -91,9 +91,14 @@ impl Resolved {
         self.files.iter().map(|f| f.size).sum()
     }
 
+    /// The position of the first GGUF file (the first part of a split one).
+    pub fn first_gguf_index(&self) -> Option<usize> {
+        self.files.iter().position(|f| f.path.ends_with(".gguf"))
+    }
+
     /// The first GGUF file (the first part of a split one).
     pub fn first_gguf(&self) -> Option<&RemoteFile> {
-        self.files.iter().find(|f| f.path.ends_with(".gguf"))
+        self.first_gguf_index().map(|i| &self.files[i])
     }
 }
 

@@ -25,32 +25,11 @@ use gantry_types::{ClusterStatus, ModelCreate, ModelInstance, ModelUpdate};
 use nix::sys::signal::Signal;
 use serde_json::json;
 
-const SECRET: &str = "a-shared-jwt-secret-for-every-server-0123456789";
 /// Each instance claims 6 GiB of one 16 GiB GPU: two fit on a GPU, a third would not.
 const PER_GPU: usize = 2;
 
-fn shared_args(db: &TestDatabase) -> Vec<String> {
-    [
-        "--database-url",
-        db.url.as_str(),
-        "--jwt-secret",
-        SECRET,
-        "--heartbeat-interval",
-        "300ms",
-        "--server-timeout",
-        "3s",
-        "--lease-ttl",
-        "3s",
-        "--lease-renew-interval",
-        "1s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
 async fn start_server(db: &TestDatabase) -> Cluster {
-    let args = shared_args(db);
+    let args = common::ha_server_args(&db.url);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Cluster::start(&args).await
 }

@@ -85,20 +85,8 @@ async fn one_request(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn gateway_requests_keep_succeeding_through_a_rolling_restart() {
     let db = TestDatabase::new(TestEngine::Postgres).await;
-    let shared = [
-        "--database-url",
-        db.url.as_str(),
-        "--jwt-secret",
-        "a-shared-jwt-secret-for-every-server-0123456789",
-        "--heartbeat-interval",
-        "300ms",
-        "--server-timeout",
-        "3s",
-        "--lease-ttl",
-        "3s",
-        "--lease-renew-interval",
-        "1s",
-    ];
+    let shared = common::ha_server_args(&db.url);
+    let shared: Vec<&str> = shared.iter().map(String::as_str).collect();
     let mut servers = Vec::new();
     for _ in 0..3 {
         servers.push(Cluster::start(&shared).await);

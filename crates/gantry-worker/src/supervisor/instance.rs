@@ -261,9 +261,7 @@ impl InstanceTask {
         // engines load the directory.
         self.spec.launch.model_path = match backend {
             gantry_types::BackendKind::LlamaCpp => resolved
-                .files
-                .iter()
-                .position(|f| f.path.ends_with(".gguf"))
+                .first_gguf_index()
                 .and_then(|i| fetched.files.get(i).cloned())
                 .ok_or_else(|| Some("the downloaded files hold no .gguf file".to_owned()))?,
             _ => fetched.dir,

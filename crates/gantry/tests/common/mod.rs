@@ -204,6 +204,32 @@ where
     .await
 }
 
+/// The JWT secret every server of a multi-server test shares.
+pub const SHARED_SECRET: &str = "a-shared-jwt-secret-for-every-server-0123456789";
+
+/// Arguments for one of several servers on the database at `database_url`, with fast
+/// timings (heartbeat 300 ms, server timeout 3 s, lease 3 s renewed every second) so
+/// failovers happen within a test's patience.
+pub fn ha_server_args(database_url: &str) -> Vec<String> {
+    [
+        "--database-url",
+        database_url,
+        "--jwt-secret",
+        SHARED_SECRET,
+        "--heartbeat-interval",
+        "300ms",
+        "--server-timeout",
+        "3s",
+        "--lease-ttl",
+        "3s",
+        "--lease-renew-interval",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// A server process and an admin session.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
