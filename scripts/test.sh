@@ -43,4 +43,9 @@ else
   runner=(cargo test --workspace --no-fail-fast)
 fi
 
+# A failing test's panic message is the last thing it prints, where CI's excerpt of the
+# output shows it, instead of being pushed out by a backtrace (GANTRY_TEST_BACKTRACE=1
+# keeps them).
+export RUST_BACKTRACE="${GANTRY_TEST_BACKTRACE:-0}"
+
 exec scripts/with-postgres.sh "${runner[@]}" "$@"

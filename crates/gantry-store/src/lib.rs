@@ -120,6 +120,12 @@ pub type ChangeListener = Arc<dyn Fn(&Change) + Send + Sync>;
 /// How many unread changes a slow watcher may fall behind before it is cut off.
 const CHANGE_CHANNEL_CAPACITY: usize = 4096;
 
+/// How long a PostgreSQL transaction may wait on its client between statements. Every
+/// transaction of the store runs its statements back to back, so only a frozen or hung
+/// process reaches this. A take-over waits at most this long for a frozen leader's open
+/// transaction (with the default 15 s `lease_ttl`, not at all: it has ended long before).
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Store {
     /// Connects and runs the embedded migrations. For SQLite the file is created if
     /// missing and switched to WAL.
@@ -163,6 +169,18 @@ impl Store {
                         sqlx::query("PRAGMA busy_timeout = 5000")
                             .execute(&mut *conn)
                             .await?;
+                    }
+                    if engine == Engine::Postgres {
+                        // A fenced write share-locks the lease row for its transaction.
+                        // A leader frozen (SIGSTOP, a VM pause) inside one would keep
+                        // every standby from taking the lease until it thaws; PostgreSQL
+                        // ends such a session instead, well inside any lease's lifetime.
+                        sqlx::query(&format!(
+                            "SET idle_in_transaction_session_timeout = {}",
+                            IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+                        ))
+                        .execute(&mut *conn)
+                        .await?;
                     }
                     Ok(())
                 })

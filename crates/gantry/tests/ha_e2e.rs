@@ -321,14 +321,16 @@ async fn a_paused_leader_is_replaced_fenced_and_steps_down() {
     leader.server.signal(Signal::SIGSTOP);
     let paused = Instant::now();
     // Another server takes over once the lease (3 s) lapses.
+    // A busy machine may make one status call time out; the next one is asked again.
     let taken = loop {
-        let now = cluster_status(&http, &other.base, &token).await.unwrap();
-        if now.leader.fencing_token > status.leader.fencing_token && now.leader.server_id.is_some()
-        {
-            break now;
+        let now = cluster_status(&http, &other.base, &token).await;
+        if let Some(now) = now.as_ref().filter(|now| {
+            now.leader.fencing_token > status.leader.fencing_token && now.leader.server_id.is_some()
+        }) {
+            break now.clone();
         }
         assert!(
-            paused.elapsed() < Duration::from_secs(20),
+            paused.elapsed() < Duration::from_secs(30),
             "no take-over: {now:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -351,7 +353,7 @@ async fn a_paused_leader_is_replaced_fenced_and_steps_down() {
     leader.server.signal(Signal::SIGCONT);
     leader
         .server
-        .wait_for_log("stepped down", Duration::from_secs(10))
+        .wait_for_log("stepped down", Duration::from_secs(30))
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -375,12 +377,23 @@ async fn a_paused_leader_is_replaced_fenced_and_steps_down() {
         last_applied < taken.leader.acquired_at.as_millis(),
         "a write the old leader sent after the new token was issued landed"
     );
-    let after = cluster_status(&http, &other.base, &token).await.unwrap();
-    assert_eq!(
-        after.leader.server_id, taken.leader.server_id,
-        "no flapping back"
-    );
+    // The resumed server does not take its old term back. (On a machine busy enough for
+    // the new leader to miss its own renewals, a later election may legitimately happen:
+    // then it is a new term with a higher token, whoever wins it.)
+    let mut after = None;
+    for _ in 0..10 {
+        after = cluster_status(&http, &other.base, &token).await;
+        if after.is_some() {
+            break;
+        }
+    }
+    let after = after.expect("the new leader's server answers its cluster status");
     assert!(after.leader.fencing_token >= taken.leader.fencing_token);
+    assert!(
+        after.leader.server_id == taken.leader.server_id
+            || after.leader.fencing_token > taken.leader.fencing_token,
+        "the lease changed hands without a new token: {taken:?} then {after:?}"
+    );
     let health: gantry_types::CoordinatorHealth = http
         .get(format!("{}/api/v1/coordinator/health", leader.base))
         .bearer_auth(&token)
@@ -390,5 +403,9 @@ async fn a_paused_leader_is_replaced_fenced_and_steps_down() {
         .json()
         .await
         .unwrap();
-    assert_eq!(health.role, gantry_types::ServerRole::Standby, "{health:?}");
+    assert!(
+        health.role == gantry_types::ServerRole::Standby
+            || health.fencing_token > Some(taken.leader.fencing_token),
+        "the resumed server leads again with its old term: {health:?}"
+    );
 }
