@@ -14,6 +14,7 @@ mod error;
 mod ggml_type;
 mod model;
 mod reader;
+mod split;
 pub mod tiny_llama;
 mod value;
 mod writer;
@@ -28,6 +29,7 @@ pub use reader::{
     GgufFile, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_LENGTH,
     MAX_ARRAY_NESTING, MAX_METADATA_COUNT, MAX_STRING_LENGTH, MAX_TENSOR_COUNT,
 };
+pub use split::{split_paths, SPLIT_COUNT_KEY};
 pub use tiny_llama::write_tiny_llama;
 pub use value::{MetadataArray, MetadataValue, ValueType};
 pub use writer::{GgufWriter, GGML_MAX_NAME, GGUF_WRITE_VERSION};

@@ -9,23 +9,39 @@
 //! that is what the browser sees, and the typed API client does not serve assets or keep
 //! cookies. The API itself is called through the typed client.
 //!
-//! One test drives the console in a real browser: Debian's `chromium`, through
-//! Playwright's Python package (`tests/ui_browser.py`, run with `GANTRY_PYTHON`). It takes
-//! a screenshot of what it checked, under `target/tmp/ui-screenshots/`.
+//! Two tests drive the console in a real browser: Debian's `chromium`, through
+//! Playwright's Python package (`tests/ui_browser.py`, run with `GANTRY_PYTHON`): the
+//! servers screen, and the progress of downloads with the model files screen. They take
+//! screenshots of what they checked, under `target/tmp/ui-screenshots/`.
+//!
+//! The model files screen lists what the server reads from each worker's own API. This
+//! crate's tests cannot start the real worker (`gantry-worker`; the end-to-end tests of
+//! the `gantry` crate do), so a stand-in serves that API here ([`CacheDouble`]): the same
+//! routes and token, answering with the contract's own type, `CachedModelFile`.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
 
-use common::{assert_raw_error, expect_error, user, TestServer, ADMIN_PASSWORD};
-use gantry_client::ClientError;
+use axum::extract::{Path as UrlPath, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use common::{
+    assert_raw_error, expect_error, model, simulated_worker, user, TestServer, ADMIN_PASSWORD,
+};
+use gantry_client::{Client, ClientError};
 use gantry_testkit::TestEngine;
-use gantry_types::{ClusterStatus, ErrorCode, ServerRole};
+use gantry_types::{
+    CachedModelFile, ClusterStatus, ErrorCode, InstancePatch, ModelFileState, ServerRole,
+    Timestamp, WorkerRegister,
+};
 use reqwest::header::{
-    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, COOKIE, ETAG, IF_NONE_MATCH, SET_COOKIE,
-    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
+    AUTHORIZATION, CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, COOKIE, ETAG,
+    IF_NONE_MATCH, SET_COOKIE, X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
@@ -285,11 +301,49 @@ fn chromium() -> PathBuf {
     path
 }
 
+/// Screenshot files under `target/tmp/ui-screenshots/`, earlier ones removed, so a test
+/// that takes none fails.
+fn screenshot_paths(names: &[&str]) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    names
+        .iter()
+        .map(|name| {
+            let path = dir.join(format!("{name}.png"));
+            let _ = std::fs::remove_file(&path);
+            path
+        })
+        .collect()
+}
+
+/// Runs `tests/ui_browser.py` with what the page must show, and checks that it passed and
+/// took its screenshots.
+async fn run_browser_checks(expected: &serde_json::Value, screenshots: &[PathBuf]) {
+    let python = browser_python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui_browser.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(&script)
+        .arg(expected.to_string())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {python:?} {}: {e}", script.display()));
+    assert!(
+        output.status.success(),
+        "the browser checks failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for taken in screenshots {
+        assert!(taken.is_file(), "no screenshot at {}", taken.display());
+        println!("screenshot: {}", taken.display());
+    }
+}
+
 /// The single test server registers itself and leads, so the servers screen shows one row
 /// with the leader's mark; a user who is not an admin has no servers screen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_the_servers_and_their_leader_in_a_real_browser() {
-    let python = browser_python();
     let chromium = chromium();
     let server = TestServer::start(TestEngine::Sqlite).await;
     server
@@ -328,18 +382,13 @@ async fn the_console_shows_the_servers_and_their_leader_in_a_real_browser() {
     let leader = &cluster.servers[0];
     assert_eq!(cluster.leader.server_id.as_deref(), Some("test-server"));
 
-    let screenshots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
-    std::fs::create_dir_all(&screenshots).unwrap();
-    let screenshot = screenshots.join("servers.png");
-    let screenshot_dark = screenshots.join("servers-dark.png");
-    for old in [&screenshot, &screenshot_dark] {
-        let _ = std::fs::remove_file(old);
-    }
+    let screenshots = screenshot_paths(&["servers", "servers-dark"]);
     let expected = serde_json::json!({
+        "checks": "servers",
         "base": server.base,
         "chromium": chromium,
-        "screenshot": screenshot,
-        "screenshot_dark": screenshot_dark,
+        "screenshot": screenshots[0],
+        "screenshot_dark": screenshots[1],
         "admin": {"username": "admin", "password": ADMIN_PASSWORD},
         "user": {"username": "viewer", "password": "viewer-password-1"},
         "leader": leader.server_id,
@@ -347,23 +396,305 @@ async fn the_console_shows_the_servers_and_their_leader_in_a_real_browser() {
         "scheduling_mode": cluster.scheduling_mode,
         "server_url": leader.url,
     });
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui_browser.py");
-    let output = tokio::process::Command::new(&python)
-        .arg(&script)
-        .arg(expected.to_string())
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("run {python:?} {}: {e}", script.display()));
-    assert!(
-        output.status.success(),
-        "the browser checks failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    for taken in [&screenshot, &screenshot_dark] {
-        assert!(taken.is_file(), "no screenshot at {}", taken.display());
-        println!("screenshot of the servers screen: {}", taken.display());
+    run_browser_checks(&expected, &screenshots).await;
+    server.shutdown().await;
+}
+
+/// How far the stand-in's download grows at each read of the list.
+const DOUBLE_DOWNLOAD_STEP: u64 = 96 << 20;
+
+/// A worker's own API for the model cache, as the server calls it
+/// (`GET /v1/model-files`, `DELETE /v1/model-files/{blob}`, the worker's API token as
+/// bearer), over a fixed list of files. Like the worker it refuses to delete a file in use
+/// or being downloaded (409) and an unknown one (404). Its download grows at every read,
+/// so the page's refresh can be seen.
+#[derive(Clone)]
+struct CacheDouble {
+    files: Arc<Mutex<Vec<CachedModelFile>>>,
+    /// The token the server issued at the worker's registration, which comes after the
+    /// stand-in listens (its address is part of the registration).
+    api_token: Arc<OnceLock<String>>,
+}
+
+impl CacheDouble {
+    /// Serves `files` on 127.0.0.1; answers its address and the serving task.
+    async fn start(
+        files: Vec<CachedModelFile>,
+    ) -> (Self, std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        let double = Self {
+            files: Arc::new(Mutex::new(files)),
+            api_token: Arc::new(OnceLock::new()),
+        };
+        let app = axum::Router::new()
+            .route("/v1/model-files", axum::routing::get(Self::list))
+            .route(
+                "/v1/model-files/{blob}",
+                axum::routing::delete(Self::delete),
+            )
+            .with_state(double.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (double, address, task)
     }
+
+    fn authorised(&self, headers: &axum::http::HeaderMap) -> bool {
+        let token = self.api_token.get().expect("the worker is registered");
+        headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok())
+            == Some(format!("Bearer {token}").as_str())
+    }
+
+    fn refuse(status: StatusCode, message: String) -> Response {
+        (status, message).into_response()
+    }
+
+    async fn list(State(double): State<Self>, headers: axum::http::HeaderMap) -> Response {
+        if !double.authorised(&headers) {
+            return Self::refuse(StatusCode::UNAUTHORIZED, "invalid worker API token".into());
+        }
+        let mut files = double.files.lock().unwrap();
+        for file in files
+            .iter_mut()
+            .filter(|f| f.state == ModelFileState::Downloading)
+        {
+            file.bytes_done = (file.bytes_done + DOUBLE_DOWNLOAD_STEP).min(file.size - 1);
+        }
+        Json(files.clone()).into_response()
+    }
+
+    async fn delete(
+        State(double): State<Self>,
+        UrlPath(blob): UrlPath<String>,
+        headers: axum::http::HeaderMap,
+    ) -> Response {
+        if !double.authorised(&headers) {
+            return Self::refuse(StatusCode::UNAUTHORIZED, "invalid worker API token".into());
+        }
+        let mut files = double.files.lock().unwrap();
+        let Some(at) = files.iter().position(|f| f.blob == blob) else {
+            return Self::refuse(
+                StatusCode::NOT_FOUND,
+                format!("this worker has no cached file {blob}"),
+            );
+        };
+        if !files[at].models.is_empty() {
+            let users = files[at].models.join(", ");
+            return Self::refuse(
+                StatusCode::CONFLICT,
+                format!(
+                    "model file {blob} is used by {users}; delete or move those instances first"
+                ),
+            );
+        }
+        if files[at].state == ModelFileState::Downloading {
+            return Self::refuse(
+                StatusCode::CONFLICT,
+                format!(
+                    "model file {blob} is being downloaded; delete the models that need it first"
+                ),
+            );
+        }
+        files.remove(at);
+        StatusCode::NO_CONTENT.into_response()
+    }
+
+    fn blobs(&self) -> Vec<String> {
+        let files = self.files.lock().unwrap();
+        files.iter().map(|f| f.blob.clone()).collect()
+    }
+}
+
+/// A file of the stand-in's cache.
+fn cached_file(
+    blob: &str,
+    name: &str,
+    state: ModelFileState,
+    size: u64,
+    bytes_done: u64,
+    models: &[&str],
+    used_ago: Duration,
+) -> CachedModelFile {
+    CachedModelFile {
+        blob: blob.into(),
+        names: vec![name.into()],
+        state,
+        size,
+        bytes_done,
+        error: None,
+        models: models.iter().map(|m| (*m).to_string()).collect(),
+        last_used_at: Some(Timestamp::from(SystemTime::now() - used_ago)),
+    }
+}
+
+/// Registers a worker whose API is at `address`; answers it, a client with its credential
+/// and the token the server will present to its API.
+async fn register_worker(
+    server: &TestServer,
+    name: &str,
+    address: String,
+) -> (gantry_types::Worker, Client, String) {
+    let registration = WorkerRegister {
+        address,
+        ..simulated_worker(name, 1)
+    };
+    let (registered, created) = server
+        .anonymous()
+        .register_worker(&server.registration_token(), &registration)
+        .await
+        .unwrap();
+    assert!(created);
+    let credential = registered.credential.unwrap();
+    (
+        registered.worker,
+        server.client_for(&credential),
+        registered.api_token.unwrap(),
+    )
+}
+
+/// A downloading instance shows a progress bar (percent, bytes, speed, time left) in the
+/// instances list, the overview and the models list, and it follows the worker's reports
+/// live. The model files screen lists a worker's cache with the state of each file (its
+/// download growing at every refresh), says which worker did not answer, shows the
+/// worker's refusal to delete a file in use and deletes one that is not.
+///
+/// The instance's progress is what a worker reports through the agent API
+/// (`POST /api/v1/worker/instances/{id}/state`, sent by the browser script with the worker's
+/// credential while it watches the page). The files come through the server from
+/// [`CacheDouble`] (worker `gpu-1`); worker `gpu-2` is registered at an address where
+/// nothing listens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_download_progress_and_model_files_in_a_real_browser() {
+    let chromium = chromium();
+    let server = TestServer::start(TestEngine::Sqlite).await;
+    let admin = server.client();
+
+    let hour = Duration::from_secs(3600);
+    let ready = cached_file(
+        "sha256-6a1a2eb6d15622bf3c96857206351ba97e1af16c30d7a74ee38970e434e9407e",
+        "hf/Qwen/Qwen2.5-0.5B-Instruct-GGUF/9217f5db79a29953eb74d5343926648285ec7e67/qwen2.5-0.5b-instruct-q4_k_m.gguf",
+        ModelFileState::Ready,
+        491_400_032,
+        491_400_032,
+        &[],
+        2 * hour,
+    );
+    let downloading = cached_file(
+        "sha256-7b064f5842bf9532c91456deda288a1b672397a54fa729aa665952863033557c",
+        "hf/bartowski/Meta-Llama-3-8B-Instruct-GGUF/4ebc4aa83d60a5d6f9e1e1e9272a4d6306d770c1/Meta-Llama-3-8B-Instruct-Q4_K_M.gguf",
+        ModelFileState::Downloading,
+        4_920_733_984,
+        1_288_490_188,
+        &["llama-3-8b"],
+        Duration::from_secs(20),
+    );
+    let partial = cached_file(
+        "url-3f9a0c2e8d7b41f5a6c9e0d1b2a3f4e5",
+        "url/3f9a0c2e8d7b41f5/mistral-7b-instruct-v0.3.Q5_K_M.gguf",
+        ModelFileState::Partial,
+        5_135_890_720,
+        2_147_483_648,
+        &[],
+        26 * hour,
+    );
+    let failed = CachedModelFile {
+        error: Some(
+            "HTTP 403 from the S3 store for models/phi-3/phi-3-mini-4k-instruct-q4.gguf: \
+             the access key may not read this object"
+                .into(),
+        ),
+        ..cached_file(
+            "id-5c1e7f20a9b34d86",
+            "s3/models/phi-3/8d41c0e7/phi-3-mini-4k-instruct-q4.gguf",
+            ModelFileState::Error,
+            2_393_232_672,
+            0,
+            &[],
+            3 * hour,
+        )
+    };
+    let (double, address, double_task) = CacheDouble::start(vec![
+        downloading.clone(),
+        ready.clone(),
+        failed.clone(),
+        partial.clone(),
+    ])
+    .await;
+    let (gpu1, gpu1_agent, api_token) =
+        register_worker(&server, "gpu-1", address.to_string()).await;
+    double.api_token.set(api_token).unwrap();
+    let gpu1_credential = gpu1_agent.token().unwrap();
+    let (gpu2, gpu2_agent, _) = register_worker(&server, "gpu-2", "127.0.0.1:1".into()).await;
+    // Both keep beating, as workers do, so neither turns unreachable while the page is
+    // looked at (the server does not ask unreachable workers for their files).
+    let heartbeats = tokio::spawn(async move {
+        loop {
+            for agent in [&gpu1_agent, &gpu2_agent] {
+                agent.heartbeat().await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+
+    // The instance whose download the browser script reports, placed on gpu-1 by hand.
+    let llama = admin
+        .create_model(&model(
+            "llama-3-8b",
+            "/models/Meta-Llama-3-8B-Instruct-Q4_K_M.gguf",
+            1,
+        ))
+        .await
+        .unwrap();
+    let instance = server.instances_of(llama.id, 1).await.remove(0);
+    let placement = InstancePatch {
+        worker_id: Some(Some(gpu1.id)),
+        gpu_indexes: Some(vec![0]),
+    };
+    admin.place_instance(instance.id, &placement).await.unwrap();
+
+    let file_id = |file: &CachedModelFile| format!("{}/{}", gpu1.id, file.blob);
+    let screenshots = screenshot_paths(&[
+        "instance-download",
+        "instance-download-dark",
+        "overview-download",
+        "models-download",
+        "model-files",
+        "model-files-dark",
+    ]);
+    let expected = serde_json::json!({
+        "checks": "downloads",
+        "base": server.base,
+        "chromium": chromium,
+        "screenshots": {
+            "instances": screenshots[0],
+            "instances_dark": screenshots[1],
+            "overview": screenshots[2],
+            "models": screenshots[3],
+            "model_files": screenshots[4],
+            "model_files_dark": screenshots[5],
+        },
+        "admin": {"username": "admin", "password": ADMIN_PASSWORD},
+        "worker_credential": gpu1_credential,
+        "instance": {"id": instance.id, "name": instance.name},
+        "model": llama.name,
+        "worker": gpu1.name,
+        "unreachable_worker": {"id": gpu2.id, "name": gpu2.name},
+        "files": {
+            "ready": file_id(&ready),
+            "downloading": file_id(&downloading),
+            "partial": file_id(&partial),
+            "error": file_id(&failed),
+        },
+    });
+    run_browser_checks(&expected, &screenshots).await;
+
+    // The page's deletes reached the worker: the partial download is gone, the file in
+    // use is kept.
+    let left = double.blobs();
+    assert!(!left.contains(&partial.blob), "{left:?}");
+    assert!(left.contains(&downloading.blob), "{left:?}");
+    assert_eq!(left.len(), 3, "{left:?}");
+
+    heartbeats.abort();
+    double_task.abort();
     server.shutdown().await;
 }

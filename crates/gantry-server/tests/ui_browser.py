@@ -1,14 +1,28 @@
 """Drives the web console in a real browser: Debian's chromium, through Playwright's
 Python package (`executable_path`, so Playwright downloads no browser of its own).
 
-Run by `tests/ui.rs` (`the_console_shows_the_servers_and_their_leader_in_a_real_browser`),
-which starts the server and passes what the page must show as one JSON argument:
+Run by `tests/ui.rs`, which starts the server and passes what the page must show as one
+JSON argument; its "checks" says which screens to check.
 
-    {"base": "http://127.0.0.1:PORT", "chromium": "/usr/bin/chromium",
+`the_console_shows_the_servers_and_their_leader_in_a_real_browser`:
+
+    {"checks": "servers", "base": "http://127.0.0.1:PORT", "chromium": "/usr/bin/chromium",
      "screenshot": "/path/servers.png", "screenshot_dark": "/path/servers-dark.png",
      "admin": {"username": ..., "password": ...}, "user": {"username": ..., "password": ...},
      "leader": "test-server", "fencing_token": 1, "scheduling_mode": "local",
      "server_url": "http://..."}
+
+`the_console_shows_download_progress_and_model_files_in_a_real_browser`, where the script
+itself reports the instance's download as its worker does (with the worker's credential)
+while it watches the page:
+
+    {"checks": "downloads", "base": ..., "chromium": ..., "admin": {...},
+     "screenshots": {"instances": PNG, "instances_dark": PNG, "overview": PNG,
+                     "models": PNG, "model_files": PNG, "model_files_dark": PNG},
+     "worker_credential": "gantryw_...", "instance": {"id": 1, "name": "llama-3-8b-0"},
+     "model": "llama-3-8b", "worker": "gpu-1",
+     "unreachable_worker": {"id": 2, "name": "gpu-2"},
+     "files": {"ready": "1/sha256-...", "downloading": ..., "partial": ..., "error": ...}}
 
 It fails (an uncaught exception, exit status 1) on the first thing that is not as
 expected, and on any console error or uncaught page error, which is how chromium reports
@@ -89,10 +103,221 @@ def check_no_servers_for_users(page, base):
     nav = page.locator("nav.nav")
     expect(nav.get_by_role("link", name="Models")).to_be_visible()
     expect(nav.get_by_role("link", name="Servers")).to_have_count(0)
+    expect(nav.get_by_role("link", name="Model files")).to_have_count(0)
     # Asking for the screen by URL shows the overview instead.
     page.goto(base + "/#/servers")
     expect(page).to_have_title("Overview · gantry")
     expect(page.locator("[data-cluster]")).to_have_count(0)
+    page.goto(base + "/#/model-files")
+    expect(page).to_have_title("Overview · gantry")
+
+
+# ------------------------------------------------------------------ downloads
+
+
+def report(worker_api, instance_id, body):
+    """Reports the instance's state as its worker does."""
+    response = worker_api.post(f"/api/v1/worker/instances/{instance_id}/state", data=body)
+    assert response.status == 200, f"{response.status} {response.text()}"
+
+
+def downloading(done, total, speed, message):
+    return {
+        "state": "downloading",
+        "state_message": message,
+        "download": {"bytes_done": done, "bytes_total": total, "bytes_per_second": speed},
+    }
+
+
+def expect_progress(progress, percent, bytes_text, speed=None, eta=None):
+    """The numbers under a progress bar, and the bar's own value and width."""
+    expect(progress.locator("[data-part=percent]")).to_have_text(percent)
+    expect(progress.locator("[data-part=bytes]")).to_have_text(bytes_text)
+    if speed is not None:
+        expect(progress.locator("[data-part=speed]")).to_have_text(speed)
+    if eta is not None:
+        expect(progress.locator("[data-part=eta]")).to_have_text(eta)
+    bar = progress.get_by_role("progressbar")
+    if percent == "—":
+        expect(bar).to_have_class(re.compile(r"\bindeterminate\b"))
+        expect(bar).not_to_have_attribute("aria-valuenow", re.compile(".*"))
+        return
+    expect(bar).to_have_attribute("aria-valuenow", percent.rstrip("%"))
+    # The stylesheet draws the fill as wide as the percent says.
+    share = bar.evaluate(
+        "bar => bar.firstElementChild.getBoundingClientRect().width / bar.getBoundingClientRect().width"
+    )
+    wanted = int(percent.rstrip("%")) / 100
+    assert abs(share - wanted) < 0.02, f"the bar is {share:.3f} full, not {wanted}"
+
+
+def check_download_progress(page, base, expected, worker_api, screenshots):
+    instance = expected["instance"]
+    report(worker_api, instance["id"], downloading(
+        1_288_490_188, 4_920_733_984, 23_068_672, "downloading 1.2 GiB of 4.6 GiB at 22.0 MiB/s"))
+
+    page.goto(base + "/#/instances")
+    expect(page).to_have_title("Instances · gantry")
+    row = page.locator(f'tr[data-instance="{instance["id"]}"]')
+    expect(row.locator(".badge")).to_have_text("downloading")
+    progress = row.locator("[data-progress]")
+    expect_progress(progress, "26%", "1.2 GiB / 4.6 GiB", "22.0 MiB/s", "2 min 37 s left")
+    # The worker's words are kept on hover.
+    expect(progress).to_have_attribute("title", "downloading 1.2 GiB of 4.6 GiB at 22.0 MiB/s")
+    page.screenshot(path=screenshots["instances"], full_page=True, animations="disabled")
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=screenshots["instances_dark"], full_page=True, animations="disabled")
+    page.emulate_media(color_scheme="light")
+
+    # The overview lists the downloads in progress; the models list sums its instances'.
+    page.goto(base + "/#/overview")
+    download = page.locator(f'[data-downloads] tr[data-instance="{instance["id"]}"]')
+    expect(download).to_contain_text(instance["name"])
+    expect(download).to_contain_text(expected["worker"])
+    expect_progress(download.locator("[data-progress]"), "26%", "1.2 GiB / 4.6 GiB",
+                    "22.0 MiB/s", "2 min 37 s left")
+    page.screenshot(path=screenshots["overview"], full_page=True, animations="disabled")
+    page.goto(base + "/#/models")
+    model_download = page.locator(".model-download")
+    expect(model_download).to_contain_text("1 downloading")
+    expect_progress(model_download.locator("[data-progress]"), "26%", "1.2 GiB / 4.6 GiB")
+    page.screenshot(path=screenshots["models"], full_page=True, animations="disabled")
+
+    # Reports change the bar where it is: the watch stream brings them, nothing reloads.
+    page.goto(base + "/#/instances")
+    expect(progress.locator("[data-part=percent]")).to_have_text("26%")
+    page.evaluate("window.sameDocument = true")
+    report(worker_api, instance["id"], downloading(
+        3_758_096_384, 4_920_733_984, 0, "downloading 3.5 GiB of 4.6 GiB"))
+    expect_progress(progress, "76%", "3.5 GiB / 4.6 GiB", "0 B/s", "— left")
+    report(worker_api, instance["id"], downloading(
+        3_865_470_566, None, 10_485_760, "downloading 3.6 GiB at 10.0 MiB/s"))
+    expect_progress(progress, "—", "3.6 GiB / ?", "10.0 MiB/s", "— left")
+    report(worker_api, instance["id"], {"state": "starting", "state_message": "starting llama.cpp"})
+    expect(row.locator(".badge")).to_have_text("starting")
+    expect(row.locator("[data-progress]")).to_have_count(0)
+    expect(row).to_contain_text("starting llama.cpp")
+    assert page.evaluate("window.sameDocument === true"), "the page reloaded"
+
+
+def check_model_files(page, base, expected, screenshots):
+    nav = page.locator("nav.nav")
+    links = nav.locator("a").all_inner_texts()
+    assert links.index("Model files") == links.index("Workers") + 1, f"navigation: {links}"
+    nav.get_by_role("link", name="Model files").click()
+    expect(page).to_have_title("Model files · gantry")
+    expect(nav.locator("a.active")).to_have_text("Model files")
+
+    files = expected["files"]
+    rows = page.locator("tbody tr[data-file]")
+    expect(rows).to_have_count(4)
+
+    def row(which):
+        return page.locator(f'tr[data-file="{files[which]}"]')
+
+    ready = row("ready")
+    name = ready.locator("[data-part=name]")
+    expect(name).to_have_text("qwen2.5-0.5b-instruct-q4_k_m.gguf")
+    expect(name).to_have_attribute("title", re.compile(
+        r"^hf/Qwen/Qwen2\.5-0\.5B-Instruct-GGUF/9217f5db\w+/qwen2\.5-0\.5b-instruct-q4_k_m\.gguf\n"))
+    expect(ready).to_contain_text("hf/Qwen/Qwen2.5-0.5B-Instruct-GGUF/9217f5db")
+    expect(ready.locator("td").nth(1)).to_have_text(expected["worker"])
+    expect(ready.locator("td").nth(2)).to_have_text("469 MiB")
+    expect(ready.locator(".badge")).to_have_text("ready")
+    expect(ready.locator("[data-progress]")).to_have_count(0)
+    expect(ready.locator("td").nth(4)).to_have_text("—")
+    expect(ready.locator("td").nth(5)).to_have_text("2 h ago")
+
+    downloading_row = row("downloading")
+    expect(downloading_row.locator("[data-part=name]")).to_have_text("Meta-Llama-3-8B-Instruct-Q4_K_M.gguf")
+    expect(downloading_row.locator(".badge")).to_have_text("downloading")
+    expect(downloading_row.locator(".chip")).to_have_text(expected["model"])
+    bar = downloading_row.get_by_role("progressbar")
+    expect(bar).to_have_attribute("aria-valuenow", re.compile(r"^\d+$"))
+    # The worker reports no speed for a cached file: none is made up.
+    expect(downloading_row.locator("[data-part=speed]")).to_have_count(0)
+    # The page re-reads the list on its own, and the stand-in's download grows each time.
+    before = downloading_row.locator("[data-part=bytes]").inner_text()
+    expect(downloading_row.locator("[data-part=bytes]")).not_to_have_text(before)
+
+    partial = row("partial")
+    expect(partial.locator(".badge")).to_have_text("partial")
+    expect(partial.locator("[data-progress]")).to_have_class(re.compile(r"\bpaused\b"))
+    expect_progress(partial.locator("[data-progress]"), "41%", "2.0 GiB / 4.8 GiB")
+
+    failed = row("error")
+    expect(failed.locator(".badge")).to_have_text("error")
+    expect(failed).to_contain_text("HTTP 403 from the S3 store")
+    expect(failed.locator("[data-progress]")).to_have_count(0)
+
+    unreachable = page.locator("[data-unreachable]")
+    gone = expected["unreachable_worker"]
+    expect(unreachable.locator(f'li[data-worker="{gone["id"]}"]')).to_contain_text(
+        f'{gone["name"]}: cannot reach worker {gone["name"]} at 127.0.0.1:1')
+
+    page.screenshot(path=screenshots["model_files"], full_page=True, animations="disabled")
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=screenshots["model_files_dark"], full_page=True, animations="disabled")
+    page.emulate_media(color_scheme="light")
+
+    # The worker refuses to delete a file in use: the dialog says why and stays open.
+    downloading_row.get_by_role("button", name="Delete").click()
+    dialog = page.locator("dialog")
+    expect(dialog.get_by_role("heading")).to_have_text(
+        f'Delete Meta-Llama-3-8B-Instruct-Q4_K_M.gguf from {expected["worker"]}?')
+    dialog.get_by_role("button", name="Delete file").click()
+    expect(dialog.get_by_role("alert")).to_contain_text(f'is used by {expected["model"]}')
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_have_count(0)
+    expect(rows).to_have_count(4)
+
+    # A file nobody uses goes.
+    partial.get_by_role("button", name="Delete").click()
+    dialog.get_by_role("button", name="Delete file").click()
+    expect(dialog).to_have_count(0)
+    expect(page.locator("#toasts")).to_contain_text(
+        f'mistral-7b-instruct-v0.3.Q5_K_M.gguf deleted from {expected["worker"]}.')
+    expect(rows).to_have_count(3)
+    expect(partial).to_have_count(0)
+
+    # One worker's files: the filter asks the server for that worker only.
+    page.locator("select[aria-label=Worker]").select_option(label=gone["name"])
+    expect(page).to_have_url(re.compile(f'#/model-files\\?worker={gone["id"]}$'))
+    expect(page.locator(".panel.empty")).to_have_text("The worker did not answer: its files cannot be listed now.")
+    expect(unreachable).to_contain_text(gone["name"])
+
+
+def check_servers(page, base, expected):
+    log_in(page, base, expected["admin"])
+    check_servers_as_admin(page, expected)
+    check_a_standby_joins(page, base, expected)
+    page.screenshot(path=expected["screenshot"], full_page=True)
+    # The stylesheet swaps its colours for a dark system theme: look at that too.
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=expected["screenshot_dark"], full_page=True)
+    page.emulate_media(color_scheme="light")
+    log_out(page)
+
+    log_in(page, base, expected["user"])
+    check_no_servers_for_users(page, base)
+
+
+def check_downloads(playwright, page, base, expected):
+    # The worker's own calls: its credential, none of the page's cookies.
+    worker_api = playwright.request.new_context(
+        base_url=base,
+        extra_http_headers={"authorization": "Bearer " + expected["worker_credential"]},
+    )
+    try:
+        page.goto(base + "/#/instances")
+        page.locator("input[name=username]").fill(expected["admin"]["username"])
+        page.locator("input[name=password]").fill(expected["admin"]["password"])
+        page.get_by_role("button", name="Log in").click()
+        expect(page.locator("header.topbar")).to_be_visible()
+        check_download_progress(page, base, expected, worker_api, expected["screenshots"])
+        check_model_files(page, base, expected, expected["screenshots"])
+    finally:
+        worker_api.dispose()
 
 
 def main():
@@ -114,25 +339,23 @@ def main():
             )
             page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
 
-            log_in(page, base, expected["admin"])
-            check_servers_as_admin(page, expected)
-            check_a_standby_joins(page, base, expected)
-            page.screenshot(path=expected["screenshot"], full_page=True)
-            # The stylesheet swaps its colours for a dark system theme: look at that too.
-            page.emulate_media(color_scheme="dark")
-            page.screenshot(path=expected["screenshot_dark"], full_page=True)
-            page.emulate_media(color_scheme="light")
-            log_out(page)
-
-            log_in(page, base, expected["user"])
-            check_no_servers_for_users(page, base)
+            if expected["checks"] == "servers":
+                check_servers(page, base, expected)
+            elif expected["checks"] == "downloads":
+                check_downloads(playwright, page, base, expected)
+            else:
+                raise ValueError(f"unknown checks {expected['checks']!r}")
         finally:
             browser.close()
     # A refused session is logged as a failed resource load (401), which is expected
-    # before logging in; anything else is a fault of the page.
-    problems = [p for p in problems if "status of 401" not in p]
+    # before logging in; a worker's refusal to delete a file in use (409) is what the
+    # downloads checks provoke. Anything else is a fault of the page.
+    expected_refusals = ["status of 401"]
+    if expected["checks"] == "downloads":
+        expected_refusals.append("status of 409")
+    problems = [p for p in problems if not any(r in p for r in expected_refusals)]
     assert not problems, "the page reported problems:\n" + "\n".join(problems)
-    print("browser checks passed; screenshots at", expected["screenshot"], expected["screenshot_dark"])
+    print("browser checks passed:", expected["checks"])
 
 
 if __name__ == "__main__":

@@ -4,12 +4,15 @@
 //! ```text
 //! <root>/blobs/sha256-<hex>          a complete file, its SHA-256 checked
 //! <root>/blobs/url-<hex>             a complete file whose digest nobody gave (size checked)
+//! <root>/blobs/id-<hex>              a complete file named by its source, not its URL
+//!                                    (an S3 object: store, bucket, key, ETag); size and
+//!                                    MD5 (the ETag) checked when known
 //! <root>/partial/<blob>.part         a download in progress: resumed from its length
 //! <root>/snapshots/<key>/<path>      symlinks to the blobs, as the model's directory
 //! ```
 //!
 //! A file is written under `partial/`, hashed as it arrives, and renamed into `blobs/`
-//! only when its size and SHA-256 are right; wrong bytes are deleted and fetched again
+//! only when its size and digest are right; wrong bytes are deleted and fetched again
 //! (at most [`CORRUPT_RETRIES`] times), then the download fails naming both digests. An
 //! interrupted download — a network error, a restart, a `kill -9` — continues from the
 //! bytes on disk with a range request; network errors are retried with backoff. Two
@@ -22,12 +25,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use md5::Md5;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::unavailable;
+use crate::error::{shown_url, unavailable};
+use crate::files::{blob_file_name, Books};
 use crate::{RemoteFile, Resolved, SourceError, Sources};
 
 /// How often wrong bytes are fetched again before the download fails.
@@ -59,15 +64,19 @@ pub struct Progress {
 pub struct Fetched {
     pub dir: PathBuf,
     pub files: Vec<PathBuf>,
+    /// The blobs behind the files (what [`ModelCache::hold`] keeps from eviction).
+    pub blobs: Vec<String>,
 }
 
 /// The cache of one worker. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct ModelCache {
-    root: PathBuf,
+    pub(crate) root: PathBuf,
     sources: Sources,
     /// One lock per blob, so one download serves every instance that wants the file.
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Who uses which blob, failed downloads, the size cap (`files.rs`).
+    pub(crate) books: Books,
 }
 
 impl ModelCache {
@@ -76,7 +85,15 @@ impl ModelCache {
             root,
             sources,
             locks: Mutex::new(HashMap::new()),
+            books: Books::default(),
         }
+    }
+
+    /// Caps the bytes of complete files kept: before a download, the least recently used
+    /// files that no instance holds are evicted to make room.
+    pub fn with_max_bytes(mut self, max: Option<u64>) -> Self {
+        self.books.max_bytes = max;
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -108,6 +125,7 @@ impl ModelCache {
                 (f.clone(), self.root.join("blobs").join(&blob), part)
             })
             .collect();
+        self.make_room(resolved, &plan).await?;
         self.check_free_space(&plan).await?;
 
         let ticker = {
@@ -148,7 +166,14 @@ impl ModelCache {
         };
 
         for (file, blob, part) in &plan {
-            self.ensure_blob(file, blob, part, cancel).await?;
+            let name = blob_file_name(blob);
+            match self.ensure_blob(file, blob, part, cancel).await {
+                Ok(()) => self.books.succeeded(&name, blob).await,
+                Err(e) => {
+                    self.books.failed(&name, &e);
+                    return Err(e);
+                }
+            }
         }
         drop(ticker);
         let done = plan.iter().map(|(f, _, _)| f.size.unwrap_or(0)).sum();
@@ -168,7 +193,11 @@ impl ModelCache {
             link_to(blob, &link).await?;
             files.push(link);
         }
-        Ok(Fetched { dir, files })
+        let blobs = plan
+            .iter()
+            .map(|(_, blob, _)| blob_file_name(blob))
+            .collect();
+        Ok(Fetched { dir, files, blobs })
     }
 
     /// Refuses to start when the disk cannot hold what is still missing.
@@ -265,7 +294,7 @@ impl ModelCache {
         if file.size.is_some_and(|size| have > size) {
             have = 0;
         }
-        let mut hasher = Sha256::new();
+        let mut hasher = Hashers::new(file);
         if have > 0 {
             hash_prefix(part, have, &mut hasher).await.map_err(disk)?;
         }
@@ -284,7 +313,7 @@ impl ModelCache {
                 if start != Some(have) {
                     return Err(SourceError::Unavailable(format!(
                         "{} resumed at byte {start:?}, not {have}",
-                        file.url
+                        shown_url(&file.url)
                     )));
                 }
                 true
@@ -295,20 +324,20 @@ impl ModelCache {
                 tokio::fs::remove_file(part).await.map_err(disk)?;
                 return Err(SourceError::Unavailable(format!(
                     "{} refused to resume at byte {have}; starting over",
-                    file.url
+                    shown_url(&file.url)
                 )));
             }
             _ => {
                 self.sources.check_file_status(response, file).await?;
                 return Err(SourceError::Unavailable(format!(
                     "{} answered {status}",
-                    file.url
+                    shown_url(&file.url)
                 )));
             }
         };
         if !append {
             have = 0;
-            hasher = Sha256::new();
+            hasher = Hashers::new(file);
         }
         let mut out = tokio::fs::OpenOptions::new()
             .create(true)
@@ -332,7 +361,7 @@ impl ModelCache {
                         out.flush().await.map_err(disk)?;
                         return Err(SourceError::Unavailable(format!(
                             "{}: nothing received for {STALL_TIMEOUT:?}",
-                            file.url
+                            shown_url(&file.url)
                         )));
                     }
                     Ok(Err(e)) => {
@@ -354,7 +383,7 @@ impl ModelCache {
             if have < size {
                 return Err(SourceError::Unavailable(format!(
                     "{} ended after {have} of {size} bytes",
-                    file.url
+                    shown_url(&file.url)
                 )));
             }
             if have > size {
@@ -365,7 +394,17 @@ impl ModelCache {
                 )));
             }
         }
-        let digest = hex::encode(hasher.finalize());
+        let (digest, md5) = hasher.finalize();
+        if let (Some(expected), Some(md5)) = (&file.md5, &md5) {
+            if md5 != expected {
+                tokio::fs::remove_file(part).await.map_err(disk)?;
+                return Err(SourceError::Corrupt(format!(
+                    "{}: the downloaded bytes have MD5 {md5}, but the source lists {expected} \
+                     (its ETag); the file was deleted",
+                    file.path
+                )));
+            }
+        }
         if let Some(expected) = &file.sha256 {
             if &digest != expected {
                 tokio::fs::remove_file(part).await.map_err(disk)?;
@@ -382,11 +421,42 @@ impl ModelCache {
     }
 }
 
-/// The blob a file is kept as: by SHA-256 when known, else by URL.
-fn blob_name(file: &RemoteFile) -> String {
-    match &file.sha256 {
-        Some(digest) => format!("sha256-{digest}"),
-        None => format!("url-{}", hex::encode(Sha256::digest(file.url.as_bytes()))),
+/// The blob a file is kept as: by SHA-256 when known, else by the identity its source
+/// gave (an S3 object's, whose presigned URL changes at every signing), else by URL.
+pub(crate) fn blob_name(file: &RemoteFile) -> String {
+    match (&file.sha256, &file.cache_id) {
+        (Some(digest), _) => format!("sha256-{digest}"),
+        (None, Some(id)) => format!("id-{}", hex::encode(Sha256::digest(id.as_bytes()))),
+        (None, None) => format!("url-{}", hex::encode(Sha256::digest(file.url.as_bytes()))),
+    }
+}
+
+/// The digests of a download, computed as its bytes arrive: always SHA-256 (logged, and
+/// checked when the source gives one), MD5 only when the source gives one to check.
+struct Hashers {
+    sha256: Sha256,
+    md5: Option<Md5>,
+}
+
+impl Hashers {
+    fn new(file: &RemoteFile) -> Self {
+        Self {
+            sha256: Sha256::new(),
+            md5: file.md5.as_ref().map(|_| Md5::new()),
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        self.sha256.update(bytes);
+        if let Some(md5) = &mut self.md5 {
+            md5.update(bytes);
+        }
+    }
+
+    /// The SHA-256 and (when computed) the MD5, lowercase hex.
+    fn finalize(self) -> (String, Option<String>) {
+        let md5 = self.md5.map(|md5| hex::encode(md5.finalize()));
+        (hex::encode(self.sha256.finalize()), md5)
     }
 }
 
@@ -410,7 +480,7 @@ async fn bytes_on_disk(plan: &[(Option<u64>, PathBuf, PathBuf)]) -> u64 {
 }
 
 /// Feeds the first `len` bytes of `path` to `hasher` (a resumed download's digest).
-async fn hash_prefix(path: &Path, len: u64, hasher: &mut Sha256) -> std::io::Result<()> {
+async fn hash_prefix(path: &Path, len: u64, hasher: &mut Hashers) -> std::io::Result<()> {
     let mut file = tokio::fs::File::open(path).await?;
     let mut buffer = vec![0u8; 1 << 20];
     let mut left = len;
@@ -480,12 +550,26 @@ mod tests {
             size: Some(1),
             sha256: Some("ab".repeat(32)),
             hub_auth: false,
+            ..Default::default()
         };
         assert_eq!(blob_name(&file), format!("sha256-{}", "ab".repeat(32)));
         let unverified = RemoteFile {
             sha256: None,
-            ..file
+            ..file.clone()
         };
         assert!(blob_name(&unverified).starts_with("url-"));
+        // A presigned URL changes at every signing; the source's identity does not.
+        let signed = |url: &str| RemoteFile {
+            sha256: None,
+            url: url.into(),
+            cache_id: Some("s3 http://s3 models/a.gguf 0123 1".into()),
+            ..file.clone()
+        };
+        let first = blob_name(&signed("http://s3/models/a.gguf?X-Amz-Signature=1"));
+        assert!(first.starts_with("id-"), "{first}");
+        assert_eq!(
+            first,
+            blob_name(&signed("http://s3/models/a.gguf?X-Amz-Signature=2"))
+        );
     }
 }

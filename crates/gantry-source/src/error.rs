@@ -34,11 +34,41 @@ impl SourceError {
 
 /// Turns a failed request into an [`SourceError::Unavailable`] naming the URL.
 pub(crate) fn unavailable(url: &str, error: &reqwest::Error) -> SourceError {
-    let mut message = format!("{url}: {error}");
+    // reqwest's own text names the URL again; a signed URL's query is a credential.
+    let text = match error.url() {
+        Some(full) => error
+            .to_string()
+            .replace(full.as_str(), &shown_url(full.as_str())),
+        None => error.to_string(),
+    };
+    let mut message = format!("{}: {text}", shown_url(url));
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         message.push_str(&format!(": {cause}"));
         source = cause.source();
     }
     SourceError::Unavailable(message)
+}
+
+/// A URL as messages and logs show it: without its query, which for a signed (S3
+/// presigned) URL is a credential.
+pub(crate) fn shown_url(url: &str) -> String {
+    match url.split_once('?') {
+        Some((base, _)) => format!("{base}?…"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_drop_their_query() {
+        assert_eq!(
+            shown_url("http://s3/b/k.gguf?X-Amz-Signature=secret"),
+            "http://s3/b/k.gguf?…"
+        );
+        assert_eq!(shown_url("https://h/m.gguf"), "https://h/m.gguf");
+    }
 }

@@ -4,6 +4,10 @@
 //! file's size and, for LFS files, its SHA-256. Files are downloaded from
 //! `{endpoint}/{repo}/resolve/{commit}/{path}`, so every replica gets the same commit
 //! even when the branch moves.
+//!
+//! Which files of a listing a source stands for ([`choose`]: a name, a glob, every part of
+//! a split GGUF, or what the backend loads) is decided here for every hub: ModelScope's
+//! resolver (`modelscope.rs`) calls it with its own listing.
 
 use gantry_types::BackendKind;
 use serde::Deserialize;
@@ -32,6 +36,18 @@ struct TreeEntry {
 struct Lfs {
     oid: String,
     size: u64,
+}
+
+/// A file of a repository's listing, as [`choose`] reads it.
+pub(crate) trait ListedFile {
+    /// Its path in the repository, `/`-separated.
+    fn path(&self) -> &str;
+}
+
+impl ListedFile for TreeEntry {
+    fn path(&self) -> &str {
+        &self.path
+    }
 }
 
 /// What vLLM and SGLang need of a repository when no file is named.
@@ -99,22 +115,25 @@ pub(crate) async fn resolve(
                 size: entry.lfs.as_ref().map(|l| l.size).or(entry.size),
                 sha256: entry.lfs.as_ref().map(|l| l.oid.to_ascii_lowercase()),
                 hub_auth: true,
+                ..Default::default()
             })
             .collect(),
     })
 }
 
-/// The files of the repository that the source stands for, sorted by path.
-fn choose<'a>(
-    files: &[&'a TreeEntry],
+/// The files of a hub repository that the source stands for, sorted by path (so the parts
+/// of a split GGUF come first part first). `files` are the repository's files (no
+/// directories); `what` names the repository and revision in errors.
+pub(crate) fn choose<'a, F: ListedFile>(
+    files: &[&'a F],
     file: Option<&str>,
     backend: BackendKind,
     what: &str,
-) -> Result<Vec<&'a TreeEntry>, SourceError> {
+) -> Result<Vec<&'a F>, SourceError> {
     let ggufs = || -> String {
         let names: Vec<&str> = files
             .iter()
-            .map(|f| f.path.as_str())
+            .map(|f| f.path())
             .filter(|p| p.ends_with(".gguf"))
             .take(12)
             .collect();
@@ -124,16 +143,16 @@ fn choose<'a>(
             format!("its .gguf files include {}", names.join(", "))
         }
     };
-    let mut chosen: Vec<&TreeEntry> = match file {
+    let mut chosen: Vec<&F> = match file {
         Some(pattern) => {
-            let matched: Vec<&TreeEntry> = files
+            let matched: Vec<&F> = files
                 .iter()
                 .copied()
                 .filter(|f| {
                     if glob::is_glob(pattern) {
-                        glob::matches(pattern, &f.path)
+                        glob::matches(pattern, f.path())
                     } else {
-                        f.path == pattern
+                        f.path() == pattern
                     }
                 })
                 .collect();
@@ -146,9 +165,9 @@ fn choose<'a>(
             // A split GGUF brings all its parts, whichever part was named.
             let mut with_parts = matched.clone();
             for entry in &matched {
-                if let Some((prefix, total)) = split_part(&entry.path) {
+                if let Some((prefix, total)) = split_part(entry.path()) {
                     with_parts.extend(files.iter().copied().filter(|f| {
-                        split_part(&f.path).is_some_and(|(p, t)| p == prefix && t == total)
+                        split_part(f.path()).is_some_and(|(p, t)| p == prefix && t == total)
                     }));
                 }
             }
@@ -157,16 +176,16 @@ fn choose<'a>(
         None if backend == BackendKind::LlamaCpp => files
             .iter()
             .copied()
-            .filter(|f| f.path.ends_with(".gguf"))
+            .filter(|f| f.path().ends_with(".gguf"))
             .collect(),
         None => {
-            let picked: Vec<&TreeEntry> = files
+            let picked: Vec<&F> = files
                 .iter()
                 .copied()
-                .filter(|f| !f.path.starts_with("original/"))
-                .filter(|f| ENGINE_FILES.iter().any(|p| glob::matches(p, &f.path)))
+                .filter(|f| !f.path().starts_with("original/"))
+                .filter(|f| ENGINE_FILES.iter().any(|p| glob::matches(p, f.path())))
                 .collect();
-            if !picked.iter().any(|f| f.path.ends_with(".safetensors")) {
+            if !picked.iter().any(|f| f.path().ends_with(".safetensors")) {
                 return Err(SourceError::Invalid(format!(
                     "{what} has no *.safetensors weights, which {} loads; name the files \
                      with source.file",
@@ -176,14 +195,15 @@ fn choose<'a>(
             picked
         }
     };
-    chosen.sort_by(|a, b| a.path.cmp(&b.path));
-    chosen.dedup_by(|a, b| a.path == b.path);
+    chosen.sort_by(|a, b| a.path().cmp(b.path()));
+    chosen.dedup_by(|a, b| a.path() == b.path());
     if backend == BackendKind::LlamaCpp {
         let mut models: Vec<String> = chosen
             .iter()
-            .filter(|f| f.path.ends_with(".gguf") && !is_projector(&f.path))
+            .filter(|f| f.path().ends_with(".gguf") && !is_projector(f.path()))
             .map(|f| {
-                split_part(&f.path).map_or_else(|| f.path.clone(), |(prefix, _)| prefix.to_owned())
+                split_part(f.path())
+                    .map_or_else(|| f.path().to_owned(), |(prefix, _)| prefix.to_owned())
             })
             .collect();
         models.dedup();

@@ -4,7 +4,8 @@
 //! - [`Sources::resolve`] turns a [`ModelSource`] into the list of files it stands for
 //!   ([`Resolved`]): for Hugging Face through the hub's API (`hub.rs`: the revision's
 //!   commit, the file tree with sizes and LFS SHA-256s, globs and split GGUF parts), for
-//!   URLs with a `HEAD` per file (`url.rs`).
+//!   URLs with a `HEAD` per file (`url.rs`), for S3 by listing a prefix and presigning a
+//!   URL per object (`s3.rs`).
 //! - [`Sources::gguf_header`] and [`Sources::read_range`] read what the scheduler needs to
 //!   estimate memory with HTTP range requests (`remote.rs`): the GGUF header, the
 //!   safetensors headers, `config.json` — a few megabytes, never the weights.
@@ -17,9 +18,12 @@
 
 pub mod cache;
 mod error;
+pub mod files;
 pub mod glob;
 mod hub;
+mod modelscope;
 mod remote;
+mod s3;
 mod url;
 
 use std::time::Duration;
@@ -31,6 +35,12 @@ pub use error::SourceError;
 /// The public Hugging Face Hub.
 pub const DEFAULT_HF_ENDPOINT: &str = "https://huggingface.co";
 
+/// The public ModelScope hub.
+pub const DEFAULT_MODELSCOPE_ENDPOINT: &str = "https://www.modelscope.cn";
+
+/// The S3 region when none is configured.
+pub const DEFAULT_S3_REGION: &str = "us-east-1";
+
 /// How to reach the places models come from.
 #[derive(Clone)]
 pub struct SourceConfig {
@@ -39,13 +49,45 @@ pub struct SourceConfig {
     /// Sent to the hub as a bearer token (gated and private repositories). A secret:
     /// never logged.
     pub hf_token: Option<String>,
+    /// Base URL of the ModelScope hub.
+    pub modelscope_endpoint: String,
+    pub s3: S3Config,
+}
+
+/// The S3-compatible store of `s3` sources.
+#[derive(Clone, Default)]
+pub struct S3Config {
+    /// The store's URL (path-style addressing); AWS S3 of `region` when absent.
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub access_key: Option<String>,
+    /// A secret: never logged.
+    pub secret_key: Option<String>,
+}
+
+/// Shows a secret's presence, never its value.
+fn secret(value: &Option<String>) -> Option<&'static str> {
+    value.as_ref().map(|_| "<secret>")
 }
 
 impl std::fmt::Debug for SourceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SourceConfig")
             .field("hf_endpoint", &self.hf_endpoint)
-            .field("hf_token", &self.hf_token.as_ref().map(|_| "<secret>"))
+            .field("hf_token", &secret(&self.hf_token))
+            .field("modelscope_endpoint", &self.modelscope_endpoint)
+            .field("s3", &self.s3)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key", &self.access_key)
+            .field("secret_key", &secret(&self.secret_key))
             .finish()
     }
 }
@@ -55,12 +97,17 @@ impl Default for SourceConfig {
         Self {
             hf_endpoint: DEFAULT_HF_ENDPOINT.to_owned(),
             hf_token: None,
+            modelscope_endpoint: DEFAULT_MODELSCOPE_ENDPOINT.to_owned(),
+            s3: S3Config {
+                region: DEFAULT_S3_REGION.to_owned(),
+                ..S3Config::default()
+            },
         }
     }
 }
 
 /// One file of a model, where to get it, and what it must be.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RemoteFile {
     /// Its path inside the model's directory (the repository path, or the URL's file
     /// name).
@@ -73,12 +120,20 @@ pub struct RemoteFile {
     pub sha256: Option<String>,
     /// Whether requests for it carry the hub token.
     pub hub_auth: bool,
+    /// Its MD5 (lowercase hex), when the source says: an S3 object's ETag, when that is
+    /// one (a single-part upload without SSE-KMS or SSE-C). Checked like `sha256`.
+    pub md5: Option<String>,
+    /// Names the file in the cache when it has no SHA-256 and its URL is not stable (a
+    /// presigned S3 URL changes at every signing): the store, bucket, key and ETag of an
+    /// S3 object. `None`: the URL names it.
+    pub cache_id: Option<String>,
 }
 
 /// What a source stands for: its files, in order (the first GGUF part first).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
-    /// Names the set of files in the cache: `hf/<repo>/<commit>` or `url/<digest>`.
+    /// Names the set of files in the cache: `hf/<repo>/<commit>`, `url/<digest>` or
+    /// `s3/<bucket>/<key>/<digest of the objects' ETags>`.
     pub key: String,
     /// The hub's commit of the revision asked for.
     pub commit: Option<String>,
@@ -148,6 +203,21 @@ impl Sources {
                 )
                 .await
             }
+            ModelSource::Modelscope {
+                repo_id,
+                file,
+                revision,
+            } => {
+                modelscope::resolve(
+                    self,
+                    repo_id,
+                    file.as_deref(),
+                    revision.as_deref().unwrap_or("master"),
+                    backend,
+                )
+                .await
+            }
+            ModelSource::S3 { bucket, key } => s3::resolve(self, bucket, key, backend).await,
             ModelSource::Url { url, sha256 } => {
                 let digests = sha256.as_ref().map(|d| d.items());
                 url::resolve(self, &url.items(), digests.as_deref()).await
@@ -175,7 +245,17 @@ impl Sources {
             let has_token = self.config.hf_token.is_some();
             return hub::check_status(response, &file.url, &file.path, has_token).await;
         }
-        url::check_status(response, &file.url)
+        let shown = error::shown_url(&file.url);
+        if file.cache_id.is_some() && matches!(response.status().as_u16(), 401 | 403) {
+            // An S3 object's presigned URL: refused when it expired or the keys changed.
+            return Err(SourceError::Unauthorized(format!(
+                "{shown} answered {}: the store refused the signed URL (it expires after \
+                 12 h, or s3_access_key/s3_secret_key changed); the download is signed again \
+                 when the instance is retried",
+                response.status()
+            )));
+        }
+        url::check_status(response, &shown)
     }
 
     fn authorize(

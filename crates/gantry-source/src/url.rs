@@ -37,6 +37,7 @@ pub(crate) async fn resolve(
                 .and_then(|d| d.get(i))
                 .map(|d| d.to_ascii_lowercase()),
             hub_auth: false,
+            ..Default::default()
         });
     }
     Ok(Resolved {

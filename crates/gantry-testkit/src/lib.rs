@@ -14,6 +14,8 @@ use std::time::Duration;
 use gantry_store::{Store, StoreConfig};
 
 pub mod hub;
+pub mod modelscope;
+pub mod s3;
 
 /// The database engines every store-backed test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

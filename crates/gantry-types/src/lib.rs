@@ -15,6 +15,7 @@ pub mod fixtures;
 pub mod instance;
 pub mod list;
 pub mod model;
+pub mod model_file;
 pub mod placement;
 pub mod query;
 pub mod time;
@@ -41,6 +42,9 @@ pub use list::{ChangeKind, ListResponse, Pagination, WatchEvent};
 pub use model::{
     BackendKind, GpuSelector, Model, ModelCreate, ModelSource, ModelUpdate, OneOrMany,
     PlacementStrategy,
+};
+pub use model_file::{
+    CachedModelFile, ModelFile, ModelFileList, ModelFileState, UnreachableWorker,
 };
 pub use placement::{
     GpuShare, LaunchTemplate, LlamaLayout, Placement, PlacementKind, PlacementRecord, Reservation,

@@ -65,6 +65,22 @@ pub enum ModelSource {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         revision: Option<String>,
     },
+    /// A ModelScope repository, chosen as for Hugging Face; `master` when no revision.
+    Modelscope {
+        repo_id: String,
+        /// A path in the repository, or a glob of file names.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file: Option<String>,
+        /// A branch, tag or commit; `master` when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revision: Option<String>,
+    },
+    /// An object, or every object under a prefix, of an S3-compatible store (`s3_*` keys).
+    S3 {
+        bucket: String,
+        /// An object's key, or a prefix ending in `/` for a directory of files.
+        key: String,
+    },
     /// A file downloadable over HTTP(S), or the parts of a split file in order.
     Url {
         url: OneOrMany,
@@ -93,11 +109,15 @@ impl OneOrMany {
 }
 
 impl ModelSource {
-    /// The revision of a Hugging Face source: the one asked for, else `main`.
+    /// The revision of a hub source: the one asked for, else the hub's default branch
+    /// (`main` on Hugging Face, `master` on ModelScope).
     pub fn revision(&self) -> Option<&str> {
         match self {
             ModelSource::Huggingface { revision, .. } => {
                 Some(revision.as_deref().unwrap_or("main"))
+            }
+            ModelSource::Modelscope { revision, .. } => {
+                Some(revision.as_deref().unwrap_or("master"))
             }
             _ => None,
         }
@@ -126,11 +146,17 @@ impl ModelSource {
                 repo_id,
                 file,
                 revision,
+            }
+            | ModelSource::Modelscope {
+                repo_id,
+                file,
+                revision,
             } => {
                 let parts: Vec<&str> = repo_id.split('/').collect();
                 let well_formed = parts.len() == 2
                     && parts.iter().all(|p| {
                         !p.is_empty()
+                            && !p.chars().all(|c| c == '.')
                             && p.chars()
                                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
                     });
@@ -155,7 +181,9 @@ impl ModelSource {
                 if let Some(revision) = revision {
                     let plain = !revision.is_empty()
                         && revision.len() <= 255
-                        && !revision.split('/').any(|p| p == ".." || p.is_empty())
+                        && !revision
+                            .split('/')
+                            .any(|p| p.is_empty() || p.chars().all(|c| c == '.'))
                         && revision.chars().all(|c| {
                             c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/')
                         });
@@ -167,6 +195,32 @@ impl ModelSource {
                     }
                 }
                 Ok(())
+            }
+            ModelSource::S3 { bucket, key } => {
+                // S3's own bucket naming rules: 3-63 of lowercase letters, digits, '.' and
+                // '-', starting and ending with a letter or digit.
+                let edges_ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+                let well_formed = (3..=63).contains(&bucket.len())
+                    && bucket
+                        .chars()
+                        .all(|c| edges_ok(c) || matches!(c, '.' | '-'))
+                    && bucket.starts_with(edges_ok)
+                    && bucket.ends_with(edges_ok);
+                if !well_formed {
+                    return Err(FieldError::new(
+                        "source.bucket",
+                        "must be an S3 bucket name: 3 to 63 lowercase letters, digits, '.' \
+                         and '-', starting and ending with a letter or digit",
+                    ));
+                }
+                if key.is_empty() || key.starts_with('/') || key.split('/').any(|p| p == "..") {
+                    return Err(FieldError::new(
+                        "source.key",
+                        "must be an object key or a prefix ending in '/', without a leading \
+                         '/' or '..'",
+                    ));
+                }
+                check_text("source.key", key, 1024)
             }
             ModelSource::Url { url, sha256 } => {
                 let urls = url.items();
@@ -606,6 +660,120 @@ mod tests {
         assert_eq!(m.replicas, 1);
         assert_eq!(m.placement_strategy, PlacementStrategy::Spread);
         assert!(m.validate().is_ok());
+    }
+
+    /// The field a source's validation names, or `None` when the source is valid.
+    fn source_error(json: serde_json::Value) -> Option<String> {
+        let source: ModelSource = serde_json::from_value(json).unwrap();
+        source.validate().err().map(|e| e.field.to_string())
+    }
+
+    #[test]
+    fn sources_are_checked_field_by_field() {
+        use serde_json::json;
+        let valid = [
+            json!({"type": "local_path", "path": "/m/tiny.gguf"}),
+            json!({"type": "huggingface", "repo_id": "Qwen/Qwen2.5-0.5B-Instruct-GGUF",
+                   "file": "*q4_k_m.gguf", "revision": "v1.0"}),
+            json!({"type": "modelscope", "repo_id": "qwen/Qwen2.5-0.5B-Instruct-GGUF"}),
+            json!({"type": "s3", "bucket": "models.example-1", "key": "qwen/tiny.gguf"}),
+            json!({"type": "s3", "bucket": "models", "key": "qwen/"}),
+            json!({"type": "url", "url": ["https://x/a-00001-of-00002.gguf",
+                   "https://x/a-00002-of-00002.gguf"]}),
+        ];
+        for source in valid {
+            assert_eq!(source_error(source.clone()), None, "{source}");
+        }
+        let invalid = [
+            (
+                json!({"type": "local_path", "path": "m/tiny.gguf"}),
+                "source.path",
+            ),
+            (
+                json!({"type": "local_path", "path": "/m/../etc"}),
+                "source.path",
+            ),
+            (
+                json!({"type": "huggingface", "repo_id": "no-owner"}),
+                "source.repo_id",
+            ),
+            (
+                json!({"type": "modelscope", "repo_id": "a/b/c"}),
+                "source.repo_id",
+            ),
+            (
+                json!({"type": "huggingface", "repo_id": "../b"}),
+                "source.repo_id",
+            ),
+            (
+                json!({"type": "modelscope", "repo_id": "a/.."}),
+                "source.repo_id",
+            ),
+            (
+                json!({"type": "huggingface", "repo_id": "a/b", "revision": "x/./y"}),
+                "source.revision",
+            ),
+            (
+                json!({"type": "huggingface", "repo_id": "a/b", "revision": ".."}),
+                "source.revision",
+            ),
+            (
+                json!({"type": "modelscope", "repo_id": "a/b", "file": "../x"}),
+                "source.file",
+            ),
+            (
+                json!({"type": "huggingface", "repo_id": "a/b", "revision": "a b"}),
+                "source.revision",
+            ),
+            (
+                json!({"type": "s3", "bucket": "Models", "key": "x"}),
+                "source.bucket",
+            ),
+            (
+                json!({"type": "s3", "bucket": "ab", "key": "x"}),
+                "source.bucket",
+            ),
+            (
+                json!({"type": "s3", "bucket": "-models", "key": "x"}),
+                "source.bucket",
+            ),
+            (
+                json!({"type": "s3", "bucket": "models", "key": ""}),
+                "source.key",
+            ),
+            (
+                json!({"type": "s3", "bucket": "models", "key": "/abs"}),
+                "source.key",
+            ),
+            (
+                json!({"type": "s3", "bucket": "models", "key": "a/../b"}),
+                "source.key",
+            ),
+            (
+                json!({"type": "url", "url": "ftp://x/a.gguf"}),
+                "source.url",
+            ),
+            (
+                json!({"type": "url", "url": "https://x/a", "sha256": ["00"]}),
+                "source.sha256",
+            ),
+        ];
+        for (source, field) in invalid {
+            assert_eq!(
+                source_error(source.clone()).as_deref(),
+                Some(field),
+                "{source}"
+            );
+        }
+        let revision = |json| serde_json::from_value::<ModelSource>(json).unwrap();
+        assert_eq!(
+            revision(json!({"type": "modelscope", "repo_id": "a/b"})).revision(),
+            Some("master")
+        );
+        assert_eq!(
+            revision(json!({"type": "huggingface", "repo_id": "a/b"})).revision(),
+            Some("main")
+        );
     }
 
     #[test]

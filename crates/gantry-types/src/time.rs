@@ -44,6 +44,16 @@ impl Timestamp {
     }
 }
 
+impl From<SystemTime> for Timestamp {
+    fn from(time: SystemTime) -> Self {
+        let millis = match time.duration_since(UNIX_EPOCH) {
+            Ok(after) => i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+            Err(before) => -i64::try_from(before.duration().as_millis()).unwrap_or(i64::MAX),
+        };
+        Self(millis)
+    }
+}
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

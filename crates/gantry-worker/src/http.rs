@@ -1,6 +1,7 @@
-//! The worker's own small HTTP API, called by the servers: `GET /healthz` and
-//! `GET /v1/instances/{id}/logs?tail=N&follow=true`, authenticated with the API token
-//! the server issued at registration.
+//! The worker's own small HTTP API, called by the servers: `GET /healthz`,
+//! `GET /v1/instances/{id}/logs?tail=N&follow=true`, and the model cache's files
+//! (`GET /v1/model-files`, `DELETE /v1/model-files/{blob}`), authenticated with the API
+//! token the server issued at registration.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
@@ -26,6 +27,11 @@ pub(crate) fn serve(shared: Arc<Shared>, listener: TcpListener) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/instances/{id}/logs", get(logs))
+        .route("/v1/model-files", get(model_files))
+        .route(
+            "/v1/model-files/{blob}",
+            axum::routing::delete(delete_model_file),
+        )
         .with_state(shared.clone());
     let shutdown = shared.shutdown.clone();
     shared.tasks.spawn(async move {
@@ -67,6 +73,40 @@ fn presents_token(headers: &HeaderMap, expected: &str) -> bool {
             .zip(expected)
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
+}
+
+/// The files of this worker's model cache.
+async fn model_files(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if !authorised(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "invalid worker API token");
+    }
+    let files = match &shared.config.supervisor.model_cache {
+        Some(cache) => cache.list().await,
+        None => Vec::new(),
+    };
+    axum::Json(files).into_response()
+}
+
+/// Removes a file of the model cache that no instance uses.
+async fn delete_model_file(
+    State(shared): State<Arc<Shared>>,
+    Path(blob): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorised(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "invalid worker API token");
+    }
+    let Some(cache) = &shared.config.supervisor.model_cache else {
+        return error(StatusCode::NOT_FOUND, "this worker has no model cache");
+    };
+    use gantry_source::files::DeleteError;
+    match cache.delete(&blob).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e @ DeleteError::NotFound(_)) => error(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ DeleteError::InUse(_)) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ DeleteError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ DeleteError::Disk(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 async fn logs(

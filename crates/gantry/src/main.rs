@@ -102,6 +102,13 @@ fn source_config(config: &Config) -> gantry_source::SourceConfig {
     gantry_source::SourceConfig {
         hf_endpoint: config.hf_endpoint.clone(),
         hf_token: config.hf_token.clone(),
+        modelscope_endpoint: config.modelscope_endpoint.clone(),
+        s3: gantry_source::S3Config {
+            endpoint: config.s3_endpoint.clone(),
+            region: config.s3_region.clone(),
+            access_key: config.s3_access_key.clone(),
+            secret_key: config.s3_secret_key.clone(),
+        },
     }
 }
 
@@ -141,10 +148,13 @@ fn worker_config(config: &Config, role: Role, server_port: Option<u16>) -> Worke
             ]),
             ..BackendSettings::default()
         },
-        model_cache: Some(std::sync::Arc::new(gantry_source::cache::ModelCache::new(
-            data_dir.join("model-cache"),
-            gantry_source::Sources::new(source_config(config)),
-        ))),
+        model_cache: Some(std::sync::Arc::new(
+            gantry_source::cache::ModelCache::new(
+                data_dir.join("model-cache"),
+                gantry_source::Sources::new(source_config(config)),
+            )
+            .with_max_bytes(config.model_cache_max),
+        )),
         ..SupervisorConfig::new(data_dir.clone())
     };
     let (server_urls, registration_token) = match (role, server_port) {
@@ -176,9 +186,22 @@ fn worker_config(config: &Config, role: Role, server_port: Option<u16>) -> Worke
         },
         api_port: if local { 0 } else { config.worker_port },
         advertise_host,
+        model_dirs: if config.model_dirs.is_empty() {
+            let dir = config.data_dir.join(MODELS_DIR);
+            // The default is made, so a newcomer has a place to put models.
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot create the default model directory");
+            }
+            vec![dir]
+        } else {
+            config.model_dirs.clone()
+        },
         supervisor,
     }
 }
+
+/// The default model directory, under the data directory.
+const MODELS_DIR: &str = "models";
 
 async fn run_role(config: Config, role: Role) -> anyhow::Result<()> {
     let mut signals = Signals::listen()?;

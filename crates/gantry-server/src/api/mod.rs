@@ -7,6 +7,7 @@ pub mod auth;
 pub mod coordinator;
 pub mod health;
 pub mod instances;
+pub mod model_files;
 pub mod models;
 pub mod openapi;
 pub mod usage;
@@ -51,6 +52,11 @@ pub fn router(state: AppState) -> Router {
             get(models::get)
                 .patch(models::update)
                 .delete(models::delete),
+        )
+        .route("/model-files", get(model_files::list))
+        .route(
+            "/model-files/{worker_id}/{blob}",
+            axum::routing::delete(model_files::delete),
         )
         .route("/usage", get(usage::report))
         .route("/model-instances", get(instances::list))

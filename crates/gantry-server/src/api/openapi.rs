@@ -6,7 +6,10 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{agent, api_keys, auth, coordinator, health, instances, models, usage, users, workers};
+use super::{
+    agent, api_keys, auth, coordinator, health, instances, model_files, models, usage, users,
+    workers,
+};
 
 /// The management API's description.
 #[derive(OpenApi)]
@@ -28,6 +31,7 @@ use super::{agent, api_keys, auth, coordinator, health, instances, models, usage
         workers::list, workers::get, workers::delete, workers::set_labels,
         models::list, models::create, models::get, models::update, models::delete,
         instances::list, instances::get, instances::update, instances::delete, instances::logs,
+        model_files::list, model_files::delete,
         agent::register, agent::heartbeat, agent::status, agent::assignments,
         agent::report_state, agent::goodbye, agent::servers,
         coordinator::servers, coordinator::register, coordinator::unregister,
@@ -53,6 +57,7 @@ use super::{agent, api_keys, auth, coordinator, health, instances, models, usage
         (name = "coordinator", description = "Servers, the leader and distributed locks (admin)"),
         (name = "models", description = "Models: the desired state"),
         (name = "model-instances", description = "Replicas: the observed state"),
+        (name = "model-files", description = "Files in the workers' model caches (admin)"),
         (name = "worker-agent", description = "Called by worker agents with their credential"),
         (name = "usage", description = "Requests and tokens served by the gateway"),
         (name = "gateway", description = "OpenAI-compatible endpoints (errors in OpenAI's shape) and Prometheus metrics"),

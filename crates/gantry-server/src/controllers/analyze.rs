@@ -14,10 +14,12 @@
 //!
 //! The estimation itself is pure and lives in `gantry-sched`, and the options it reads from a
 //! backend's arguments come from `gantry-backends`; this module does the file IO
-//! (the caller runs [`analyze`] on a blocking thread). Sources that would have to be
-//! downloaded (Hugging Face, URL) are not supported yet, and a file the server cannot
-//! read is reported as such: both become an [`AnalysisError`] whose message names the
-//! problem and what to do, and the scheduler leaves the instance `pending` with it.
+//! (the caller runs [`analyze`] on a blocking thread). Remote sources (Hugging Face,
+//! ModelScope, S3, URLs) are analysed the same way by [`analyze_remote`] from headers read
+//! with range requests. A file the server cannot read is reported as such: it becomes an
+//! [`AnalysisError`] whose message names the problem and what to do, and the scheduler
+//! leaves the instance `pending` with it. A split GGUF is read part by part (the tensor
+//! tables of every part, never the weights).
 //!
 //! [`AnalysisCache`] keeps one result per model version (id and `updated_at`), so the
 //! replicas of a model read its files once.
@@ -134,13 +136,35 @@ fn analyze_gguf(path: &Path, args: &[String]) -> Result<Analysis, AnalysisError>
         )));
     }
     let options = gantry_backends::llama_cpp::estimate_options(args).map_err(bad_args)?;
-    let file = GgufFile::open(path).map_err(|e| match e {
-        GgufError::Open { source, .. } => unreadable(path, source),
-        other => AnalysisError(format!(
-            "model file {} is not a usable GGUF file: {other}",
-            path.display()
-        )),
-    })?;
+    let open = |path: &Path| {
+        GgufFile::open(path).map_err(|e| match e {
+            GgufError::Open { source, .. } => unreadable(path, source),
+            other => AnalysisError(format!(
+                "model file {} is not a usable GGUF file: {other}",
+                path.display()
+            )),
+        })
+    };
+    let mut file = open(path)?;
+    // A split model (`…-00001-of-0000N.gguf`): its other parts lie beside the first.
+    if file.split_count() > 1 {
+        let parts = gantry_gguf::split_paths(path).ok_or_else(|| {
+            AnalysisError(format!(
+                "{} is part of a split model ({} parts): name its first part,                  …-00001-of-…gguf, as source.path",
+                path.display(),
+                file.split_count()
+            ))
+        })?;
+        for part in parts.iter().skip(1) {
+            file.absorb_split_part(open(part)?).map_err(|e| {
+                AnalysisError(format!(
+                    "{} does not fit {}: {e}",
+                    part.display(),
+                    path.display()
+                ))
+            })?;
+        }
+    }
     estimate_gguf(&file, &path.display().to_string(), &options)
 }
 
@@ -191,7 +215,30 @@ pub async fn analyze_remote(
             let file = resolved.first_gguf().ok_or_else(|| {
                 AnalysisError("the source holds no .gguf file, which llama.cpp loads".to_owned())
             })?;
-            let header = sources.gguf_header(file).await.map_err(remote)?;
+            let mut header = sources.gguf_header(file).await.map_err(remote)?;
+            // A split model's tensors are spread over its parts: the following GGUF files
+            // of the source, as many as the first part says.
+            let first = resolved.first_gguf_index().unwrap_or(0);
+            let more = usize::try_from(header.split_count() - 1).unwrap_or(usize::MAX);
+            let parts: Vec<_> = resolved.files[first + 1..]
+                .iter()
+                .filter(|f| f.path.ends_with(".gguf"))
+                .take(more)
+                .collect();
+            if parts.len() < more {
+                return Err(AnalysisError(format!(
+                    "{} is part 1 of {} but the source has only {} of its parts",
+                    file.path,
+                    more + 1,
+                    parts.len() + 1
+                )));
+            }
+            for part in parts {
+                let part_header = sources.gguf_header(part).await.map_err(remote)?;
+                header.absorb_split_part(part_header).map_err(|e| {
+                    AnalysisError(format!("{} does not fit {}: {e}", part.path, file.path))
+                })?;
+            }
             estimate_gguf(&header, &file.path, &options)
         }
         BackendKind::Vllm | BackendKind::Sglang => {

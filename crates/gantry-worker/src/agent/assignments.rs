@@ -14,13 +14,14 @@
 //! server's roll.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_backends::LaunchSpec;
 use gantry_types::{InstanceState, InstanceStateReport, ModelInstance, ModelSource, WatchEvent};
 
+use super::model_dirs::ModelDirs;
 use super::report::Reporter;
 use super::Shared;
 use crate::supervisor::{BackendState, InstanceSpec};
@@ -184,15 +185,8 @@ fn spec_for(shared: &Shared, instance: &ModelInstance) -> Result<InstanceSpec, S
     let launch = &record.launch;
     let (model_path, remote) = match &launch.source {
         ModelSource::LocalPath { path } => {
-            let path = PathBuf::from(path);
-            if !path.exists() {
-                return Err(format!(
-                    "model path {} does not exist on worker {}",
-                    path.display(),
-                    shared.config.name
-                ));
-            }
-            (path, None)
+            let dirs = ModelDirs::new(&shared.config.model_dirs);
+            (dirs.check(Path::new(path), &shared.config.name)?, None)
         }
         // Downloaded into the model cache when the instance starts; the path is set then.
         remote => (PathBuf::new(), Some(remote.clone())),

@@ -5,6 +5,7 @@
 
 pub mod assignments;
 pub mod identity;
+pub mod model_dirs;
 pub mod register;
 pub mod report;
 
@@ -48,6 +49,8 @@ pub struct WorkerConfig {
     /// Host name or IP through which servers reach this machine (its API and the
     /// backends); defaults to 127.0.0.1 for single-machine set-ups.
     pub advertise_host: String,
+    /// The only directories `local_path` models are read from.
+    pub model_dirs: Vec<PathBuf>,
     pub supervisor: SupervisorConfig,
 }
 
@@ -93,6 +96,13 @@ impl Shared {
 pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("create worker data directory {}", config.data_dir.display()))?;
+    for dir in &config.model_dirs {
+        if dir.is_dir() {
+            tracing::info!(dir = %dir.display(), "local_path models may be read from this directory");
+        } else {
+            tracing::warn!(dir = %dir.display(), "model directory does not exist (yet): local_path models under it are refused until it does");
+        }
+    }
     if config.server_urls.is_empty() {
         anyhow::bail!("no server URL: pass --server-url http://SERVER:8080 (several, comma-separated, for failover)");
     }

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gantry_backends::{backend, backend_command, join_gpu_indexes, rank_gpu_indexes, LaunchTarget};
+use gantry_source::files::Hold;
 use gantry_types::DownloadProgress;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -130,8 +131,10 @@ impl InstanceTask {
     pub(crate) async fn run(mut self) {
         // A remote model is downloaded first; a failure there is final like a failed
         // first start.
-        match self.fetch_model().await {
-            Ok(()) => {}
+        // The model's files stay held (safe from eviction and deletion) while this task
+        // runs.
+        let _files = match self.fetch_model().await {
+            Ok(files) => files,
             Err(None) => {
                 self.emit(BackendState::Stopped).await;
                 return;
@@ -142,7 +145,7 @@ impl InstanceTask {
                 self.emit(BackendState::Stopped).await;
                 return;
             }
-        }
+        };
         let mut crashes = CrashTracker::new(self.shared.config.restart.clone());
         let mut lease: Option<PortLease> = None;
         let mut ever_ready = false;
@@ -210,10 +213,11 @@ impl InstanceTask {
 
     /// Downloads the files of a remote model into the worker's cache (state
     /// `Downloading`, with progress every half second) and points the launch at them.
-    /// `Err(None)` when cancelled, `Err(Some(message))` when it failed.
-    async fn fetch_model(&mut self) -> Result<(), Option<String>> {
+    /// Returns the hold on its files (none for a local model); `Err(None)` when
+    /// cancelled, `Err(Some(message))` when it failed.
+    async fn fetch_model(&mut self) -> Result<Option<Hold>, Option<String>> {
         let Some(source) = self.spec.remote.clone() else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(cache) = self.shared.config.model_cache.clone() else {
             return Err(Some(
@@ -233,7 +237,7 @@ impl InstanceTask {
         .map_err(|e| Some(format!("cannot find the model's files: {e}")))?;
         let (progress, mut updates) = watch::channel(gantry_source::cache::Progress::default());
         let fetched = {
-            let fetch = cache.fetch(&resolved, &progress, &self.cancel);
+            let fetch = cache.fetch_held(&self.spec.key, &resolved, &progress, &self.cancel);
             tokio::pin!(fetch);
             loop {
                 tokio::select! {
@@ -252,7 +256,7 @@ impl InstanceTask {
                 }
             }
         };
-        let fetched = match fetched {
+        let (fetched, hold) = match fetched {
             Ok(fetched) => fetched,
             Err(gantry_source::SourceError::Cancelled) => return Err(None),
             Err(e) => return Err(Some(format!("downloading the model failed: {e}"))),
@@ -266,7 +270,7 @@ impl InstanceTask {
                 .ok_or_else(|| Some("the downloaded files hold no .gguf file".to_owned()))?,
             _ => fetched.dir,
         };
-        Ok(())
+        Ok(Some(hold))
     }
 
     /// One start: spawn, wait for readiness, watch until a crash or cancellation.

@@ -18,9 +18,9 @@ use gantry_server::config as server;
 use gantry_worker::supervisor;
 
 use super::kinds::{
-    BodyLimit, Bool, DatabaseUrl, Dir, Duration, IpAddr, Kind, Labels, LogFilter, LogFormat,
-    Optional, Port, PortRange, Scheduling, SchedulingMode, ServerId, SimulatedGpus, Text, Urls,
-    WorkerName,
+    BodyLimit, Bool, DatabaseUrl, Dir, Dirs, Duration, IpAddr, Kind, Labels, LogFilter, LogFormat,
+    Optional, Port, PortRange, Scheduling, SchedulingMode, ServerId, SimulatedGpus, Size, Text,
+    Urls, WorkerName,
 };
 use super::{DefaultText, Key, Layers, Scope};
 
@@ -47,6 +47,17 @@ config_table! {
         /// Token for gated and private Hugging Face repositories; a secret, never logged.
         hf_token: Optional<Text> = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
             shown "`$HF_TOKEN`, else none";
+        /// The ModelScope hub that `modelscope` model sources come from.
+        modelscope_endpoint: Text = gantry_source::DEFAULT_MODELSCOPE_ENDPOINT.to_owned();
+        /// Endpoint of the S3-compatible store that `s3` model sources come from
+        /// (path-style addressing).
+        s3_endpoint: Optional<Text> = None, shown "AWS S3 of `s3_region`";
+        /// Region of the S3 store.
+        s3_region: Text = gantry_source::DEFAULT_S3_REGION.to_owned();
+        /// Access key of the S3 store.
+        s3_access_key: Optional<Text> = None, shown "none (anonymous requests)";
+        /// Secret key of the S3 store; a secret, never logged.
+        s3_secret_key: Optional<Text> = None;
     }
     server {
         /// Address the server listens on.
@@ -123,6 +134,13 @@ config_table! {
         vllm_path: Text = vllm::PROGRAM.to_owned();
         /// The Python that has SGLang installed: a path, or a name looked up on `PATH`.
         sglang_python: Text = sglang::PYTHON.to_owned();
+        /// The only directories whose files `local_path` models may name (symlinks are
+        /// resolved before the check), comma-separated or repeated.
+        model_dirs: Dirs = Vec::new(), shown "`<data_dir>/models`";
+        /// Largest size of the model cache (`<data_dir>/worker/model-cache`): before a
+        /// download, the least recently used files no instance uses are evicted to stay
+        /// under it.
+        model_cache_max: Optional<Size> = None, shown "no limit (free space is checked)";
         /// How long a backend may take to become healthy.
         backend_ready_timeout: Duration = gantry_backends::DEFAULT_READINESS_DEADLINE;
     }

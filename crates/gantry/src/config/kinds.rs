@@ -76,6 +76,32 @@ impl Kind for Dir {
     }
 }
 
+/// Directories, comma-separated or repeated.
+#[derive(Debug)]
+pub struct Dirs;
+
+impl Kind for Dirs {
+    type Value = Vec<PathBuf>;
+    const VALUE_NAME: Option<&'static str> = Some("DIR");
+    const LIST: bool = true;
+    fn parse(text: &str) -> Result<Vec<PathBuf>, String> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|dir| !dir.is_empty())
+            .map(Dir::parse)
+            .collect()
+    }
+    fn render(value: &Vec<PathBuf>) -> Option<String> {
+        (!value.is_empty()).then(|| {
+            value
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    }
+}
+
 /// A TCP port; 0 picks a free one.
 #[derive(Debug)]
 pub struct Port;
@@ -173,6 +199,25 @@ impl Kind for BodyLimit {
     }
     fn render(value: &usize) -> Option<String> {
         Some(units::format_size(*value as u64))
+    }
+}
+
+/// A size on disk: `100GiB`, `500G`, `1TB`, or bytes.
+#[derive(Debug)]
+pub struct Size;
+
+impl Kind for Size {
+    type Value = u64;
+    const VALUE_NAME: Option<&'static str> = Some("SIZE");
+    fn parse(text: &str) -> Result<u64, String> {
+        let bytes = units::parse_size(text).map_err(|e| e.to_string())?;
+        if bytes == 0 {
+            return Err("must be larger than zero".into());
+        }
+        Ok(bytes)
+    }
+    fn render(value: &u64) -> Option<String> {
+        Some(units::format_size(*value))
     }
 }
 

@@ -159,11 +159,20 @@ pub async fn start_gantry(dir: &Path, extra: &[&str]) -> (Process, String) {
         "--port-range".into(),
         format!("{}-{}", ports.start(), ports.end()),
     ];
+    args.extend(model_dirs_unless_given(dir, extra));
     args.extend(extra.iter().map(|s| s.to_string()));
     let gantry = Process::spawn("gantry start", &args, &dir.join("start.log"), &[]);
     let base = format!("http://127.0.0.1:{port}");
     wait_until_served(&format!("{base}/healthz"), &gantry).await;
     (gantry, base)
+}
+
+/// `--model-dirs dir`, unless the test gives its own.
+fn model_dirs_unless_given(dir: &Path, extra: &[&str]) -> Vec<String> {
+    if extra.contains(&"--model-dirs") {
+        return Vec::new();
+    }
+    vec!["--model-dirs".into(), dir.display().to_string()]
 }
 
 /// A client of the server at `base`, logged in as the admin.
@@ -361,6 +370,9 @@ impl Cluster {
                 format!("{}-{}", ports.start(), ports.end())
             },
         ];
+        // Tests write models into their own temporary directories, some into another
+        // cluster's: every one of them is allowed.
+        args.extend(model_dirs_unless_given(&std::env::temp_dir(), extra));
         args.extend(extra.iter().map(|s| s.to_string()));
         Process::spawn(
             &format!("worker {name}"),

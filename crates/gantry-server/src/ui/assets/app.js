@@ -6,7 +6,8 @@
 // element is built with DOM calls (never innerHTML), so names, labels and log lines
 // coming from the API are always text. Lists that change on their own (instances,
 // workers, models) follow the API's ?watch=true NDJSON streams and fall back to
-// polling when a stream cannot be held open.
+// polling when a stream cannot be held open; lists without a stream (servers, model
+// files) are re-read every few seconds while their screen is open.
 'use strict';
 
 (function () {
@@ -76,6 +77,16 @@
     return seconds >= 0 ? text + ' ago' : 'in ' + text;
   }
 
+  /** "45 s", "4 min 20 s", "3 h 5 min", "2 d 3 h": a duration, as precise as it is useful. */
+  function fmtDuration(seconds) {
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 60) return s + ' s';
+    if (s < 600) return Math.floor(s / 60) + ' min ' + (s % 60) + ' s';
+    if (s < 3600) return Math.floor(s / 60) + ' min';
+    if (s < 86400) return Math.floor(s / 3600) + ' h ' + Math.floor((s % 3600) / 60) + ' min';
+    return Math.floor(s / 86400) + ' d ' + Math.floor((s % 86400) / 3600) + ' h';
+  }
+
   function timeCell(iso) {
     return h('span', { class: 'nowrap', title: iso ? new Date(iso).toLocaleString() : '' }, fmtAgo(iso));
   }
@@ -83,18 +94,77 @@
   const INSTANCE_STATE_CLASS = {
     running: 'ok',
     starting: 'info',
+    downloading: 'info',
     scheduled: 'info',
     analyzing: 'info',
     pending: 'warn',
     error: 'danger',
     unreachable: 'danger',
   };
-  const INSTANCE_STATES = ['running', 'starting', 'scheduled', 'analyzing', 'pending', 'error', 'unreachable'];
+  const INSTANCE_STATES = ['running', 'starting', 'downloading', 'scheduled', 'analyzing', 'pending', 'error', 'unreachable'];
   const WORKER_STATE_CLASS = { ready: 'ok', not_ready: 'warn', unreachable: 'danger', maintenance: 'idle' };
   const WORKER_STATES = ['ready', 'not_ready', 'unreachable', 'maintenance'];
 
   function stateBadge(state, classes) {
     return h('span', { class: 'badge ' + (classes[state] || 'idle') }, String(state).replace('_', ' '));
+  }
+
+  /**
+   * A progress bar with its numbers under it: percent, bytes done of the total, and, when
+   * a speed is given, the speed and the time left at that speed. Shared by downloading
+   * instances and by the files of the workers' caches.
+   *
+   * `total` null (or 0): the size is not known yet, so the bar only shows that something
+   * moves and no percent or time left is promised. `options.speed` undefined: no speed is
+   * measured (a cached file), so neither it nor the time left is shown. `options.paused`
+   * draws an interrupted download; `options.compact` leaves out the speed and time left.
+   */
+  function progressBar(done, total, options) {
+    const opts = options || {};
+    const known = total != null && total > 0;
+    // Floored, so a file is at 100 % only when it is complete.
+    const percent = known ? Math.min(100, Math.floor((done / total) * 100)) : null;
+    const fill = h('div', { class: 'progress-fill' });
+    if (known) fill.style.width = Math.min(100, (done / total) * 100).toFixed(2) + '%';
+    const bytes = fmtBytes(done) + ' / ' + (known ? fmtBytes(total) : '?');
+    const parts = [
+      h('span', { class: 'progress-percent' + (known ? '' : ' unknown'), 'data-part': 'percent' }, known ? percent + '%' : '—'),
+      h('span', { 'data-part': 'bytes', title: known ? null : 'The total size is not known yet' }, bytes),
+    ];
+    if (opts.speed !== undefined && !opts.compact) {
+      const speed = Number(opts.speed) || 0;
+      parts.push(h('span', { 'data-part': 'speed' }, fmtBytes(speed) + '/s'));
+      parts.push(h('span', {
+        'data-part': 'eta',
+        title: known && speed > 0 ? 'At the current speed' : 'Unknown: ' + (known ? 'nothing arrived lately' : 'the total size is not known'),
+      }, known && speed > 0 ? fmtDuration((total - done) / speed) + ' left' : '— left'));
+    }
+    return h('div', {
+      class: 'progress' + (opts.paused ? ' paused' : '') + (opts.compact ? ' compact' : ''),
+      'data-progress': '',
+      title: opts.title || null,
+    },
+    h('div', {
+      class: 'progress-bar' + (known ? '' : ' indeterminate'),
+      role: 'progressbar',
+      'aria-label': opts.label || 'Download progress',
+      'aria-valuemin': 0,
+      'aria-valuemax': 100,
+      'aria-valuenow': known ? percent : null,
+      'aria-valuetext': (known ? percent + '%, ' : '') + bytes,
+    }, fill),
+    h('div', { class: 'progress-meta' }, parts));
+  }
+
+  /** A downloading instance's progress, from its `download` (null when it has none). */
+  function instanceProgress(instance) {
+    const d = instance.download;
+    if (instance.state !== 'downloading' || !d) return null;
+    return progressBar(d.bytes_done, d.bytes_total, {
+      speed: d.bytes_per_second,
+      label: 'Download of ' + instance.name,
+      title: instance.state_message || null,
+    });
   }
 
   function labelChips(labels) {
@@ -108,7 +178,10 @@
     switch (source.type) {
       case 'local_path': return source.path;
       case 'huggingface': return 'hf:' + source.repo_id + (source.file ? '/' + source.file : '');
-      case 'url': return source.url;
+      case 'modelscope': return 'modelscope:' + source.repo_id + (source.file ? '/' + source.file : '');
+      case 's3': return 's3://' + source.bucket + '/' + source.key;
+      // One URL, or the parts of a split file.
+      case 'url': return [].concat(source.url).join(' + ');
       default: return JSON.stringify(source);
     }
   }
@@ -676,6 +749,7 @@
     { id: 'models', title: 'Models', render: renderModels },
     { id: 'instances', title: 'Instances', render: renderInstances },
     { id: 'workers', title: 'Workers', render: renderWorkers, admin: true },
+    { id: 'model-files', title: 'Model files', render: renderModelFiles, admin: true },
     { id: 'servers', title: 'Servers', render: renderServers, admin: true },
     { id: 'api-keys', title: 'API keys', render: renderApiKeys },
     { id: 'users', title: 'Users', render: renderUsers, admin: true },
@@ -865,8 +939,20 @@
             h('td', null, timeCell(w.last_heartbeat_at))));
         }
       }
+      const downloading = instances.filter((i) => i.state === 'downloading');
+      const downloads = downloading.length
+        ? [h('h2', null, 'Downloading'),
+          h('div', { class: 'panel flush', 'data-downloads': '' }, h('table', null,
+            h('thead', null, h('tr', null, h('th', null, 'Instance'), h('th', null, 'Worker'), h('th', null, 'Progress'), h('th', null, 'Since'))),
+            h('tbody', null, downloading.map((i) => h('tr', { 'data-instance': i.id },
+              h('td', null, h('a', { href: '#/instances?model=' + i.model_id }, i.name)),
+              h('td', null, i.worker_name || h('span', { class: 'muted' }, '—')),
+              h('td', null, instanceProgress(i) || h('span', { class: 'state-message' }, i.state_message || 'starting the download')),
+              h('td', null, timeCell(i.updated_at)))))))]
+        : [];
       body.replaceChildren(
         h('div', { class: 'cards' }, cards),
+        ...downloads,
         h('h2', null, 'Needs attention'),
         problems.length
           ? h('div', { class: 'panel flush' }, h('table', null,
@@ -918,14 +1004,15 @@
       }
       const byModel = new Map();
       for (const i of live.instances.values()) {
-        const entry = byModel.get(i.model_id) || { running: 0, total: 0, failed: 0 };
+        const entry = byModel.get(i.model_id) || { running: 0, total: 0, failed: 0, downloading: [] };
         entry.total += 1;
         if (i.state === 'running') entry.running += 1;
         if (i.state === 'error' || i.state === 'unreachable') entry.failed += 1;
+        if (i.state === 'downloading' && i.download) entry.downloading.push(i);
         byModel.set(i.model_id, entry);
       }
       const rows = models.map((m) => {
-        const counts = byModel.get(m.id) || { running: 0, total: 0, failed: 0 };
+        const counts = byModel.get(m.id) || { running: 0, total: 0, failed: 0, downloading: [] };
         const health = counts.total === 0 ? 'idle' : counts.running === counts.total ? 'ok' : counts.failed ? 'danger' : 'warn';
         return h('tr', null,
           h('td', { class: 'nowrap' }, h('a', { href: '#/instances?model=' + m.id }, h('strong', null, m.name)),
@@ -933,7 +1020,8 @@
           h('td', null, h('span', { class: 'chip' }, m.backend)),
           h('td', null, h('div', { class: 'mono small', title: describeSource(m.source) }, truncate(describeSource(m.source), 48))),
           h('td', { class: 'num' }, m.replicas),
-          h('td', { class: 'num' }, h('span', { class: 'badge ' + health, title: 'running / total instances' }, counts.running + ' / ' + counts.total)),
+          h('td', { class: 'num' }, h('span', { class: 'badge ' + health, title: 'running / total instances' }, counts.running + ' / ' + counts.total),
+            modelDownload(counts.downloading)),
           h('td', null, m.placement_strategy,
             Object.keys(m.worker_selector || {}).length ? h('div', null, labelChips(m.worker_selector)) : null),
           h('td', null, m.backend_args.length ? h('code', { class: 'small' }, truncate(joinArgs(m.backend_args), 40)) : h('span', { class: 'muted' }, '—')),
@@ -951,6 +1039,25 @@
         h('tbody', null, rows))));
     };
     return combine(follow([live.models, live.instances], draw), ticker(draw, 30000));
+  }
+
+  /**
+   * The download of a model's instances as one bar: the bytes of all of them (unknown
+   * when one's total is), so a model on several workers shows how much is left overall.
+   */
+  function modelDownload(instances) {
+    if (!instances.length) return null;
+    const done = instances.reduce((sum, i) => sum + i.download.bytes_done, 0);
+    const total = instances.every((i) => i.download.bytes_total != null)
+      ? instances.reduce((sum, i) => sum + i.download.bytes_total, 0)
+      : null;
+    return h('div', { class: 'model-download' },
+      h('div', { class: 'muted small' }, instances.length === 1 ? '1 downloading' : instances.length + ' downloading'),
+      progressBar(done, total, {
+        compact: true,
+        label: 'Download of the model’s files',
+        title: instances.map((i) => i.name + ': ' + (i.state_message || 'downloading')).join('\n'),
+      }));
   }
 
   function truncate(text, max) {
@@ -1155,11 +1262,13 @@
       const rows = [];
       for (const i of instances) {
         const isError = i.state === 'error' && i.state_message;
-        rows.push(h('tr', { class: isError ? 'has-detail' : null },
+        // A download shows as a bar; its state message says the same in words (its title).
+        const progress = instanceProgress(i);
+        rows.push(h('tr', { class: isError ? 'has-detail' : null, 'data-instance': i.id },
           h('td', null, h('strong', null, i.name)),
           h('td', null, h('a', { href: '#/instances?model=' + i.model_id }, i.model_name)),
           h('td', null, stateBadge(i.state, INSTANCE_STATE_CLASS),
-            !isError && i.state_message ? h('div', { class: 'state-message' }, i.state_message) : null),
+            progress || (!isError && i.state_message ? h('div', { class: 'state-message' }, i.state_message) : null)),
           h('td', null, i.worker_name || h('span', { class: 'muted' }, '—')),
           h('td', null, i.worker_id == null ? h('span', { class: 'muted' }, '—')
             : h('span', { class: 'mono small' }, i.gpu_indexes.length ? i.gpu_indexes.join(', ') : 'CPU')),
@@ -1361,6 +1470,166 @@
       async () => {
         await api('DELETE', '/api/v1/workers/' + worker.id);
         toast('Worker ' + worker.name + ' deleted.');
+      });
+  }
+
+  // ---------------------------------------------------------------- model files
+
+  /** How often the model files screen re-reads the list: it has no watch stream. */
+  const MODEL_FILES_POLL_MS = 4000;
+
+  const FILE_STATE_CLASS = { ready: 'ok', downloading: 'info', partial: 'warn', error: 'danger' };
+
+  /** The last component of a path: what the file is called. */
+  function baseName(path) {
+    const parts = String(path).split('/');
+    return parts[parts.length - 1] || String(path);
+  }
+
+  function renderModelFiles(main, parts, params) {
+    const wanted = { worker: params.get('worker') || '' };
+    const workerFilter = h('select', { 'aria-label': 'Worker' }, h('option', { value: '' }, 'all workers'));
+    const updated = h('span', { class: 'muted small', 'data-updated': '' });
+    const notice = h('div', { class: 'notices' });
+    const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+    main.append(pageHead('Model files', h('div', { class: 'filters' }, updated, h('label', null, 'Worker', workerFilter))),
+      h('p', { class: 'page-note muted small' },
+        'What the workers’ model caches hold. A file that no instance uses can be deleted; it is downloaded again when a model needs it.'),
+      notice, tableBox);
+
+    let list = null;
+    let error = null;
+    let loadedAt = null;
+    const draw = () => {
+      // Keep the worker choices current without losing the selection.
+      const workers = live.workers.values();
+      const choices = workers.map((w) => [String(w.id), w.name]);
+      if (wanted.worker && !choices.some(([id]) => id === wanted.worker)) choices.push([wanted.worker, 'worker ' + wanted.worker]);
+      if (workerFilter.options.length !== choices.length + 1 || choices.some(([id], i) => workerFilter.options[i + 1].value !== id)) {
+        workerFilter.replaceChildren(h('option', { value: '' }, 'all workers'), ...choices.map(([id, name]) => h('option', { value: id }, name)));
+      }
+      workerFilter.value = wanted.worker;
+
+      if (!list) {
+        notice.replaceChildren();
+        tableBox.replaceChildren(error
+          ? h('div', { class: 'panel' }, h('div', { class: 'alert' }, error.message))
+          : h('div', { class: 'panel empty' }, 'Loading…'));
+        return;
+      }
+      const files = list.items;
+      const bytes = files.reduce((sum, f) => sum + f.bytes_done, 0);
+      updated.textContent = files.length + (files.length === 1 ? ' file, ' : ' files, ') + fmtBytes(bytes) + ' on disk'
+        + (loadedAt ? ' · updated ' + loadedAt.toLocaleTimeString() : '');
+
+      // Keep the last answer on screen when a refresh fails, and say that it is stale.
+      const notices = [];
+      if (error) notices.push(h('div', { class: 'alert' }, 'Cannot refresh: ' + error.message));
+      if (list.unreachable.length) {
+        notices.push(h('div', { class: 'alert warn', 'data-unreachable': '' },
+          h('strong', null, list.unreachable.length === 1
+            ? 'A worker did not answer: its files are not listed.'
+            : list.unreachable.length + ' workers did not answer: their files are not listed.'),
+          h('ul', null, list.unreachable.map((u) =>
+            h('li', { 'data-worker': u.worker_id }, h('strong', null, u.worker_name), ': ', u.error)))));
+      }
+      // The server asks only the workers it can reach; say which ones it left out.
+      const lost = live.workers.values().filter((w) => w.state === 'unreachable' && (!wanted.worker || String(w.id) === wanted.worker));
+      if (lost.length) {
+        notices.push(h('div', { class: 'alert warn' }, 'Not asked, because they are unreachable: ',
+          lost.map((w, i) => [i ? ', ' : '', h('strong', null, w.name)]), '.'));
+      }
+      notice.replaceChildren(...notices);
+
+      if (!files.length) {
+        let empty = 'No model files: a worker downloads a model’s files into its cache when an instance of the model starts there.';
+        if (wanted.worker) {
+          empty = list.unreachable.length ? 'The worker did not answer: its files cannot be listed now.' : 'No files in this worker’s cache.';
+        } else if (list.unreachable.length) {
+          empty = 'No files on the workers that answered.';
+        }
+        tableBox.replaceChildren(h('div', { class: 'panel empty' }, empty));
+        return;
+      }
+      const rows = files.map((f) => {
+        const names = f.names || [];
+        const name = names.length ? baseName(names[0]) : f.blob;
+        // The model directory the name is in, shown under it; every name on hover.
+        const where = names.length ? names[0].slice(0, names[0].length - name.length).replace(/\/$/, '') : '';
+        const title = names.concat(['blob ' + f.blob]).join('\n');
+        // Of a download whose size the worker does not know, `size` is only what is on disk.
+        const total = f.size > f.bytes_done ? f.size : null;
+        const progress = f.state === 'downloading' || f.state === 'partial'
+          ? progressBar(f.bytes_done, total, { paused: f.state === 'partial', label: 'Download of ' + name })
+          : null;
+        return h('tr', { 'data-file': f.id },
+          h('td', { class: 'file-name' },
+            h('strong', { class: 'mono', title, 'data-part': 'name' }, name),
+            where ? h('div', { class: 'muted small mono', title }, where) : null,
+            names.length > 1 ? h('div', { class: 'muted small', title }, '+ ' + (names.length - 1) + ' more name' + (names.length > 2 ? 's' : '')) : null),
+          h('td', null, h('a', { href: '#/model-files?worker=' + f.worker_id }, f.worker_name)),
+          h('td', { class: 'num' }, fmtBytes(f.size)),
+          h('td', null, stateBadge(f.state, FILE_STATE_CLASS), progress,
+            f.error ? h('div', { class: 'state-message' }, f.error) : null),
+          h('td', null, f.models.length ? f.models.map((m) => h('span', { class: 'chip' }, m)) : h('span', { class: 'muted' }, '—')),
+          h('td', null, f.last_used_at ? timeCell(f.last_used_at) : h('span', { class: 'muted' }, 'never')),
+          h('td', { class: 'actions' }, h('button', {
+            class: 'small danger',
+            title: f.models.length ? 'Used by ' + f.models.join(', ') + ': the worker keeps it while they run' : null,
+            onclick: () => deleteModelFile(f, name, load),
+          }, 'Delete')));
+      });
+      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
+        h('thead', null, h('tr', null,
+          h('th', null, 'File'), h('th', null, 'Worker'), h('th', { class: 'num' }, 'Size'), h('th', null, 'State'),
+          h('th', null, 'Used by'), h('th', null, 'Last used'), h('th', null))),
+        h('tbody', null, rows))));
+    };
+
+    let stopped = false;
+    let timer = null;
+    // Only the latest read draws and schedules the next: a delete reloads at once.
+    let latest = 0;
+    const load = async () => {
+      clearTimeout(timer);
+      const mine = ++latest;
+      const query = wanted.worker ? '?worker_id=' + encodeURIComponent(wanted.worker) : '';
+      try {
+        const answer = await api('GET', '/api/v1/model-files' + query);
+        if (stopped || mine !== latest) return;
+        list = answer;
+        error = null;
+        loadedAt = new Date();
+      } catch (e) {
+        if (stopped || mine !== latest) return;
+        error = e;
+      }
+      draw();
+      timer = setTimeout(load, MODEL_FILES_POLL_MS);
+    };
+    workerFilter.addEventListener('change', () => {
+      wanted.worker = workerFilter.value;
+      history.replaceState(null, '', '#/model-files' + (wanted.worker ? '?worker=' + encodeURIComponent(wanted.worker) : ''));
+      list = null;
+      error = null;
+      draw();
+      load();
+    });
+    load();
+    return combine(follow([live.workers], draw), () => {
+      stopped = true;
+      clearTimeout(timer);
+    });
+  }
+
+  function deleteModelFile(file, name, reload) {
+    confirmDialog('Delete ' + name + ' from ' + file.worker_name + '?',
+      'The file and its names go from the worker’s cache. A model that needs it again downloads it again. The worker refuses while an instance uses the file.',
+      'Delete file',
+      async () => {
+        await api('DELETE', '/api/v1/model-files/' + file.worker_id + '/' + encodeURIComponent(file.blob));
+        toast(name + ' deleted from ' + file.worker_name + '.');
+        reload();
       });
   }
 
