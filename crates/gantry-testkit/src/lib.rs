@@ -15,6 +15,7 @@ use gantry_store::{Store, StoreConfig};
 
 pub mod hub;
 pub mod modelscope;
+mod range;
 pub mod s3;
 
 /// The database engines every store-backed test runs against.

@@ -71,6 +71,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::range::{parse_range, ByteRange};
+
 const X_LINKED_ETAG: HeaderName = HeaderName::from_static("x-linked-etag");
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -980,68 +982,6 @@ fn to_index(offset: u64) -> usize {
     usize::try_from(offset).expect("a file held in memory has offsets that fit in usize")
 }
 
-/// What a `Range` header asks of a body of `size` bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ByteRange {
-    /// No header, or one the double does not understand (several ranges, another unit,
-    /// bad syntax), which HTTP lets a server ignore.
-    Whole,
-    /// Bytes `first..=last`, within the body.
-    Part { first: u64, last: u64 },
-    /// A valid range that starts past the end, or a suffix of zero bytes.
-    Unsatisfiable,
-}
-
-/// Reads a `Range` header as RFC 9110 does (the hub double's reading, `hub.rs`).
-fn parse_range(header: Option<&str>, size: u64) -> ByteRange {
-    let Some(spec) = header.and_then(|value| value.trim().strip_prefix("bytes=")) else {
-        return ByteRange::Whole;
-    };
-    if spec.contains(',') {
-        return ByteRange::Whole;
-    }
-    let Some((first, last)) = spec.trim().split_once('-') else {
-        return ByteRange::Whole;
-    };
-    let parse = |text: &str| text.trim().parse::<u64>().ok();
-    match (first.trim().is_empty(), last.trim().is_empty()) {
-        // `bytes=-n`: the last n bytes.
-        (true, false) => match parse(last) {
-            None => ByteRange::Whole,
-            Some(0) => ByteRange::Unsatisfiable,
-            Some(_) if size == 0 => ByteRange::Unsatisfiable,
-            Some(suffix) => ByteRange::Part {
-                first: size.saturating_sub(suffix),
-                last: size - 1,
-            },
-        },
-        // `bytes=a-`: from a to the end.
-        (false, true) => match parse(first) {
-            None => ByteRange::Whole,
-            Some(first) if first >= size => ByteRange::Unsatisfiable,
-            Some(first) => ByteRange::Part {
-                first,
-                last: size - 1,
-            },
-        },
-        // `bytes=a-b`: a to b inclusive, b clamped to the end.
-        (false, false) => match (parse(first), parse(last)) {
-            (Some(first), Some(last)) if first <= last => {
-                if first >= size {
-                    ByteRange::Unsatisfiable
-                } else {
-                    ByteRange::Part {
-                        first,
-                        last: last.min(size - 1),
-                    }
-                }
-            }
-            _ => ByteRange::Whole,
-        },
-        (true, true) => ByteRange::Whole,
-    }
-}
-
 /// A file body on its way out: sent chunk by chunk, each counted as it is handed to the
 /// connection; cut short when the double stops.
 struct Transfer {
@@ -1082,27 +1022,6 @@ impl Transfer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ranges_follow_rfc_9110() {
-        assert_eq!(parse_range(None, 10), ByteRange::Whole);
-        assert_eq!(
-            parse_range(Some("bytes=2-5"), 10),
-            ByteRange::Part { first: 2, last: 5 }
-        );
-        assert_eq!(
-            parse_range(Some("bytes=2-"), 10),
-            ByteRange::Part { first: 2, last: 9 }
-        );
-        assert_eq!(
-            parse_range(Some("bytes=-3"), 10),
-            ByteRange::Part { first: 7, last: 9 }
-        );
-        assert_eq!(parse_range(Some("bytes=10-"), 10), ByteRange::Unsatisfiable);
-        assert_eq!(parse_range(Some("bytes=-0"), 10), ByteRange::Unsatisfiable);
-        assert_eq!(parse_range(Some("bytes=0-1,4-5"), 10), ByteRange::Whole);
-        assert_eq!(parse_range(Some("items=0-1"), 10), ByteRange::Whole);
-    }
 
     #[test]
     fn a_repository_commit_depends_on_its_contents() {
