@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{shown_url, unavailable};
 use crate::files::{blob_file_name, Books};
+use crate::parallel::{self, partial_bytes, Parallel};
 use crate::{RemoteFile, Resolved, SourceError, Sources};
 
 /// How often wrong bytes are fetched again before the download fails.
@@ -77,6 +78,8 @@ pub struct ModelCache {
     pub(crate) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Who uses which blob, failed downloads, the size cap (`files.rs`).
     pub(crate) books: Books,
+    /// How large files are split over several connections (`parallel.rs`).
+    parallel: Parallel,
 }
 
 impl ModelCache {
@@ -86,7 +89,14 @@ impl ModelCache {
             sources,
             locks: Mutex::new(HashMap::new()),
             books: Books::default(),
+            parallel: Parallel::default(),
         }
+    }
+
+    /// Sets how many connections one file may use and how small its segments may get.
+    pub fn with_parallel(mut self, parallel: Parallel) -> Self {
+        self.parallel = parallel;
+        self
     }
 
     /// Caps the bytes of complete files kept: before a download, the least recently used
@@ -210,7 +220,7 @@ impl ModelCache {
             if tokio::fs::metadata(blob).await.is_ok() {
                 continue;
             }
-            let have = tokio::fs::metadata(part).await.map_or(0, |m| m.len());
+            let have = partial_bytes(part);
             needed = needed.saturating_add(file.size.unwrap_or(0).saturating_sub(have));
         }
         if needed == 0 {
@@ -260,7 +270,11 @@ impl ModelCache {
         let mut backoff = BACKOFF_START;
         let (mut network_failures, mut corrupt) = (0u32, 0u32);
         loop {
-            match self.download_once(file, blob, part, cancel).await {
+            let attempt = match self.parallel.applies(file, part).await {
+                Some(size) => self.download_ranges(file, size, blob, part, cancel).await,
+                None => self.download_once(file, blob, part, cancel).await,
+            };
+            match attempt {
                 Ok(()) => return Ok(()),
                 Err(SourceError::Corrupt(message)) if corrupt < CORRUPT_RETRIES => {
                     corrupt += 1;
@@ -379,46 +393,82 @@ impl ModelCache {
         out.flush().await.map_err(disk)?;
         out.sync_all().await.map_err(disk)?;
         drop(out);
-        if let Some(size) = file.size {
-            if have < size {
-                return Err(SourceError::Unavailable(format!(
-                    "{} ended after {have} of {size} bytes",
-                    shown_url(&file.url)
-                )));
-            }
-            if have > size {
-                tokio::fs::remove_file(part).await.map_err(disk)?;
-                return Err(SourceError::Corrupt(format!(
-                    "{}: received {have} bytes where the source lists {size}",
-                    file.path
-                )));
-            }
-        }
-        let (digest, md5) = hasher.finalize();
-        if let (Some(expected), Some(md5)) = (&file.md5, &md5) {
-            if md5 != expected {
-                tokio::fs::remove_file(part).await.map_err(disk)?;
-                return Err(SourceError::Corrupt(format!(
-                    "{}: the downloaded bytes have MD5 {md5}, but the source lists {expected} \
-                     (its ETag); the file was deleted",
-                    file.path
-                )));
-            }
-        }
-        if let Some(expected) = &file.sha256 {
-            if &digest != expected {
-                tokio::fs::remove_file(part).await.map_err(disk)?;
-                return Err(SourceError::Corrupt(format!(
-                    "{}: the downloaded bytes have SHA-256 {digest}, but the source lists \
-                     {expected}; the file was deleted",
-                    file.path
-                )));
-            }
-        }
-        tokio::fs::rename(part, blob).await.map_err(disk)?;
-        tracing::info!(file = %file.path, bytes = have, sha256 = %digest, "downloaded model file");
-        Ok(())
+        commit(file, part, blob, have, hasher).await
     }
+
+    /// One try in parallel ranges (`parallel.rs`), then the whole file hashed and
+    /// checked; in one piece when the server ignores ranges.
+    async fn download_ranges(
+        &self,
+        file: &RemoteFile,
+        size: u64,
+        blob: &Path,
+        part: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<(), SourceError> {
+        let fetched =
+            parallel::fetch(&self.sources, self.parallel, file, size, part, cancel).await?;
+        if let parallel::Fetched::NoRanges = fetched {
+            return self.download_once(file, blob, part, cancel).await;
+        }
+        let disk = |e: std::io::Error| SourceError::Disk(format!("{}: {e}", part.display()));
+        let mut hasher = Hashers::new(file);
+        hash_prefix(part, size, &mut hasher).await.map_err(disk)?;
+        let part_file = tokio::fs::File::open(part).await.map_err(disk)?;
+        part_file.sync_all().await.map_err(disk)?;
+        commit(file, part, blob, size, hasher).await
+    }
+}
+
+/// Checks a downloaded file — its size (`have` bytes), MD5 and SHA-256 against what the
+/// source lists — and renames it from `part` to `blob`; wrong bytes are deleted.
+async fn commit(
+    file: &RemoteFile,
+    part: &Path,
+    blob: &Path,
+    have: u64,
+    hasher: Hashers,
+) -> Result<(), SourceError> {
+    let disk = |e: std::io::Error| SourceError::Disk(format!("{}: {e}", part.display()));
+    if let Some(size) = file.size {
+        if have < size {
+            return Err(SourceError::Unavailable(format!(
+                "{} ended after {have} of {size} bytes",
+                shown_url(&file.url)
+            )));
+        }
+        if have > size {
+            tokio::fs::remove_file(part).await.map_err(disk)?;
+            return Err(SourceError::Corrupt(format!(
+                "{}: received {have} bytes where the source lists {size}",
+                file.path
+            )));
+        }
+    }
+    let (digest, md5) = hasher.finalize();
+    if let (Some(expected), Some(md5)) = (&file.md5, &md5) {
+        if md5 != expected {
+            tokio::fs::remove_file(part).await.map_err(disk)?;
+            return Err(SourceError::Corrupt(format!(
+                "{}: the downloaded bytes have MD5 {md5}, but the source lists {expected} \
+                     (its ETag); the file was deleted",
+                file.path
+            )));
+        }
+    }
+    if let Some(expected) = &file.sha256 {
+        if &digest != expected {
+            tokio::fs::remove_file(part).await.map_err(disk)?;
+            return Err(SourceError::Corrupt(format!(
+                "{}: the downloaded bytes have SHA-256 {digest}, but the source lists \
+                     {expected}; the file was deleted",
+                file.path
+            )));
+        }
+    }
+    tokio::fs::rename(part, blob).await.map_err(disk)?;
+    tracing::info!(file = %file.path, bytes = have, sha256 = %digest, "downloaded model file");
+    Ok(())
 }
 
 /// The blob a file is kept as: by SHA-256 when known, else by the identity its source
@@ -473,7 +523,7 @@ async fn bytes_on_disk(plan: &[(Option<u64>, PathBuf, PathBuf)]) -> u64 {
     for (_, blob, part) in plan {
         done += match tokio::fs::metadata(blob).await {
             Ok(meta) => meta.len(),
-            Err(_) => tokio::fs::metadata(part).await.map_or(0, |m| m.len()),
+            Err(_) => partial_bytes(part),
         };
     }
     done
@@ -500,7 +550,7 @@ async fn hash_prefix(path: &Path, len: u64, hasher: &mut Hashers) -> std::io::Re
 }
 
 /// The first byte of a `Content-Range: bytes a-b/n` answer.
-fn content_range_start(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+pub(crate) fn content_range_start(headers: &reqwest::header::HeaderMap) -> Option<u64> {
     let value = headers.get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?;
     let range = value.strip_prefix("bytes ")?;
     range.split('-').next()?.trim().parse().ok()

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{blob_name, Fetched, ModelCache, Progress};
+use crate::parallel::{is_ranges_file, partial_bytes, ranges_path};
 use crate::{RemoteFile, Resolved, SourceError};
 
 /// The cache's bookkeeping beside the files themselves.
@@ -283,7 +284,8 @@ impl ModelCache {
         let part = self.root.join("partial").join(format!("{blob}.part"));
         let had_error = lock(&self.books.errors).remove(blob).is_some();
         let mut removed = had_error;
-        for path in [&complete, &part] {
+        let record = ranges_path(&part);
+        for path in [&complete, &part, &record] {
             match tokio::fs::remove_file(path).await {
                 Ok(()) => removed = true,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -324,7 +326,7 @@ impl ModelCache {
             if tokio::fs::metadata(blob).await.is_ok() {
                 continue;
             }
-            let have = tokio::fs::metadata(part).await.map_or(0, |m| m.len());
+            let have = partial_bytes(part);
             missing = missing.saturating_add(file.size.unwrap_or(0).saturating_sub(have));
         }
         let root = self.root.clone();
@@ -444,8 +446,16 @@ fn scan(root: &Path) -> Scan {
             .flatten()
             .flatten()
         {
-            if let Some(m) = meta(&entry) {
-                into.insert(blob_file_name(&entry.path()), m);
+            let path = entry.path();
+            if is_ranges_file(&path) || path.extension().is_some_and(|e| e == "tmp") {
+                continue;
+            }
+            if let Some(mut m) = meta(&entry) {
+                if dir == "partial" {
+                    // A file fetched in ranges has its full length from the start.
+                    m.len = partial_bytes(&path);
+                }
+                into.insert(blob_file_name(&path), m);
             }
         }
     }

@@ -12,7 +12,8 @@
 //! - [`cache::ModelCache`] downloads the files a worker was given into a content-addressed
 //!   cache (`cache.rs`): resumable from the bytes on disk, verified against the SHA-256
 //!   before a file is renamed into place, retried with backoff, one download per file
-//!   however many instances want it, with the free space checked first.
+//!   however many instances want it, with the free space checked first; large files
+//!   in parallel ranges (`parallel.rs`).
 //!
 //! `local_path` sources are not handled here: their files are already on the worker.
 
@@ -22,6 +23,7 @@ pub mod files;
 pub mod glob;
 mod hub;
 mod modelscope;
+pub mod parallel;
 mod remote;
 mod s3;
 mod url;

@@ -31,8 +31,10 @@
 //! What a test can do with it: count the file bytes actually handed to each connection
 //! ([`HubDouble::bytes_served`], counted chunk by chunk, so an interrupted transfer counts
 //! what went out and not the whole file), read the request log, slow file bodies down
-//! ([`HubDouble::set_throttle`]) and serve bytes that do not match the listed hashes
-//! ([`HubDouble::corrupt`]).
+//! ([`HubDouble::set_throttle`]), serve bytes that do not match the listed hashes
+//! ([`HubDouble::corrupt`]), see how many bodies of one file were sent at once
+//! ([`HubDouble::most_concurrent`]) and ignore `Range` headers the way some plain HTTP
+//! servers do ([`HubDouble::set_ranges`]).
 //!
 //! What it does not do: datasets and spaces, repository ids without an owner, branches and
 //! tags other than `main`, `refs/pr/*`, gated repositories (a token makes a repository
@@ -45,7 +47,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -229,13 +231,31 @@ impl HubDouble {
     /// counts what went out (which may exceed what the client read by what the connection and
     /// the sockets buffer). Panics on a file the double does not hold.
     pub fn bytes_served(&self, repo_id: &str, path: &str) -> u64 {
+        self.file(repo_id, path)
+            .bytes_served
+            .load(Ordering::Relaxed)
+    }
+
+    /// The most bodies of the file that were being sent at the same time.
+    pub fn most_concurrent(&self, repo_id: &str, path: &str) -> u64 {
+        self.file(repo_id, path)
+            .most_concurrent
+            .load(Ordering::Relaxed)
+    }
+
+    /// `false`: from now on `Range` headers are ignored and every file request gets the
+    /// whole body with `200` and no `Accept-Ranges` (what a server without range support
+    /// does); `true` (the default) honours them again.
+    pub fn set_ranges(&self, honoured: bool) {
+        self.hub.ranges_ignored.store(!honoured, Ordering::Relaxed);
+    }
+
+    fn file(&self, repo_id: &str, path: &str) -> &Arc<File> {
         self.hub
             .repos
             .get(repo_id)
             .and_then(|repo| repo.files.get(path))
             .unwrap_or_else(|| panic!("the hub double holds no file {path:?} in {repo_id:?}"))
-            .bytes_served
-            .load(Ordering::Relaxed)
     }
 
     /// The file body bytes handed to client connections, over all files.
@@ -334,6 +354,8 @@ struct Hub {
     cdn_endpoint: String,
     /// Bytes per second for file bodies; 0 is full speed.
     throttle: AtomicU64,
+    /// Whether `Range` headers are ignored ([`HubDouble::set_ranges`]).
+    ranges_ignored: AtomicBool,
     total_bytes_served: AtomicU64,
     requests: Mutex<Vec<String>>,
     /// Cancelled when the double stops: listeners stop accepting, transfers end.
@@ -360,6 +382,9 @@ struct File {
     git_oid: String,
     lfs: Option<LfsObject>,
     bytes_served: AtomicU64,
+    /// Bodies being sent now, and the most at once.
+    concurrent: AtomicU64,
+    most_concurrent: AtomicU64,
 }
 
 struct LfsObject {
@@ -387,6 +412,7 @@ impl Hub {
             known_tokens,
             cdn_endpoint,
             throttle: AtomicU64::new(0),
+            ranges_ignored: AtomicBool::new(false),
             total_bytes_served: AtomicU64::new(0),
             requests: Mutex::new(Vec::new()),
             shutdown,
@@ -437,7 +463,12 @@ impl Hub {
         let range = request_headers
             .get(RANGE)
             .and_then(|value| value.to_str().ok());
-        headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        let range = if self.ranges_ignored.load(Ordering::Relaxed) {
+            None
+        } else {
+            headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+            range
+        };
         let (status, body) = match parse_range(range, size) {
             ByteRange::Whole => (StatusCode::OK, bytes),
             ByteRange::Part { first, last } => {
@@ -655,6 +686,8 @@ impl File {
             git_oid,
             lfs,
             bytes_served: AtomicU64::new(0),
+            concurrent: AtomicU64::new(0),
+            most_concurrent: AtomicU64::new(0),
         }
     }
 }
@@ -705,12 +738,31 @@ struct Transfer {
     file: Arc<File>,
     remaining: Bytes,
     pause: Option<Duration>,
+    _sending: Sending,
+}
+
+/// Counts a body of the file as being sent while it lives.
+struct Sending(Arc<File>);
+
+impl Sending {
+    fn new(file: Arc<File>) -> Self {
+        let now = file.concurrent.fetch_add(1, Ordering::AcqRel) + 1;
+        file.most_concurrent.fetch_max(now, Ordering::AcqRel);
+        Self(file)
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.concurrent.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Transfer {
     fn body(hub: Arc<Hub>, file: Arc<File>, bytes: Bytes) -> Body {
         let transfer = Transfer {
             hub,
+            _sending: Sending::new(file.clone()),
             file,
             remaining: bytes,
             pause: None,

@@ -153,7 +153,11 @@ fn worker_config(config: &Config, role: Role, server_port: Option<u16>) -> Worke
                 data_dir.join("model-cache"),
                 gantry_source::Sources::new(source_config(config)),
             )
-            .with_max_bytes(config.model_cache_max),
+            .with_max_bytes(config.model_cache_max)
+            .with_parallel(gantry_source::parallel::Parallel {
+                connections: config.download_connections,
+                ..Default::default()
+            }),
         )),
         ..SupervisorConfig::new(data_dir.clone())
     };

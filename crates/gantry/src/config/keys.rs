@@ -18,9 +18,9 @@ use gantry_server::config as server;
 use gantry_worker::supervisor;
 
 use super::kinds::{
-    BodyLimit, Bool, DatabaseUrl, Dir, Dirs, Duration, IpAddr, Kind, Labels, LogFilter, LogFormat,
-    Optional, Port, PortRange, Scheduling, SchedulingMode, ServerId, SimulatedGpus, Size, Text,
-    Urls, WorkerName,
+    BodyLimit, Bool, Count, DatabaseUrl, Dir, Dirs, Duration, IpAddr, Kind, Labels, LogFilter,
+    LogFormat, Optional, Port, PortRange, Scheduling, SchedulingMode, ServerId, SimulatedGpus,
+    Size, Text, Urls, WorkerName,
 };
 use super::{DefaultText, Key, Layers, Scope};
 
@@ -141,6 +141,9 @@ config_table! {
         /// download, the least recently used files no instance uses are evicted to stay
         /// under it.
         model_cache_max: Optional<Size> = None, shown "no limit (free space is checked)";
+        /// Connections one model file is downloaded over, each fetching a range of it
+        /// (files of 64 MiB and more; servers that ignore ranges get one); 1 turns it off.
+        download_connections: Count = gantry_source::parallel::DEFAULT_CONNECTIONS;
         /// How long a backend may take to become healthy.
         backend_ready_timeout: Duration = gantry_backends::DEFAULT_READINESS_DEADLINE;
     }

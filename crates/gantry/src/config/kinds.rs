@@ -221,6 +221,24 @@ impl Kind for Size {
     }
 }
 
+/// How many of something: a whole number from 1 to 64.
+#[derive(Debug)]
+pub struct Count;
+
+impl Kind for Count {
+    type Value = usize;
+    const VALUE_NAME: Option<&'static str> = Some("N");
+    fn parse(text: &str) -> Result<usize, String> {
+        match text.parse::<usize>() {
+            Ok(n) if (1..=64).contains(&n) => Ok(n),
+            _ => Err("must be a whole number from 1 to 64".into()),
+        }
+    }
+    fn render(value: &usize) -> Option<String> {
+        Some(value.to_string())
+    }
+}
+
 /// `true` or `false` (also `yes`/`no`, `on`/`off`, `1`/`0`).
 #[derive(Debug)]
 pub struct Bool;
