@@ -63,6 +63,23 @@ impl Client {
             .await
     }
 
+    /// Where to download a complete upload: its name, size, SHA-256 and a signed URL,
+    /// made absolute (a path is joined with the URL of the server that answered).
+    pub async fn staged_upload(&self, id: i64) -> Result<gantry_types::StagedUpload, ClientError> {
+        let response = self
+            .send(Call::new(
+                Method::GET,
+                &format!("/api/v1/worker/uploads/{id}"),
+            ))
+            .await?;
+        let origin = response.url().origin().ascii_serialization();
+        let mut staged: gantry_types::StagedUpload = decode(response).await?;
+        if staged.url.starts_with('/') {
+            staged.url = format!("{origin}{}", staged.url);
+        }
+        Ok(staged)
+    }
+
     /// The instances placed on the calling worker, each with what it runs.
     pub async fn assignments(&self) -> Result<Vec<ModelInstance>, ClientError> {
         self.json(Call::new(Method::GET, "/api/v1/worker/assignments"))

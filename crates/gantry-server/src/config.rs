@@ -101,7 +101,15 @@ pub struct ServerConfig {
     /// Where remote models (Hugging Face, URLs) are read from, to estimate them from
     /// their headers.
     pub sources: gantry_source::SourceConfig,
+    /// The largest file accepted by `POST /api/v1/model-files/uploads`.
+    pub upload_max_size: u64,
+    /// The bucket (of the `s3_*` store) complete uploads are moved to, so every server
+    /// reaches them; `None` keeps them on the disk of the server they reached.
+    pub upload_bucket: Option<String>,
 }
+
+/// The largest upload when `upload_max_size` is not set.
+pub const DEFAULT_UPLOAD_MAX_SIZE: u64 = 200 << 30;
 
 impl ServerConfig {
     /// Defaults for everything but the data directory.
@@ -131,6 +139,8 @@ impl ServerConfig {
             schedule_lock_timeout: DEFAULT_SCHEDULE_LOCK_TIMEOUT,
             shutdown_grace: Duration::from_secs(30),
             sources: gantry_source::SourceConfig::default(),
+            upload_max_size: DEFAULT_UPLOAD_MAX_SIZE,
+            upload_bucket: None,
         }
     }
 

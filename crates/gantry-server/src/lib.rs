@@ -15,6 +15,7 @@ pub mod controllers;
 pub mod error;
 pub mod extract;
 pub mod service;
+pub mod staging;
 pub mod state;
 pub mod ui;
 
@@ -176,6 +177,15 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         tasks.wait().await;
         return Err(e);
     }
+    let staging = Arc::new(staging::Staging::new(
+        config.data_dir.join("uploads"),
+        config.server_id.clone(),
+        addr,
+        &jwt_secret,
+        config.sources.s3.clone(),
+        config.upload_bucket.clone(),
+        config.upload_max_size,
+    ));
     let state = AppState::new(Shared {
         store,
         config,
@@ -185,6 +195,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         tasks,
         worker_http: state::worker_http_client(),
         cluster,
+        staging,
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);

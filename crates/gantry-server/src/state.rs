@@ -34,6 +34,8 @@ pub struct Shared {
     pub worker_http: reqwest::Client,
     /// Who leads, this server's mode and registry identity, its load.
     pub cluster: Arc<Cluster>,
+    /// Files uploaded to deploy as models (`staging.rs`).
+    pub staging: Arc<crate::staging::Staging>,
 }
 
 /// The client for the workers' own API.

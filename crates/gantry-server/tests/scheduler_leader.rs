@@ -69,6 +69,15 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
             false,
             "http://127.0.0.1:1".into(),
         )),
+        staging: Arc::new(gantry_server::staging::Staging::new(
+            dir.path().join("data/uploads"),
+            "s1".into(),
+            "127.0.0.1:1".parse().unwrap(),
+            b"a-test-secret-that-is-long-enough",
+            gantry_source::S3Config::default(),
+            None,
+            1 << 30,
+        )),
     });
     gantry_server::controllers::spawn(&state);
 

@@ -15,6 +15,10 @@
 //!   however many instances want it, with the free space checked first; large files
 //!   in parallel ranges (`parallel.rs`).
 //!
+//! `upload` sources are files staged on the servers: [`StagedFiles`] (set with
+//! [`Sources::set_staged`]) says where to download one — the worker asks its server, a
+//! server looks in the database.
+//!
 //! `local_path` sources are not handled here: their files are already on the worker.
 
 pub mod cache;
@@ -25,12 +29,14 @@ mod hub;
 mod modelscope;
 pub mod parallel;
 mod remote;
-mod s3;
+pub mod s3;
 mod url;
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use gantry_types::{BackendKind, ModelSource};
+use futures_util::future::BoxFuture;
+use gantry_types::{BackendKind, ModelSource, StagedUpload};
 
 pub use error::SourceError;
 
@@ -159,6 +165,12 @@ impl Resolved {
     }
 }
 
+/// Where the files uploaded to the servers (`upload` sources) are downloaded from.
+pub trait StagedFiles: Send + Sync {
+    /// The upload's name, size, SHA-256 and an absolute URL to `GET` it from.
+    fn describe(&self, id: i64) -> BoxFuture<'_, Result<StagedUpload, SourceError>>;
+}
+
 /// How long one request for metadata or a header may take.
 const META_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -167,6 +179,14 @@ const META_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Sources {
     config: SourceConfig,
     http: reqwest::Client,
+    /// Set once, by whoever knows where uploads are (shared by every clone).
+    staged: Arc<OnceLock<Arc<dyn StagedFiles>>>,
+}
+
+impl std::fmt::Debug for dyn StagedFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StagedFiles")
+    }
 }
 
 impl Sources {
@@ -176,7 +196,16 @@ impl Sources {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .unwrap_or_default();
-        Self { config, http }
+        Self {
+            config,
+            http,
+            staged: Arc::default(),
+        }
+    }
+
+    /// Says where `upload` sources are; the first call wins (clones share it).
+    pub fn set_staged(&self, staged: Arc<dyn StagedFiles>) {
+        let _ = self.staged.set(staged);
     }
 
     pub fn config(&self) -> &SourceConfig {
@@ -224,10 +253,32 @@ impl Sources {
                 let digests = sha256.as_ref().map(|d| d.items());
                 url::resolve(self, &url.items(), digests.as_deref()).await
             }
+            ModelSource::Upload { id } => self.resolve_upload(*id).await,
             ModelSource::LocalPath { path } => Err(SourceError::Invalid(format!(
                 "source local_path ({path}) has nothing to download"
             ))),
         }
+    }
+
+    /// An uploaded file: one file, named by its SHA-256 in the cache.
+    async fn resolve_upload(&self, id: i64) -> Result<Resolved, SourceError> {
+        let staged = self.staged.get().ok_or_else(|| {
+            SourceError::Invalid(format!(
+                "upload {id} cannot be fetched here: nothing says where uploads are"
+            ))
+        })?;
+        let upload = staged.describe(id).await?;
+        Ok(Resolved {
+            key: format!("upload/{id}"),
+            commit: None,
+            files: vec![RemoteFile {
+                path: upload.name,
+                url: upload.url,
+                size: Some(upload.size),
+                sha256: Some(upload.sha256),
+                ..Default::default()
+            }],
+        })
     }
 
     /// A request for `file`, with the hub token when it needs one.

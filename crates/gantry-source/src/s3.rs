@@ -21,7 +21,11 @@
 //!
 //! Without `s3_access_key` and `s3_secret_key` requests are anonymous (a public bucket)
 //! and the URLs plain. The secret key never appears in a log or an error.
+//!
+//! The servers keep uploaded files in a bucket too (`s3_upload_bucket`): [`put_file`],
+//! [`presign_get`] and [`delete_object`] are what they use.
 
+use std::path::Path;
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
@@ -30,9 +34,11 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::client::{HttpError, HttpErrorKind};
 use object_store::path::Path as ObjectPath;
 use object_store::signer::Signer;
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+use object_store::WriteMultipart;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
 use reqwest::{Method, StatusCode};
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
 
 use crate::hub::{self, ListedFile};
 use crate::{RemoteFile, Resolved, S3Config, SourceError, Sources, META_TIMEOUT};
@@ -44,6 +50,12 @@ use crate::{RemoteFile, Resolved, S3Config, SourceError, Sources, META_TIMEOUT};
 /// names S3 files by [`RemoteFile::cache_id`], not by URL. Shorter would bound a leaked
 /// URL more tightly but fail slow downloads; SigV4 allows at most 7 days.
 const PRESIGNED_URL_EXPIRY: Duration = Duration::from_secs(12 * 60 * 60);
+
+/// How long one request of a transfer (a part of an upload) may take.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
+/// The parts of an upload to the store, and how many are sent at once.
+const PART_SIZE: usize = 16 << 20;
+const PARTS_IN_FLIGHT: usize = 4;
 
 /// `HEAD` requests in flight at once while describing the chosen objects.
 const CONCURRENT_HEADS: usize = 8;
@@ -120,22 +132,87 @@ pub(crate) async fn resolve(
     })
 }
 
+/// Copies the file at `path` to `key` of `bucket`, in parts sent a few at a time.
+pub async fn put_file(
+    config: &S3Config,
+    bucket: &str,
+    key: &str,
+    path: &Path,
+) -> Result<(), SourceError> {
+    let bucket = Bucket::open_with(config, bucket, TRANSFER_TIMEOUT)?;
+    let object = object_path(key)?;
+    let disk = |e: std::io::Error| SourceError::Disk(format!("{}: {e}", path.display()));
+    let mut file = tokio::fs::File::open(path).await.map_err(disk)?;
+    let upload = bucket
+        .client
+        .put_multipart(&object)
+        .await
+        .map_err(|e| bucket.store_error(e, key))?;
+    let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buffer).await.map_err(disk)?;
+        if n == 0 {
+            break;
+        }
+        writer
+            .wait_for_capacity(PARTS_IN_FLIGHT)
+            .await
+            .map_err(|e| bucket.store_error(e, key))?;
+        writer.write(&buffer[..n]);
+    }
+    writer
+        .finish()
+        .await
+        .map_err(|e| bucket.store_error(e, key))?;
+    Ok(())
+}
+
+/// A URL that gets `key` of `bucket` (presigned for 12 hours when keys are configured).
+pub async fn presign_get(
+    config: &S3Config,
+    bucket: &str,
+    key: &str,
+) -> Result<String, SourceError> {
+    Bucket::open(config, bucket)?
+        .url_for(Method::GET, key)
+        .await
+}
+
+/// Deletes `key` of `bucket`; an object already gone is not an error.
+pub async fn delete_object(config: &S3Config, bucket: &str, key: &str) -> Result<(), SourceError> {
+    let bucket = Bucket::open(config, bucket)?;
+    match bucket.client.delete(&object_path(key)?).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(bucket.store_error(e, key)),
+    }
+}
+
 impl<'a> Bucket<'a> {
     fn open(config: &'a S3Config, name: &'a str) -> Result<Self, SourceError> {
+        Self::open_with(config, name, META_TIMEOUT)
+    }
+
+    /// The bucket, each request limited to `timeout`.
+    fn open_with(
+        config: &'a S3Config,
+        name: &'a str,
+        timeout: Duration,
+    ) -> Result<Self, SourceError> {
         let store = match &config.endpoint {
             Some(endpoint) => format!("{} (s3_endpoint)", endpoint.trim_end_matches('/')),
             None => format!("AWS S3 in {} (s3_region)", config.region),
         };
         let client_options = ClientOptions::new()
             .with_connect_timeout(Duration::from_secs(10))
-            .with_timeout(META_TIMEOUT)
+            .with_timeout(timeout)
             .with_allow_http(true);
         // A listing is retried a little, then fails: an unreachable or refusing store
         // should say so within seconds (object_store's default retries for 3 minutes).
         let retry = RetryConfig {
             backoff: BackoffConfig::default(),
             max_retries: 2,
-            retry_timeout: META_TIMEOUT,
+            retry_timeout: timeout,
         };
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(name)

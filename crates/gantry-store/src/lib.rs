@@ -40,6 +40,7 @@ mod scheduling;
 mod servers;
 mod settings;
 pub mod testing;
+mod uploads;
 mod usage;
 mod users;
 mod workers;
@@ -66,6 +67,7 @@ pub use gantry_types::{ApiKeyFilter, InstanceFilter, ModelFilter, UserFilter, Wo
 pub use scheduling::{NewPlacement, PlacedInstanceClaim};
 pub use servers::{RegistryConflict, ServerRecord, ServerRegistration};
 pub use settings::REGISTRATION_TOKEN_DIGEST;
+pub use uploads::UploadDone;
 pub use usage::{
     usage_minute_of, UsageByApiKey, UsageByModel, UsageFilter, UsageIncrement, UsageSums,
     USAGE_BUCKET_MILLIS,

@@ -165,6 +165,26 @@ const MIGRATIONS: &[Migration] = &[Migration {
     version: 5,
     name: "instance download progress",
     statements: &["ALTER TABLE model_instances ADD COLUMN download TEXT"],
+}, Migration {
+    version: 6,
+    name: "uploads",
+    statements: &[
+        // location: `server:<server id>` while the bytes are on that server's disk, or
+        // `s3:<bucket>/<key>`; received: bytes on record (the holder's file is the truth
+        // while it receives).
+        "CREATE TABLE uploads (
+            id {id},
+            name TEXT NOT NULL,
+            size BIGINT NOT NULL,
+            received BIGINT NOT NULL,
+            state TEXT NOT NULL,
+            sha256 TEXT,
+            location TEXT NOT NULL,
+            created_by BIGINT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+    ],
 }];
 
 /// The newest schema version this build knows.

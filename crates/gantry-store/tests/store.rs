@@ -8,10 +8,10 @@ use gantry_store::{
     ApiKeyFilter, Change, ChangeKind, InstanceFilter, ModelFilter, NewApiKey, NewUser, Page,
     StoreError, UserFilter, WorkerFilter,
 };
-use gantry_store::{Fence, Listed};
+use gantry_store::{Fence, Listed, UploadDone};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
 use gantry_types::fixtures::worker_status;
-use gantry_types::{BackendKind, InstanceState, ModelCreate, Role};
+use gantry_types::{BackendKind, InstanceState, ModelCreate, Role, UploadCreate, UploadState};
 
 fn new_user(name: &str, role: Role) -> NewUser {
     NewUser {
@@ -519,7 +519,69 @@ async fn reopening_a_database_keeps_data_and_skips_applied_migrations(engine: Te
     assert_eq!(again.get_setting("k").await.unwrap().as_deref(), Some("v1"));
 }
 
+async fn an_upload_is_created_advanced_finished_listed_and_deleted(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let new = UploadCreate {
+        name: "tiny.gguf".into(),
+        size: 100,
+        sha256: Some("AB".repeat(32)),
+    };
+    let upload = store
+        .create_upload(&new, "server:a", 1)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(upload.state, UploadState::Uploading);
+    assert_eq!(upload.sha256.as_deref(), Some("ab".repeat(32).as_str()));
+    store
+        .set_upload_received(upload.id, 40)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let got = store
+        .get_upload(upload.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.bytes_received, 40);
+    let done = store
+        .finish_upload(
+            upload.id,
+            &UploadDone {
+                sha256: "ab".repeat(32),
+                location: "s3:b/k".into(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (done.state, done.bytes_received, done.location.as_str()),
+        (UploadState::Ready, 100, "s3:b/k")
+    );
+    // A finished upload no longer moves.
+    store
+        .set_upload_received(upload.id, 3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        store
+            .get_upload(upload.id)
+            .await
+            .map(|u| u.bytes_received)
+            .ok(),
+        Some(100)
+    );
+    assert_eq!(store.list_uploads().await.map(|l| l.len()).ok(), Some(1));
+    store
+        .delete_upload(upload.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(
+        store.get_upload(upload.id).await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
 test_both_engines!(
+    an_upload_is_created_advanced_finished_listed_and_deleted,
     users_are_created_listed_updated_and_deleted,
     duplicate_usernames_conflict_and_keep_the_original,
     api_keys_are_found_by_digest_and_cascade_with_their_user,

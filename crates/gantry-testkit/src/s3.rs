@@ -152,6 +152,20 @@ impl S3Server {
         unquoted(result.e_tag)
     }
 
+    /// The bytes of `bucket/key`.
+    pub async fn get(&self, bucket: &str, key: &str) -> Vec<u8> {
+        let result = self
+            .client(bucket)
+            .get(&object_path(key))
+            .await
+            .unwrap_or_else(|e| panic!("get s3://{bucket}/{key}: {e}"));
+        result
+            .bytes()
+            .await
+            .unwrap_or_else(|e| panic!("read s3://{bucket}/{key}: {e}"))
+            .to_vec()
+    }
+
     /// Uploads `bucket/key` as a multipart upload of `parts` and returns its ETag
     /// (`<hex>-<number of parts>`, no digest of the bytes).
     pub async fn put_multipart(&self, bucket: &str, key: &str, parts: &[&[u8]]) -> String {

@@ -44,7 +44,8 @@ pub use model::{
     PlacementStrategy,
 };
 pub use model_file::{
-    CachedModelFile, ModelFile, ModelFileList, ModelFileState, UnreachableWorker,
+    CachedModelFile, ModelFile, ModelFileList, ModelFileState, StagedUpload, UnreachableWorker,
+    Upload, UploadCreate, UploadList, UploadState,
 };
 pub use placement::{
     GpuShare, LaunchTemplate, LlamaLayout, Placement, PlacementKind, PlacementRecord, Reservation,

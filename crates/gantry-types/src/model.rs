@@ -88,6 +88,12 @@ pub enum ModelSource {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sha256: Option<OneOrMany>,
     },
+    /// A file uploaded to the servers (`POST /api/v1/model-files/uploads`), once its
+    /// upload is complete: one file, such as a GGUF model.
+    Upload {
+        /// The upload's id.
+        id: i64,
+    },
 }
 
 /// One string or a list of them.
@@ -221,6 +227,15 @@ impl ModelSource {
                     ));
                 }
                 check_text("source.key", key, 1024)
+            }
+            ModelSource::Upload { id } => {
+                if *id <= 0 {
+                    return Err(FieldError::new(
+                        "source.id",
+                        "must be the id of an upload (GET /api/v1/model-files/uploads)",
+                    ));
+                }
+                Ok(())
             }
             ModelSource::Url { url, sha256 } => {
                 let urls = url.items();

@@ -1,9 +1,11 @@
-//! Model files: what the workers' caches hold (`GET /api/v1/model-files`).
+//! Model files: what the workers' caches hold (`GET /api/v1/model-files`), and files
+//! uploaded to the servers (`/api/v1/model-files/uploads`).
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::Timestamp;
+use crate::validate::check_text;
+use crate::{FieldError, Timestamp, Validate};
 
 /// Where a cached file stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -68,4 +70,100 @@ pub struct UnreachableWorker {
     pub worker_id: i64,
     pub worker_name: String,
     pub error: String,
+}
+
+/// Where an upload stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UploadState {
+    /// Receiving bytes: `PATCH` continues it from `bytes_received`.
+    Uploading,
+    /// Complete, its SHA-256 checked: models may use it as `{"type": "upload", "id": …}`.
+    Ready,
+}
+
+/// A file uploaded to the servers, to deploy as a model's source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Upload {
+    pub id: i64,
+    /// The file's name (what the worker calls it; `.gguf` for llama.cpp).
+    pub name: String,
+    /// Its size in bytes, declared when the upload was created.
+    pub size: u64,
+    /// Bytes received so far: where the next `PATCH` starts (`Upload-Offset`).
+    pub bytes_received: u64,
+    pub state: UploadState,
+    /// The SHA-256 (lowercase hex): the one declared, checked when the last byte
+    /// arrives; computed then when none was declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Where the bytes are kept: `server:<server id>` (its data directory) or
+    /// `s3:<bucket>/<key>` (shared by every server).
+    pub location: String,
+    /// Who created it.
+    pub created_by: i64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// `POST /api/v1/model-files/uploads`: a file to be uploaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UploadCreate {
+    /// A file name: 1-255 characters, no '/', not starting with '.'.
+    #[schema(min_length = 1, max_length = 255)]
+    pub name: String,
+    /// Its size in bytes (at most the server's `upload_max_size`).
+    #[schema(minimum = 1)]
+    pub size: u64,
+    /// Its SHA-256 (64 hexadecimal characters), checked when the last byte arrives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9a-fA-F]{64}$")]
+    pub sha256: Option<String>,
+}
+
+impl Validate for UploadCreate {
+    fn validate(&self) -> Result<(), FieldError> {
+        check_text("name", &self.name, 255)?;
+        if self.name.is_empty()
+            || self.name.starts_with('.')
+            || self.name.contains(['/', '\\', '\0'])
+        {
+            return Err(FieldError::new(
+                "name",
+                "must be a file name: not empty, no '/', not starting with '.'",
+            ));
+        }
+        if self.size == 0 {
+            return Err(FieldError::new("size", "must be at least 1 byte"));
+        }
+        if let Some(digest) = &self.sha256 {
+            if digest.len() != 64 || !digest.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(FieldError::new(
+                    "sha256",
+                    "must be 64 hexadecimal characters",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Uploads, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UploadList {
+    pub items: Vec<Upload>,
+}
+
+/// What a worker needs to download an upload (`GET /api/v1/worker/uploads/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StagedUpload {
+    pub id: i64,
+    pub name: String,
+    pub size: u64,
+    pub sha256: String,
+    /// Where to `GET` it (ranges honoured), signed and valid for a day: a path on the
+    /// server that answered (join it with that server's URL), or an absolute URL (a
+    /// presigned S3 URL).
+    pub url: String,
 }

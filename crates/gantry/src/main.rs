@@ -93,6 +93,8 @@ fn server_config(config: &Config) -> ServerConfig {
         schedule_lock_timeout: config.schedule_lock_timeout,
         shutdown_grace: config.stop_grace_period,
         sources: source_config(config),
+        upload_max_size: config.upload_max_size,
+        upload_bucket: config.s3_upload_bucket.clone(),
         ..ServerConfig::new(config.data_dir.clone())
     }
 }

@@ -10,6 +10,7 @@ pub mod instances;
 pub mod model_files;
 pub mod models;
 pub mod openapi;
+pub mod uploads;
 pub mod usage;
 pub mod users;
 pub mod watch;
@@ -54,6 +55,18 @@ pub fn router(state: AppState) -> Router {
                 .delete(models::delete),
         )
         .route("/model-files", get(model_files::list))
+        .route(
+            "/model-files/uploads",
+            get(uploads::list).post(uploads::create),
+        )
+        .route(
+            "/model-files/uploads/{id}",
+            get(uploads::get)
+                .patch(uploads::append)
+                .delete(uploads::delete),
+        )
+        .route("/model-files/uploads/{id}/content", get(uploads::content))
+        .route("/worker/uploads/{id}", get(uploads::staged))
         .route(
             "/model-files/{worker_id}/{blob}",
             axum::routing::delete(model_files::delete),

@@ -7,8 +7,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    agent, api_keys, auth, coordinator, health, instances, model_files, models, usage, users,
-    workers,
+    agent, api_keys, auth, coordinator, health, instances, model_files, models, uploads, usage,
+    users, workers,
 };
 
 /// The management API's description.
@@ -32,6 +32,8 @@ use super::{
         models::list, models::create, models::get, models::update, models::delete,
         instances::list, instances::get, instances::update, instances::delete, instances::logs,
         model_files::list, model_files::delete,
+        uploads::create, uploads::list, uploads::get, uploads::append, uploads::delete,
+        uploads::content, uploads::staged,
         agent::register, agent::heartbeat, agent::status, agent::assignments,
         agent::report_state, agent::goodbye, agent::servers,
         coordinator::servers, coordinator::register, coordinator::unregister,

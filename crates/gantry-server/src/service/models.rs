@@ -5,14 +5,38 @@
 //! controller moves instances whose launch settings no longer match the model onto the new
 //! ones, one at a time, and the scheduler places what is pending.
 
-use gantry_store::Store;
-use gantry_types::{Model, ModelCreate, ModelUpdate};
+use gantry_store::{Store, StoreError};
+use gantry_types::{Model, ModelCreate, ModelSource, ModelUpdate, UploadState};
 
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 
 /// Declares a model; its instances appear with the next controller pass.
 pub async fn create(store: &Store, create: &ModelCreate) -> ApiResult<Model> {
+    check_source(store, &create.source).await?;
     Ok(store.create_model(create).await?)
+}
+
+/// Refuses (422) a source that names an upload that does not exist or is not complete.
+async fn check_source(store: &Store, source: &ModelSource) -> ApiResult<()> {
+    let ModelSource::Upload { id } = source else {
+        return Ok(());
+    };
+    let upload = match store.get_upload(*id).await {
+        Ok(upload) => upload,
+        Err(StoreError::NotFound { .. }) => {
+            return Err(ApiError::validation(format!(
+                "source.id: there is no upload {id} (see GET /api/v1/model-files/uploads)"
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if upload.state != UploadState::Ready {
+        return Err(ApiError::validation(format!(
+            "source.id: upload {id} ({}) is not complete ({} of {} bytes received); finish it              with PATCH /api/v1/model-files/uploads/{id} first",
+            upload.name, upload.bytes_received, upload.size
+        )));
+    }
+    Ok(())
 }
 
 /// Applies a validated update. Changing what an instance runs (source, backend, arguments,
@@ -22,6 +46,9 @@ pub async fn update(store: &Store, id: i64, update: ModelUpdate) -> ApiResult<(M
     let mut model = store.get_model(id).await?;
     let before = model.launch_template();
     model.apply(update);
+    if model.source != before.source {
+        check_source(store, &model.source).await?;
+    }
     let rolls = model.launch_template() != before;
     Ok((store.update_model(&model).await?, rolls))
 }

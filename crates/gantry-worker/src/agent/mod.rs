@@ -8,6 +8,7 @@ pub mod identity;
 pub mod model_dirs;
 pub mod register;
 pub mod report;
+mod uploads;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -130,6 +131,13 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
         .context("start the backend supervisor")?;
     let backends = available_backends(&config.supervisor);
     let client = Client::with_servers(config.server_urls.clone());
+    if let Some(cache) = &config.supervisor.model_cache {
+        cache
+            .sources()
+            .set_staged(std::sync::Arc::new(uploads::ServerUploads {
+                client: client.clone(),
+            }));
+    }
     let mut shared = Shared {
         config,
         client,

@@ -100,6 +100,12 @@ config_table! {
         max_request_body: BodyLimit = server::DEFAULT_MAX_REQUEST_BODY;
         /// Largest request body of the OpenAI-compatible gateway (`/v1/*`).
         gateway_max_request_body: BodyLimit = server::DEFAULT_GATEWAY_MAX_REQUEST_BODY;
+        /// Largest file `POST /api/v1/model-files/uploads` accepts.
+        upload_max_size: Size = server::DEFAULT_UPLOAD_MAX_SIZE;
+        /// Bucket of the `s3_*` store that complete uploads are moved to, so that every
+        /// server (and worker) reaches them; unset keeps them on the disk of the server
+        /// they reached.
+        s3_upload_bucket: Optional<Text> = None, shown "none (`<data_dir>/uploads`)";
     }
     worker {
         /// Registration token, from the server's `<data_dir>/registration_token`; needed
