@@ -12,8 +12,11 @@
 //! - With `--s3-upload-bucket` (moto's S3 server, `gantry_testkit::s3`), the complete
 //!   upload moves to the bucket and the worker — which has no S3 keys — downloads it
 //!   through a URL the server presigned.
+//! - Two servers on one PostgreSQL: an upload received by A is deployed by a worker that
+//!   knows only B (B redirects the signed download, and a `PATCH`, to A).
 //!
-//! The S3 test needs `GANTRY_PYTHON` (scripts/python-env.sh prints it).
+//! The S3 test needs `GANTRY_PYTHON` (scripts/python-env.sh prints it), the two-server
+//! test `GANTRY_TEST_POSTGRES_URL` (scripts/test.sh sets both).
 
 #![allow(clippy::unwrap_used)]
 
@@ -374,4 +377,78 @@ async fn an_upload_moves_to_the_bucket_and_the_worker_downloads_it_presigned() {
     for log in [cluster.server.log_text(), worker.log_text()] {
         assert!(!log.contains(secret));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_on_one_server_is_deployed_through_another() {
+    let db = gantry_testkit::TestDatabase::new(gantry_testkit::TestEngine::Postgres).await;
+    let args = common::ha_server_args(&db.url);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let a = Cluster::start(&args).await;
+    let b = Cluster::start(&args).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(common::tiny_model(dir.path())).unwrap();
+    let upload = upload_whole(&a, "tiny.gguf", &bytes).await;
+    assert!(
+        upload.location.starts_with("server:server-"),
+        "{}",
+        upload.location
+    );
+
+    // Asked of B, a download URL is a path on B, which redirects to A.
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let staged: gantry_types::StagedUpload = b
+        .http
+        .get(format!("{}/api/v1/worker/uploads/{}", b.base, upload.id))
+        .bearer_auth(b.client().token().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let via_b = no_redirects
+        .get(format!("{}{}", b.base, staged.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(via_b.status(), 307);
+    let location = via_b.headers()["location"].to_str().unwrap().to_owned();
+    assert_eq!(location, format!("{}{}", a.base, staged.url));
+    let via_a = b.http.get(&location).send().await.unwrap();
+    assert_eq!(via_a.status(), 200);
+    assert_eq!(via_a.bytes().await.unwrap(), bytes);
+    // A PATCH of an upload A receives, sent to B, is sent on to A.
+    let receiving: Upload = create_upload(&a, json!({"name": "next.gguf", "size": 10}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let path = format!("/api/v1/model-files/uploads/{}", receiving.id);
+    let patch_b = no_redirects
+        .patch(format!("{}{path}", b.base))
+        .bearer_auth(b.client().token().unwrap())
+        .header("Upload-Offset", 0)
+        .header("Content-Type", "application/offset+octet-stream")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patch_b.status(), 307);
+    assert_eq!(
+        patch_b.headers()["location"],
+        format!("{}{path}", a.base).as_str()
+    );
+
+    // A worker told only of B (the registration token is A's file) runs the model.
+    let worker = a.worker_for(
+        &b.base,
+        "w1",
+        &["--simulate-gpus", "1x8GiB", "--heartbeat-interval", "300ms"],
+    );
+    b.worker_id("w1", &worker).await;
+    deploy_and_chat(&b, &worker, "tiny-elsewhere", &upload).await;
 }

@@ -10,7 +10,7 @@
 //! signature, not a bearer token.
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{OriginalUri, Request, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -49,7 +49,8 @@ fn answer(status: StatusCode, upload: Upload) -> Response {
     (status, [(UPLOAD_OFFSET, offset)], Json(upload)).into_response()
 }
 
-/// A redirect of this request to the server that holds the upload's bytes.
+/// A redirect of this request (`request_uri`: its path and query as sent, before the
+/// router's nesting strips a prefix) to the server that holds the upload's bytes.
 async fn to_holder(state: &AppState, upload: &Upload, request_uri: &str) -> ApiResult<Response> {
     let base = state.staging.holder_url(&state.store, upload).await?;
     let target = format!("{base}{request_uri}");
@@ -142,6 +143,7 @@ pub async fn append(
     State(state): State<AppState>,
     Auth(principal): Auth,
     ApiPath(id): ApiPath<i64>,
+    OriginalUri(uri): OriginalUri,
     request: Request,
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;
@@ -153,8 +155,7 @@ pub async fn append(
         )));
     }
     if !state.staging.is_here(&upload) {
-        let uri = request.uri().to_string();
-        return to_holder(&state, &upload, &uri).await;
+        return to_holder(&state, &upload, &uri.to_string()).await;
     }
     let headers = request.headers();
     let content_type = headers
@@ -284,13 +285,12 @@ pub async fn delete(
     State(state): State<AppState>,
     Auth(principal): Auth,
     ApiPath(id): ApiPath<i64>,
-    request: Request,
+    OriginalUri(uri): OriginalUri,
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;
     let upload = state.store.get_upload(id).await?;
     if Staging::holder(&upload).is_some() && !state.staging.is_here(&upload) {
-        let uri = request.uri().to_string();
-        return to_holder(&state, &upload, &uri).await;
+        return to_holder(&state, &upload, &uri.to_string()).await;
     }
     let users: Vec<String> = state
         .store
@@ -346,6 +346,7 @@ pub async fn content(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<i64>,
     ApiQuery(query): ApiQuery<ContentQuery>,
+    OriginalUri(uri): OriginalUri,
     request: Request,
 ) -> ApiResult<Response> {
     if !state.staging.verify(id, query.expires, &query.signature) {
@@ -369,8 +370,7 @@ pub async fn content(
         return Ok((StatusCode::TEMPORARY_REDIRECT, [(LOCATION, location)]).into_response());
     }
     if !state.staging.is_here(&upload) {
-        let uri = request.uri().to_string();
-        return to_holder(&state, &upload, &uri).await;
+        return to_holder(&state, &upload, &uri.to_string()).await;
     }
     let file = state.staging.file_of(&upload);
     let served = tower_http::services::ServeFile::new(&file)
