@@ -211,14 +211,16 @@ impl Staging {
             None => self.here(),
             Some(bucket) => {
                 let key = format!("{S3_PREFIX}/{}/{}", upload.id, upload.name);
-                gantry_source::s3::put_file(&self.s3, bucket, &key, &file)
-                    .await
-                    .map_err(|e| {
-                        ApiError::unavailable(format!(
-                            "the upload is complete but cannot be copied to s3_upload_bucket: \
-                             {e}"
-                        ))
-                    })?;
+                if let Err(e) = gantry_source::s3::put_file(&self.s3, bucket, &key, &file).await {
+                    // Back to a complete `.part`: the next PATCH (of nothing, at the full
+                    // offset) tries the copy again.
+                    let _ = tokio::fs::rename(&file, &part).await;
+                    return Err(ApiError::unavailable(format!(
+                        "the upload is complete but cannot be copied to s3_upload_bucket: {e}; \
+                         send PATCH with Upload-Offset: {} and an empty body to try again",
+                        upload.size
+                    )));
+                }
                 let _ = tokio::fs::remove_dir_all(self.dir_of(upload.id)).await;
                 format!("s3:{bucket}/{key}")
             }

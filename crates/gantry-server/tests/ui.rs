@@ -9,10 +9,11 @@
 //! that is what the browser sees, and the typed API client does not serve assets or keep
 //! cookies. The API itself is called through the typed client.
 //!
-//! Two tests drive the console in a real browser: Debian's `chromium`, through
+//! Three tests drive the console in a real browser: Debian's `chromium`, through
 //! Playwright's Python package (`tests/ui_browser.py`, run with `GANTRY_PYTHON`): the
-//! servers screen, and the progress of downloads with the model files screen. They take
-//! screenshots of what they checked, under `target/tmp/ui-screenshots/`.
+//! servers screen; the progress of downloads with the model files screen; and uploading a
+//! file on the model files screen to deploy it as a model's source. They take screenshots
+//! of what they checked, under `target/tmp/ui-screenshots/`.
 //!
 //! The model files screen lists what the server reads from each worker's own API. This
 //! crate's tests cannot start the real worker (`gantry-worker`; the end-to-end tests of
@@ -36,8 +37,8 @@ use common::{
 use gantry_client::{Client, ClientError};
 use gantry_testkit::TestEngine;
 use gantry_types::{
-    CachedModelFile, ClusterStatus, ErrorCode, InstancePatch, ModelFileState, ServerRole,
-    Timestamp, WorkerRegister,
+    CachedModelFile, ClusterStatus, ErrorCode, InstancePatch, ModelFileState, ModelQuery,
+    ModelSource, ServerRole, Timestamp, UploadList, UploadState, WorkerRegister,
 };
 use reqwest::header::{
     AUTHORIZATION, CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, COOKIE, ETAG,
@@ -696,5 +697,104 @@ async fn the_console_shows_download_progress_and_model_files_in_a_real_browser()
 
     heartbeats.abort();
     double_task.abort();
+    server.shutdown().await;
+}
+
+/// The bytes of one `PATCH` of the console's uploads (`UPLOAD_CHUNK_BYTES` in `app.js`):
+/// the browser script checks where each chunk started.
+const UI_UPLOAD_CHUNK: u64 = 8 << 20;
+
+/// The model files screen uploads a file in chunks with its progress shown live, sends a
+/// failed chunk again from where the server says it stopped, shows the server's refusal of
+/// a wrong SHA-256, resumes an upload begun elsewhere once its file is picked again, and
+/// deletes an upload nobody uses; the new-model form offers the complete uploads as a
+/// source, and the screen shows why the server keeps the upload that model uses.
+///
+/// The browser script makes the files (deterministic bytes of the sizes given here); this
+/// test then checks what the page left on the server, in the API's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_uploads_a_model_file_and_deploys_it_in_a_real_browser() {
+    let chromium = chromium();
+    let server = TestServer::start(TestEngine::Sqlite).await;
+    let screenshots = screenshot_paths(&[
+        "uploads-progress",
+        "uploads-refused",
+        "uploads",
+        "uploads-dark",
+        "model-upload-source",
+    ]);
+    // Three chunks, the last a short one; a resumed file whose start the script sends
+    // through the API; a small file sent with a wrong SHA-256, then deleted.
+    let deployed_size = 2 * UI_UPLOAD_CHUNK + 123_457;
+    let resumed_size = UI_UPLOAD_CHUNK + 65_536;
+    let expected = serde_json::json!({
+        "checks": "uploads",
+        "base": server.base,
+        "chromium": chromium,
+        "screenshots": {
+            "progress": screenshots[0],
+            "refused": screenshots[1],
+            "uploads": screenshots[2],
+            "uploads_dark": screenshots[3],
+            "model_source": screenshots[4],
+        },
+        "admin": {"username": "admin", "password": ADMIN_PASSWORD},
+        "chunk_size": UI_UPLOAD_CHUNK,
+        "model": "tiny-llama",
+        "deployed": {"name": "tiny-llama.Q4_K_M.gguf", "size": deployed_size},
+        "resumed": {"name": "resume.gguf", "size": resumed_size, "sent_first": 300_000},
+        "wrong_digest": {"name": "wrong.gguf", "size": 1000},
+    });
+    run_browser_checks(&expected, &screenshots).await;
+
+    // The two complete uploads are left (the wrong one was deleted), and the model the
+    // page created deploys the first.
+    let token = server.client().token().unwrap();
+    let (status, body) = server
+        .raw(
+            Method::GET,
+            "/api/v1/model-files/uploads",
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let uploads: UploadList = serde_json::from_value(body).unwrap();
+    let summary: Vec<_> = uploads
+        .items
+        .iter()
+        .map(|u| (u.name.as_str(), u.size, u.bytes_received, u.state))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "resume.gguf",
+                resumed_size,
+                resumed_size,
+                UploadState::Ready
+            ),
+            (
+                "tiny-llama.Q4_K_M.gguf",
+                deployed_size,
+                deployed_size,
+                UploadState::Ready
+            ),
+        ],
+    );
+    let models = server
+        .client()
+        .list_models(&ModelQuery::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(models.len(), 1, "{models:?}");
+    assert_eq!(models[0].name, "tiny-llama");
+    assert_eq!(
+        models[0].source,
+        ModelSource::Upload {
+            id: uploads.items[1].id
+        }
+    );
     server.shutdown().await;
 }

@@ -24,12 +24,26 @@ while it watches the page:
      "unreachable_worker": {"id": 2, "name": "gpu-2"},
      "files": {"ready": "1/sha256-...", "downloading": ..., "partial": ..., "error": ...}}
 
+`the_console_uploads_a_model_file_and_deploys_it_in_a_real_browser`, where the script
+makes the files it uploads (deterministic bytes of the sizes given) and sends the start
+of one through the API itself, to resume it in the page:
+
+    {"checks": "uploads", "base": ..., "chromium": ..., "admin": {...},
+     "screenshots": {"progress": PNG, "refused": PNG, "uploads": PNG,
+                     "uploads_dark": PNG, "model_source": PNG},
+     "chunk_size": 8388608, "model": "tiny-llama",
+     "deployed": {"name": "tiny-llama.Q4_K_M.gguf", "size": 16900673},
+     "resumed": {"name": "resume.gguf", "size": 8454144, "sent_first": 300000},
+     "wrong_digest": {"name": "wrong.gguf", "size": 1000}}
+
 It fails (an uncaught exception, exit status 1) on the first thing that is not as
 expected, and on any console error or uncaught page error, which is how chromium reports
 what the Content-Security-Policy blocked.
 """
 
+import hashlib
 import json
+import random
 import re
 import sys
 
@@ -283,8 +297,239 @@ def check_model_files(page, base, expected, screenshots):
     # One worker's files: the filter asks the server for that worker only.
     page.locator("select[aria-label=Worker]").select_option(label=gone["name"])
     expect(page).to_have_url(re.compile(f'#/model-files\\?worker={gone["id"]}$'))
-    expect(page.locator(".panel.empty")).to_have_text("The worker did not answer: its files cannot be listed now.")
+    expect(page.locator("[data-cache] .panel.empty")).to_have_text(
+        "The worker did not answer: its files cannot be listed now.")
     expect(unreachable).to_contain_text(gone["name"])
+
+
+# ------------------------------------------------------------------ uploads
+
+
+def screenshot(page, path):
+    """The whole page from its top (scrolled down to click a button, the sticky top bar
+    would be drawn over the middle of it), without the toasts, which the checks read
+    where they appear and which would hide the rows' buttons."""
+    page.evaluate("window.scrollTo(0, 0); document.getElementById('toasts').replaceChildren()")
+    page.screenshot(path=path, full_page=True, animations="disabled")
+
+
+def file_bytes(spec):
+    """The bytes of a file to upload: the same for the same name and size, every run."""
+    return random.Random(spec["name"]).randbytes(spec["size"])
+
+
+def payload(spec, data):
+    return {"name": spec["name"], "mimeType": "application/octet-stream", "buffer": data}
+
+
+def check_upload_with_a_failed_chunk(page, expected, section, patches):
+    """Uploads a file of three chunks through the page's control. The second chunk is held
+    until the live progress is checked, then fails; the page asks the server where to go
+    on and sends it again."""
+    chunk = expected["chunk_size"]
+    spec = expected["deployed"]
+    data = file_bytes(spec)
+    digest = hashlib.sha256(data).hexdigest()
+    held = []
+
+    def hold_the_second_chunk(route):
+        request = route.request
+        if request.method == "PATCH" and request.headers.get("upload-offset") == str(chunk) and not held:
+            held.append(route)  # answered below, once the progress has been looked at
+            return
+        route.continue_()
+
+    page.route(re.compile(r"/api/v1/model-files/uploads/\d+$"), hold_the_second_chunk)
+    form = section.locator("form")
+    form.get_by_label("File to upload").set_input_files(payload(spec, data))
+    form.get_by_label("SHA-256").fill(digest)
+    form.get_by_role("button", name="Upload", exact=True).click()
+
+    # One chunk arrived: the control and the list show it, live.
+    transfer = section.locator("[data-transfer]")
+    expect(transfer).to_contain_text(spec["name"])
+    expect_progress(transfer.locator("[data-progress]"), "49%", "8.0 MiB / 16.1 MiB")
+    expect(transfer.locator("[data-part=speed]")).to_have_text(re.compile(r"/s$"))
+    expect(transfer.locator("[data-part=eta]")).to_have_text(re.compile(r" left$"))
+    row = section.locator("tbody tr[data-upload]").filter(has_text=spec["name"])
+    expect(row.locator(".badge")).to_have_text("uploading")
+    expect_progress(row.locator("[data-progress]"), "49%", "8.0 MiB / 16.1 MiB")
+    # Being sent from this page: nothing to resume.
+    expect(row.get_by_role("button", name="Resume")).to_have_count(0)
+    assert len(held) == 1, f"held {len(held)} chunks"
+    screenshot(page, expected["screenshots"]["progress"])
+
+    held[0].abort()
+    expect(row.locator(".badge")).to_have_text("ready")
+    expect(transfer).to_have_count(0)
+    expect(page.locator("#toasts")).to_contain_text(f'{spec["name"]} is uploaded (16.1 MiB)')
+    expect(form.locator(".alert")).to_be_empty()
+    expect(row.locator("[data-part=size]")).to_have_text("16.1 MiB")
+    sha = row.locator("[data-part=sha256] code")
+    expect(sha).to_have_text(digest[:12] + "…")
+    expect(sha).to_have_attribute("title", digest)
+    expect(row.locator("[data-progress]")).to_have_count(0)
+    expect(row.get_by_role("button", name="Resume")).to_have_count(0)
+    page.unroute(re.compile(r"/api/v1/model-files/uploads/\d+$"))
+
+    upload_id = int(row.get_attribute("data-upload"))
+    sent = [offset for (upload, offset) in patches if upload == upload_id]
+    assert sent == [0, chunk, chunk, 2 * chunk], f"the page sent the chunks at {sent}"
+    return upload_id
+
+
+def check_a_wrong_digest(page, expected, section):
+    """The server refuses bytes that are not what was declared: the control says why, and
+    the upload waits, empty, to be resumed or deleted."""
+    spec = expected["wrong_digest"]
+    form = section.locator("form")
+    form.get_by_label("File to upload").set_input_files(payload(spec, file_bytes(spec)))
+    form.get_by_label("SHA-256").fill("0" * 64)
+    form.get_by_role("button", name="Upload", exact=True).click()
+    expect(form.get_by_role("alert")).to_contain_text(
+        f'The upload of {spec["name"]} stopped: upload ')
+    expect(form.get_by_role("alert")).to_contain_text(f'but {"0" * 64} was declared')
+    row = section.locator("tbody tr[data-upload]").filter(has_text=spec["name"])
+    expect(row.locator(".badge")).to_have_text("uploading")
+    expect_progress(row.locator("[data-progress]"), "0%", "0 B / 1000 B")
+    expect(row.locator("[data-progress]")).to_have_class(re.compile(r"\bpaused\b"))
+    expect(row.get_by_role("button", name="Resume")).to_be_visible()
+    screenshot(page, expected["screenshots"]["refused"])
+
+    # Nothing uses it, so it goes.
+    row.get_by_role("button", name="Delete").click()
+    dialog = page.locator("dialog")
+    expect(dialog.get_by_role("heading")).to_have_text(f'Delete {spec["name"]}?')
+    dialog.get_by_role("button", name="Delete upload").click()
+    expect(dialog).to_have_count(0)
+    expect(page.locator("#toasts")).to_contain_text(f'{spec["name"]} deleted.')
+    expect(row).to_have_count(0)
+
+
+def check_resume(page, base, expected, section, patches):
+    """An upload interrupted elsewhere (its start sent through the API) continues in the
+    page from where the server says it stopped, once its file is picked again; another
+    file is refused, and a transfer stopped from the page can be resumed again."""
+    spec = expected["resumed"]
+    data = file_bytes(spec)
+    first = spec["sent_first"]
+    created = page.request.post(base + "/api/v1/model-files/uploads",
+                                data={"name": spec["name"], "size": spec["size"]})
+    assert created.status == 201, f"{created.status} {created.text()}"
+    upload_id = created.json()["id"]
+    started = page.request.patch(
+        f"{base}/api/v1/model-files/uploads/{upload_id}",
+        headers={"upload-offset": "0", "content-type": "application/offset+octet-stream"},
+        data=data[:first])
+    assert started.status == 200, f"{started.status} {started.text()}"
+
+    # The list is re-read on its own.
+    row = section.locator(f'tbody tr[data-upload="{upload_id}"]')
+    expect(row.locator(".badge")).to_have_text("uploading")
+    expect_progress(row.locator("[data-progress]"), "3%", "293 KiB / 8.1 MiB")
+    expect(row).to_contain_text("Not being sent from this page")
+    expect(row.locator("[data-part=sha256]")).to_have_text("—")
+
+    row.get_by_role("button", name="Resume").click()
+    dialog = page.locator("dialog")
+    expect(dialog.get_by_role("heading")).to_have_text(f'Resume {spec["name"]}')
+    expect(dialog).to_contain_text("continues from 293 KiB of 8.1 MiB")
+    other = expected["wrong_digest"]
+    dialog.get_by_label("File to upload").set_input_files(payload(other, file_bytes(other)))
+    dialog.get_by_role("button", name="Resume").click()
+    expect(dialog.get_by_role("alert")).to_have_text(
+        f'{other["name"]} has {other["size"]} bytes, but {spec["name"]} has {spec["size"]}: '
+        "pick the same file.")
+
+    # The first try is stopped from the page while its chunk is on the way (held here):
+    # the upload waits again where it was.
+    held = []
+    chunks = re.compile(r"/api/v1/model-files/uploads/\d+$")
+    page.route(chunks, lambda route: held.append(route) if route.request.method == "PATCH" else route.continue_())
+    dialog.get_by_label("File to upload").set_input_files(payload(spec, data))
+    dialog.get_by_role("button", name="Resume").click()
+    expect(dialog).to_have_count(0)
+    transfer = section.locator(f'[data-transfer="{upload_id}"]')
+    expect_progress(transfer.locator("[data-progress]"), "3%", "293 KiB / 8.1 MiB")
+    transfer.get_by_role("button", name="Stop").click()
+    expect(page.locator("#toasts")).to_contain_text(f'The upload of {spec["name"]} stopped; “Resume” continues it.')
+    expect(transfer).to_have_count(0)
+    expect(row.get_by_role("button", name="Resume")).to_be_visible()
+    page.unroute(chunks)
+    assert len(held) == 1, f"held {len(held)} chunks"
+
+    # The second goes through.
+    row.get_by_role("button", name="Resume").click()
+    dialog.get_by_label("File to upload").set_input_files(payload(spec, data))
+    dialog.get_by_role("button", name="Resume").click()
+    expect(dialog).to_have_count(0)
+    expect(row.locator(".badge")).to_have_text("ready")
+    expect(row.locator("[data-part=sha256] code")).to_have_text(hashlib.sha256(data).hexdigest()[:12] + "…")
+    sent = [offset for (upload, offset) in patches if upload == upload_id]
+    assert sent == [first, first], f"the page sent the rest at {sent}"
+
+
+def check_upload_as_a_source(page, expected, upload_id):
+    """The new-model form offers the complete uploads; the model created names the upload."""
+    spec = expected["deployed"]
+    page.locator("nav.nav").get_by_role("link", name="Models").click()
+    expect(page).to_have_title("Models · gantry")
+    page.get_by_role("button", name="New model").click()
+    form = page.locator("form").filter(has=page.get_by_role("heading", name="New model"))
+    form.get_by_placeholder("llama-3-8b", exact=True).fill(expected["model"])
+    form.get_by_label(re.compile(r"^Source")).select_option(label="Uploaded file")
+    choice = form.get_by_label("Uploaded file", exact=True)
+    expect(choice.locator("option")).to_have_text([
+        f'{expected["resumed"]["name"]} (8.1 MiB)', f'{spec["name"]} (16.1 MiB)'])
+    choice.select_option(label=f'{spec["name"]} (16.1 MiB)')
+    expect(choice).to_be_visible()
+    screenshot(page, expected["screenshots"]["model_source"])
+    form.get_by_role("button", name="Create model").click()
+    expect(page.locator("#toasts")).to_contain_text(f'Model {expected["model"]} created with 1 replica.')
+    expect(form).to_be_hidden()
+    row = page.locator("tbody tr").filter(has_text=expected["model"])
+    expect(row).to_contain_text(f"upload {upload_id}")
+
+
+def check_uploads(page, base, expected):
+    # Every PATCH the page sends, as (upload id, Upload-Offset).
+    patches = []
+
+    def note_patch(request):
+        if request.method == "PATCH":
+            patches.append((int(request.url.rsplit("/", 1)[1]), int(request.headers["upload-offset"])))
+
+    page.on("request", note_patch)
+    log_in(page, base, expected["admin"])
+    nav = page.locator("nav.nav")
+    nav.get_by_role("link", name="Model files").click()
+    expect(page).to_have_title("Model files · gantry")
+    section = page.locator("[data-uploads]")
+    expect(section.get_by_role("heading", name="Uploads")).to_be_visible()
+    expect(section.locator(".panel.empty")).to_have_text("No uploads yet.")
+
+    deployed = check_upload_with_a_failed_chunk(page, expected, section, patches)
+    check_a_wrong_digest(page, expected, section)
+    check_resume(page, base, expected, section, patches)
+    expect(section.locator("tbody tr[data-upload]")).to_have_count(2)
+    screenshot(page, expected["screenshots"]["uploads"])
+    page.emulate_media(color_scheme="dark")
+    screenshot(page, expected["screenshots"]["uploads_dark"])
+    page.emulate_media(color_scheme="light")
+
+    check_upload_as_a_source(page, expected, deployed)
+
+    # The server keeps an upload a model uses: the dialog says which model, and stays open.
+    nav.get_by_role("link", name="Model files").click()
+    row = section.locator(f'tbody tr[data-upload="{deployed}"]')
+    row.get_by_role("button", name="Delete").click()
+    dialog = page.locator("dialog")
+    dialog.get_by_role("button", name="Delete upload").click()
+    expect(dialog.get_by_role("alert")).to_have_text(
+        f'upload {deployed} is the source of model(s) {expected["model"]}; delete or change them first')
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_have_count(0)
+    expect(row.locator(".badge")).to_have_text("ready")
 
 
 def check_servers(page, base, expected):
@@ -343,16 +588,22 @@ def main():
                 check_servers(page, base, expected)
             elif expected["checks"] == "downloads":
                 check_downloads(playwright, page, base, expected)
+            elif expected["checks"] == "uploads":
+                check_uploads(page, base, expected)
             else:
                 raise ValueError(f"unknown checks {expected['checks']!r}")
         finally:
             browser.close()
     # A refused session is logged as a failed resource load (401), which is expected
     # before logging in; a worker's refusal to delete a file in use (409) is what the
-    # downloads checks provoke. Anything else is a fault of the page.
+    # downloads checks provoke; the uploads checks provoke a failed chunk, a wrong
+    # digest (422) and a refusal to delete an upload in use (409). Anything else is a
+    # fault of the page.
     expected_refusals = ["status of 401"]
     if expected["checks"] == "downloads":
         expected_refusals.append("status of 409")
+    if expected["checks"] == "uploads":
+        expected_refusals += ["net::ERR_FAILED", "status of 422", "status of 409"]
     problems = [p for p in problems if not any(r in p for r in expected_refusals)]
     assert not problems, "the page reported problems:\n" + "\n".join(problems)
     print("browser checks passed:", expected["checks"])

@@ -32,7 +32,8 @@ async fn check_source(store: &Store, source: &ModelSource) -> ApiResult<()> {
     };
     if upload.state != UploadState::Ready {
         return Err(ApiError::validation(format!(
-            "source.id: upload {id} ({}) is not complete ({} of {} bytes received); finish it              with PATCH /api/v1/model-files/uploads/{id} first",
+            "source.id: upload {id} ({}) is not complete ({} of {} bytes received); finish it \
+             with PATCH /api/v1/model-files/uploads/{id} first",
             upload.name, upload.bytes_received, upload.size
         )));
     }

@@ -182,6 +182,7 @@
       case 's3': return 's3://' + source.bucket + '/' + source.key;
       // One URL, or the parts of a split file.
       case 'url': return [].concat(source.url).join(' + ');
+      case 'upload': return 'upload ' + source.id;
       default: return JSON.stringify(source);
     }
   }
@@ -265,14 +266,21 @@
    * A session that ended (401) or must change its password (403
    * password_change_required) sends the whole app to the matching screen, unless the
    * caller handles authentication itself (`{auth: false}`).
+   *
+   * `body` is sent as JSON, except a Blob (a slice of a file), which is sent as it is with
+   * the content type the caller names in `options.headers`. `options.signal` aborts the
+   * call.
    */
   async function api(method, path, body, options) {
     const opts = options || {};
-    const init = { method, credentials: 'same-origin', headers: { accept: 'application/json' } };
-    if (body !== undefined) {
+    const init = { method, credentials: 'same-origin', headers: { accept: 'application/json' }, signal: opts.signal };
+    if (body instanceof Blob) {
+      init.body = body;
+    } else if (body !== undefined) {
       init.headers['content-type'] = 'application/json';
       init.body = JSON.stringify(body);
     }
+    Object.assign(init.headers, opts.headers);
     let response;
     try {
       response = await fetch(path, init);
@@ -593,6 +601,8 @@
 
   function endSession() {
     stopAll();
+    // The next chunk would be refused anyway; the uploads wait for “Resume”.
+    stopTransfers();
     session.user = null;
   }
 
@@ -1070,11 +1080,13 @@
     const sourceType = h('select', null,
       h('option', { value: 'local_path' }, 'Local path on the workers'),
       h('option', { value: 'huggingface' }, 'Hugging Face repository'),
-      h('option', { value: 'url' }, 'URL'));
+      h('option', { value: 'url' }, 'URL'),
+      h('option', { value: 'upload' }, 'Uploaded file'));
     const path = h('input', { placeholder: '/models/llama-3-8b.Q4_K_M.gguf' });
     const repo = h('input', { placeholder: 'owner/name' });
     const file = h('input', { placeholder: 'optional: one file, e.g. model.Q4_K_M.gguf' });
     const url = h('input', { type: 'url', placeholder: 'https://example.com/model.gguf' });
+    const upload = h('select', { 'aria-label': 'Uploaded file' });
     const backend = h('select', null, ['llama.cpp', 'vllm', 'sglang', 'custom'].map((b) => h('option', { value: b }, b)));
     const customCommand = h('input', { placeholder: 'my-server --model {model_path} --port {port} --host {host}' });
     const replicas = h('input', { type: 'number', min: 0, max: 1000, value: '1', required: true });
@@ -1089,6 +1101,8 @@
     const repoField = field('Repository', repo);
     const fileField = field('File', file);
     const urlField = field('URL', url, null, 'wide');
+    const uploadField = field('Uploaded file', upload,
+      ['Complete uploads. Upload a file on the ', h('a', { href: '#/model-files' }, 'Model files'), ' screen.'], 'wide');
     const commandField = field('Command template', customCommand,
       'Placeholders: {model_path} {port} {gpu_ids} {host}. Split like a shell would, run without one.', 'wide');
     const offloadField = checkField('Allow CPU offload (llama.cpp)', cpuOffload);
@@ -1098,11 +1112,42 @@
       repoField.classList.toggle('hidden', sourceType.value !== 'huggingface');
       fileField.classList.toggle('hidden', sourceType.value !== 'huggingface');
       urlField.classList.toggle('hidden', sourceType.value !== 'url');
+      uploadField.classList.toggle('hidden', sourceType.value !== 'upload');
       commandField.classList.toggle('hidden', backend.value !== 'custom');
       offloadField.classList.toggle('hidden', backend.value !== 'llama.cpp');
     };
-    sourceType.addEventListener('change', sync);
+    // The uploads are read when they are asked for, so one finished since the form was
+    // built is offered too.
+    const loadUploads = async () => {
+      const chosen = upload.value;
+      upload.replaceChildren(h('option', { value: '' }, 'Loading…'));
+      try {
+        const ready = (await api('GET', '/api/v1/model-files/uploads')).items.filter((u) => u.state === 'ready');
+        upload.replaceChildren(...(ready.length
+          ? ready.map((u) => h('option', { value: String(u.id) }, u.name + ' (' + fmtBytes(u.size) + ')'))
+          : [h('option', { value: '' }, 'no complete uploads yet')]));
+        if (ready.some((u) => String(u.id) === chosen)) upload.value = chosen;
+      } catch (e) {
+        upload.replaceChildren(h('option', { value: '' }, 'cannot list the uploads: ' + e.message));
+      }
+    };
+    sourceType.addEventListener('change', () => {
+      sync();
+      if (sourceType.value === 'upload') loadUploads();
+    });
     backend.addEventListener('change', sync);
+
+    /** The `source` of the new model, from the fields of the chosen type. */
+    const source = () => {
+      switch (sourceType.value) {
+        case 'local_path': return { type: 'local_path', path: path.value.trim() };
+        case 'huggingface': return Object.assign({ type: 'huggingface', repo_id: repo.value.trim() }, file.value.trim() ? { file: file.value.trim() } : {});
+        case 'upload':
+          if (!upload.value) throw new Error('Choose an uploaded file: upload one on the Model files screen first.');
+          return { type: 'upload', id: Number(upload.value) };
+        default: return { type: 'url', url: url.value.trim() };
+      }
+    };
 
     const form = h('form', {
       class: 'panel',
@@ -1114,9 +1159,7 @@
           body = {
             name: name.value.trim(),
             description: description.value.trim(),
-            source: sourceType.value === 'local_path' ? { type: 'local_path', path: path.value.trim() }
-              : sourceType.value === 'huggingface' ? Object.assign({ type: 'huggingface', repo_id: repo.value.trim() }, file.value.trim() ? { file: file.value.trim() } : {})
-                : { type: 'url', url: url.value.trim() },
+            source: source(),
             backend: backend.value,
             replicas: Number(replicas.value),
             backend_args: splitArgs(args.value),
@@ -1150,7 +1193,7 @@
       field('Replicas', replicas),
       field('Placement strategy', strategy, 'spread: emptiest worker first; binpack: fullest that fits.'),
       field('Source', sourceType),
-      pathField, repoField, fileField, urlField,
+      pathField, repoField, fileField, urlField, uploadField,
       commandField,
       field('Backend arguments', args, 'Passed to the backend as written (quotes group words).', 'wide'),
       field('Worker selector', selector, 'Labels a worker must have: k=v, comma-separated.'),
@@ -1491,11 +1534,12 @@
     const workerFilter = h('select', { 'aria-label': 'Worker' }, h('option', { value: '' }, 'all workers'));
     const updated = h('span', { class: 'muted small', 'data-updated': '' });
     const notice = h('div', { class: 'notices' });
-    const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+    const tableBox = h('div', { 'data-cache': '' }, h('div', { class: 'panel empty' }, 'Loading…'));
+    const uploads = uploadsSection();
     main.append(pageHead('Model files', h('div', { class: 'filters' }, updated, h('label', null, 'Worker', workerFilter))),
       h('p', { class: 'page-note muted small' },
         'What the workers’ model caches hold. A file that no instance uses can be deleted; it is downloaded again when a model needs it.'),
-      notice, tableBox);
+      notice, tableBox, uploads.element);
 
     let list = null;
     let error = null;
@@ -1616,7 +1660,7 @@
       load();
     });
     load();
-    return combine(follow([live.workers], draw), () => {
+    return combine(follow([live.workers], draw), uploads.cleanup, () => {
       stopped = true;
       clearTimeout(timer);
     });
@@ -1629,6 +1673,287 @@
       async () => {
         await api('DELETE', '/api/v1/model-files/' + file.worker_id + '/' + encodeURIComponent(file.blob));
         toast(name + ' deleted from ' + file.worker_name + '.');
+        reload();
+      });
+  }
+
+  // ---------------------------------------------------------------- uploads
+
+  /**
+   * Bytes sent per PATCH of an upload. A chunk that fails is sent again from the offset
+   * the server reports, so a dropped connection costs at most this much twice; the
+   * progress moves once per chunk.
+   */
+  const UPLOAD_CHUNK_BYTES = 8 << 20;
+
+  /** Tries at one chunk before the transfer gives up and the upload waits for “Resume”. */
+  const UPLOAD_CHUNK_TRIES = 4;
+
+  const UPLOAD_STATE_CLASS = { uploading: 'info', ready: 'ok' };
+
+  /**
+   * The uploads this page is sending now, by upload id: `{upload, from, startedAt, speed,
+   * controller}`, where `upload` is the server's latest answer. Leaving the model files
+   * screen does not stop a transfer, so they live here and the screen listens to them.
+   */
+  const transfers = new Map();
+  const transferListeners = new Set();
+
+  function transfersChanged() {
+    for (const listener of Array.from(transferListeners)) listener();
+  }
+
+  function stopTransfers() {
+    for (const transfer of transfers.values()) transfer.controller.abort();
+  }
+
+  /** Refusals that may pass: the network, a conflict over the offset, a busy server. */
+  function worthRetrying(error) {
+    return error.status === 0 || error.status === 408 || error.status === 409 || error.status === 429 || error.status >= 500;
+  }
+
+  function sleep(ms) {
+    return new Promise((resolve) => setTimeout(resolve, ms));
+  }
+
+  /**
+   * Sends `file` into `upload` from its `bytes_received` on, a chunk per PATCH, until the
+   * server answers that it is ready. Answers the ready upload, or null when the transfer
+   * was stopped. A chunk that fails for a reason that may pass is sent again from the
+   * offset GET reports; any other refusal (a wrong SHA-256, a deleted upload) is thrown,
+   * and the upload waits for “Resume”.
+   */
+  async function sendUpload(upload, file) {
+    const transfer = {
+      upload,
+      from: upload.bytes_received,
+      startedAt: Date.now(),
+      speed: undefined,
+      controller: new AbortController(),
+    };
+    transfers.set(upload.id, transfer);
+    transfersChanged();
+    const path = '/api/v1/model-files/uploads/' + upload.id;
+    const signal = transfer.controller.signal;
+    let failures = 0;
+    let resync = false;
+    try {
+      while (transfer.upload.state !== 'ready') {
+        try {
+          if (resync) {
+            transfer.upload = await api('GET', path, undefined, { signal });
+            resync = false;
+            continue;
+          }
+          const offset = transfer.upload.bytes_received;
+          // Empty when every byte arrived but the upload is not complete yet (its last
+          // PATCH failed after writing): this PATCH completes it.
+          const chunk = file.slice(offset, offset + UPLOAD_CHUNK_BYTES);
+          transfer.upload = await api('PATCH', path, chunk, {
+            signal,
+            headers: { 'content-type': 'application/offset+octet-stream', 'upload-offset': String(offset) },
+          });
+          failures = 0;
+        } catch (e) {
+          if (signal.aborted) return null;
+          failures += 1;
+          if (!worthRetrying(e) || failures >= UPLOAD_CHUNK_TRIES) throw e;
+          resync = true;
+          await sleep(1000 * failures);
+          continue;
+        }
+        const seconds = (Date.now() - transfer.startedAt) / 1000;
+        transfer.speed = (transfer.upload.bytes_received - transfer.from) / Math.max(seconds, 0.001);
+        transfersChanged();
+      }
+      return transfer.upload;
+    } finally {
+      transfers.delete(upload.id);
+      transfersChanged();
+    }
+  }
+
+  /**
+   * Runs a transfer and says how it ended: a toast when it is done or stopped, the error in
+   * `alert` (or a toast, when its screen is gone).
+   */
+  async function runUpload(upload, file, alert, reload) {
+    alert.textContent = '';
+    try {
+      const done = await sendUpload(upload, file);
+      if (done) toast(done.name + ' is uploaded (' + fmtBytes(done.size) + '): a model can use it as its source now.');
+      else toast('The upload of ' + upload.name + ' stopped; “Resume” continues it.');
+    } catch (e) {
+      const message = 'The upload of ' + upload.name + ' stopped: ' + e.message;
+      if (alert.isConnected) alert.textContent = message;
+      else toast(message, 'error');
+    }
+    reload();
+  }
+
+  /**
+   * The model files screen's second part: the files uploaded to the servers, the control
+   * that uploads one, and the progress of the transfers. Answers its element and its
+   * cleanup.
+   */
+  function uploadsSection() {
+    const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+    const transfersBox = h('div', { class: 'transfers' });
+    const chooser = h('input', { type: 'file', 'aria-label': 'File to upload', required: true });
+    const digest = h('input', { class: 'mono', placeholder: 'optional: 64 hex digits', pattern: '[0-9a-fA-F]{64}', 'aria-label': 'SHA-256' });
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, 'Upload');
+    const form = h('form', {
+      class: 'panel',
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        const file = chooser.files[0];
+        const body = { name: file.name, size: file.size };
+        if (digest.value.trim()) body.sha256 = digest.value.trim().toLowerCase();
+        submit.disabled = true;
+        let upload;
+        try {
+          upload = await api('POST', '/api/v1/model-files/uploads', body);
+        } catch (e) {
+          error.textContent = e.message;
+          return;
+        } finally {
+          submit.disabled = false;
+        }
+        form.reset();
+        load();
+        runUpload(upload, file, error, load);
+      },
+    },
+    h('h2', null, 'Upload a file'),
+    h('div', { class: 'upload-form' },
+      field('File', chooser, 'A model file, such as a GGUF for llama.cpp.'),
+      field('SHA-256', digest, 'Checked when the last byte arrives.'),
+      submit),
+    error,
+    transfersBox);
+
+    let list = null;
+    let loadError = null;
+    const draw = () => {
+      transfersBox.replaceChildren(...Array.from(transfers.values()).map((t) =>
+        h('div', { class: 'transfer', 'data-transfer': t.upload.id },
+          h('strong', { class: 'mono' }, t.upload.name),
+          progressBar(t.upload.bytes_received, t.upload.size, { speed: t.speed, label: 'Upload of ' + t.upload.name }),
+          h('button', { class: 'small', type: 'button', onclick: () => t.controller.abort() }, 'Stop'))));
+
+      if (!list) {
+        tableBox.replaceChildren(loadError
+          ? h('div', { class: 'panel' }, h('div', { class: 'alert' }, loadError.message))
+          : h('div', { class: 'panel empty' }, 'Loading…'));
+        return;
+      }
+      // Keep the last answer on screen when a refresh fails, and say that it is stale.
+      const notices = loadError ? [h('div', { class: 'alert' }, 'Cannot refresh the uploads: ' + loadError.message)] : [];
+      if (!list.length) {
+        tableBox.replaceChildren(...notices, h('div', { class: 'panel empty' }, 'No uploads yet.'));
+        return;
+      }
+      const rows = list.map((listed) => {
+        const sending = transfers.get(listed.id);
+        // What this page sends is newer than the last listing.
+        const u = sending ? sending.upload : listed;
+        const waiting = u.state === 'uploading' && !sending;
+        return h('tr', { 'data-upload': u.id },
+          h('td', { class: 'file-name' },
+            h('strong', { class: 'mono', 'data-part': 'name' }, u.name),
+            h('div', { class: 'muted small mono', title: 'Where the bytes are kept' }, u.location)),
+          h('td', { class: 'num', 'data-part': 'size' }, fmtBytes(u.size)),
+          h('td', null, stateBadge(u.state, UPLOAD_STATE_CLASS),
+            u.state === 'uploading'
+              ? progressBar(u.bytes_received, u.size, { paused: waiting, label: 'Upload of ' + u.name })
+              : null,
+            waiting ? h('div', { class: 'state-message' }, 'Not being sent from this page: “Resume” continues it.') : null),
+          h('td', { 'data-part': 'sha256' }, u.sha256
+            ? h('code', { class: 'small', title: u.sha256 + (u.state === 'ready' ? '' : '\nDeclared: checked when the last byte arrives') }, u.sha256.slice(0, 12) + '…')
+            : h('span', { class: 'muted', title: 'Computed when the last byte arrives' }, '—')),
+          h('td', null, timeCell(u.created_at)),
+          h('td', { class: 'actions' },
+            waiting ? h('button', { class: 'small', onclick: () => resumeUpload(u, error, load) }, 'Resume') : null,
+            h('button', { class: 'small danger', onclick: () => deleteUpload(u, load) }, 'Delete')));
+      });
+      tableBox.replaceChildren(...notices, h('div', { class: 'panel flush' }, h('table', null,
+        h('thead', null, h('tr', null,
+          h('th', null, 'File'), h('th', { class: 'num' }, 'Size'), h('th', null, 'State'),
+          h('th', null, 'SHA-256'), h('th', null, 'Created'), h('th', null))),
+        h('tbody', null, rows))));
+    };
+
+    let stopped = false;
+    let timer = null;
+    // Only the latest read draws and schedules the next: an upload or a delete reloads at once.
+    let latest = 0;
+    const load = async () => {
+      clearTimeout(timer);
+      const mine = ++latest;
+      try {
+        const answer = await api('GET', '/api/v1/model-files/uploads');
+        if (stopped || mine !== latest) return;
+        list = answer.items;
+        loadError = null;
+      } catch (e) {
+        if (stopped || mine !== latest) return;
+        loadError = e;
+      }
+      draw();
+      timer = setTimeout(load, MODEL_FILES_POLL_MS);
+    };
+    load();
+    transferListeners.add(draw);
+
+    const element = h('section', { 'data-uploads': '' },
+      h('h2', { class: 'section-head' }, 'Uploads'),
+      h('p', { class: 'section-note muted small' },
+        'Files uploaded to the servers, to deploy as a model’s source (“Uploaded file” in a new model). The workers download them from the servers.'),
+      form, tableBox);
+    return {
+      element,
+      cleanup: () => {
+        stopped = true;
+        clearTimeout(timer);
+        transferListeners.delete(draw);
+      },
+    };
+  }
+
+  /** Asks for the file of an interrupted upload again, and continues it from where it stopped. */
+  function resumeUpload(upload, alert, reload) {
+    const chooser = h('input', { type: 'file', 'aria-label': 'File to upload', required: true });
+    openDialog('Resume ' + upload.name, [
+      h('p', null, 'Pick ', h('strong', { class: 'mono' }, upload.name), ' (' + fmtBytes(upload.size) + ') again: the upload continues from '
+        + fmtBytes(upload.bytes_received) + ' of ' + fmtBytes(upload.size) + '.'),
+      field('File', chooser),
+    ], {
+      submitLabel: 'Resume',
+      onSubmit: async () => {
+        const file = chooser.files[0];
+        if (file.size !== upload.size) {
+          throw new Error(file.name + ' has ' + file.size + ' bytes, but ' + upload.name + ' has ' + upload.size
+            + ': pick the same file.');
+        }
+        if (transfers.has(upload.id)) throw new Error('This page is sending ' + upload.name + ' already.');
+        // Where the server is now: another page may have sent more since the list was read.
+        const current = await api('GET', '/api/v1/model-files/uploads/' + upload.id);
+        runUpload(current, file, alert, reload);
+      },
+    });
+  }
+
+  function deleteUpload(upload, reload) {
+    confirmDialog('Delete ' + upload.name + '?',
+      'The file goes from the servers. The server refuses while a model uses it as its source.',
+      'Delete upload',
+      async () => {
+        const sending = transfers.get(upload.id);
+        if (sending) sending.controller.abort();
+        await api('DELETE', '/api/v1/model-files/uploads/' + upload.id);
+        toast(upload.name + ' deleted.');
         reload();
       });
   }
