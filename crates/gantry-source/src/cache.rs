@@ -43,7 +43,7 @@ pub const NETWORK_RETRIES: u32 = 6;
 const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(15);
 /// A download that receives nothing for this long is treated as broken (and resumed).
-const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often progress is measured.
 const PROGRESS_TICK: Duration = Duration::from_millis(500);
 /// Space kept free beyond what the files need.

@@ -26,6 +26,7 @@ use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::STALL_TIMEOUT;
 use crate::error::{shown_url, unavailable};
 use crate::{RemoteFile, SourceError, Sources};
 
@@ -37,8 +38,6 @@ pub const DEFAULT_MIN_SEGMENT: u64 = 32 << 20;
 const SAVE_EVERY: Duration = Duration::from_millis(250);
 /// Bytes a segment gathers before writing them (and then counting them as done).
 const WRITE_BATCH: usize = 256 << 10;
-/// A segment that receives nothing for this long is treated as broken (and resumed).
-const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many connections a file may use, and how small its segments may get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -84,18 +84,6 @@ fn start_worker(cluster: &Cluster, hub: &HubDouble) -> Process {
     )
 }
 
-async fn instance(cluster: &Cluster, model_id: i64) -> Option<ModelInstance> {
-    let list = cluster
-        .client()
-        .list_instances(&gantry_types::InstanceQuery {
-            model_id: Some(model_id),
-            ..Default::default()
-        })
-        .await
-        .ok()?;
-    list.items.into_iter().next()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hugging_face_model_is_placed_from_its_header_downloaded_resumed_and_served() {
     let dir = tempfile::tempdir().unwrap();
@@ -118,7 +106,9 @@ async fn a_hugging_face_model_is_placed_from_its_header_downloaded_resumed_and_s
         .wait_for(
             "the instance to download a third of the file",
             Duration::from_secs(60),
-            || async { Ok::<_, gantry_client::ClientError>(instance(&cluster, model.id).await) },
+            || async {
+                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
+            },
             |i| {
                 i.as_ref().is_some_and(|i| {
                     i.state == InstanceState::Downloading
@@ -158,7 +148,9 @@ async fn a_hugging_face_model_is_placed_from_its_header_downloaded_resumed_and_s
         .wait_for(
             "the instance to run after the resumed download",
             Duration::from_secs(90),
-            || async { Ok::<_, gantry_client::ClientError>(instance(&cluster, model.id).await) },
+            || async {
+                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
+            },
             |i| {
                 i.as_ref()
                     .is_some_and(|i| i.state == InstanceState::Running)
@@ -188,18 +180,7 @@ async fn a_hugging_face_model_is_placed_from_its_header_downloaded_resumed_and_s
     assert_eq!(hub.bytes_served(REPO, "other-Q8_0.gguf"), 0);
 
     // Served through the gateway.
-    let token = cluster.client().token().unwrap();
-    let answer: serde_json::Value = cluster
-        .http
-        .post(format!("{}/v1/chat/completions", cluster.base))
-        .bearer_auth(&token)
-        .json(&json!({"model": "tiny-hf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = cluster.chat_via_gateway("tiny-hf").await;
     assert!(answer["choices"].is_array(), "{answer}");
     // The cache holds the verified file under its digest.
     let blob = cluster
@@ -230,7 +211,9 @@ async fn wrong_bytes_end_in_error_naming_both_digests_and_leave_nothing_cached()
         .wait_for(
             "the model to be analysed and wait for a worker",
             Duration::from_secs(60),
-            || async { Ok::<_, gantry_client::ClientError>(instance(&cluster, model.id).await) },
+            || async {
+                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
+            },
             |i| {
                 i.as_ref().is_some_and(|i| {
                     i.state == InstanceState::Pending && i.state_message.contains("worker")
@@ -245,7 +228,9 @@ async fn wrong_bytes_end_in_error_naming_both_digests_and_leave_nothing_cached()
         .wait_for(
             "the instance to fail on the wrong bytes",
             Duration::from_secs(90),
-            || async { Ok::<_, gantry_client::ClientError>(instance(&cluster, model.id).await) },
+            || async {
+                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
+            },
             |i| {
                 i.as_ref()
                     .is_some_and(|i| i.state_message.contains("SHA-256"))
@@ -471,18 +456,7 @@ async fn a_split_gguf_from_the_hub_is_downloaded_in_all_its_parts_and_served() {
     );
 
     // Served through the gateway.
-    let token = cluster.client().token().unwrap();
-    let answer: serde_json::Value = cluster
-        .http
-        .post(format!("{}/v1/chat/completions", cluster.base))
-        .bearer_auth(&token)
-        .json(&json!({"model": "tiny-split", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = cluster.chat_via_gateway("tiny-split").await;
     assert!(answer["choices"][0]["message"].is_object(), "{answer}");
     drop(worker);
 }
@@ -500,7 +474,7 @@ async fn poll_instance(
         what,
         Duration::from_secs(90),
         &[worker, &cluster.server],
-        || async { Ok(instance(cluster, model_id).await) },
+        || async { Ok(cluster.first_instance(model_id).await) },
         |i: &Option<ModelInstance>| i.as_ref().is_some_and(&check),
     )
     .await
@@ -703,7 +677,9 @@ async fn a_safetensors_model_is_placed_from_its_headers_and_only_its_vllm_files_
         .wait_for(
             "the model to be analysed and wait for a worker",
             Duration::from_secs(60),
-            || async { Ok::<_, gantry_client::ClientError>(instance(&cluster, model.id).await) },
+            || async {
+                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
+            },
             |i| {
                 i.as_ref().is_some_and(|i| {
                     i.state == InstanceState::Pending && i.state_message.contains("no ready worker")

@@ -16,23 +16,11 @@ use std::time::Duration;
 
 use common::{tail, Cluster};
 use gantry_testkit::s3::S3Server;
-use gantry_types::{InstanceState, ModelCreate, ModelInstance};
+use gantry_types::{InstanceState, ModelCreate};
 use serde_json::json;
 
 const BUCKET: &str = "models";
 const KEY: &str = "qwen/tiny.gguf";
-
-async fn instance(cluster: &Cluster, model_id: i64) -> Option<ModelInstance> {
-    let list = cluster
-        .client()
-        .list_instances(&gantry_types::InstanceQuery {
-            model_id: Some(model_id),
-            ..Default::default()
-        })
-        .await
-        .ok()?;
-    list.items.into_iter().next()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_from_s3_is_placed_downloaded_verified_and_served() {
@@ -69,7 +57,9 @@ async fn a_model_from_s3_is_placed_downloaded_verified_and_served() {
         .wait_for(
             "the instance from S3 to run",
             Duration::from_secs(120),
-            || async { Ok::<_, gantry_client::ClientError>(instance(&cluster, model.id).await) },
+            || async {
+                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
+            },
             |i| {
                 i.as_ref()
                     .is_some_and(|i| i.state == InstanceState::Running)
@@ -81,18 +71,7 @@ async fn a_model_from_s3_is_placed_downloaded_verified_and_served() {
     assert!(record.reservation.is_some(), "placed from an estimate");
 
     // Served through the gateway.
-    let token = cluster.client().token().unwrap();
-    let answer: serde_json::Value = cluster
-        .http
-        .post(format!("{}/v1/chat/completions", cluster.base))
-        .bearer_auth(&token)
-        .json(&json!({"model": "tiny-s3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = cluster.chat_via_gateway("tiny-s3").await;
     assert!(
         answer["choices"].is_array(),
         "{answer}; worker log:\n{}",

@@ -26,21 +26,9 @@ use std::time::Duration;
 
 use common::{tail, Cluster, Process};
 use gantry_testkit::s3::S3Server;
-use gantry_types::{InstanceState, ModelCreate, ModelInstance, Upload, UploadState};
+use gantry_types::{InstanceState, ModelCreate, Upload, UploadState};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-
-async fn instance(cluster: &Cluster, model_id: i64) -> Option<ModelInstance> {
-    let list = cluster
-        .client()
-        .list_instances(&gantry_types::InstanceQuery {
-            model_id: Some(model_id),
-            ..Default::default()
-        })
-        .await
-        .ok()?;
-    list.items.into_iter().next()
-}
 
 fn uploads_url(cluster: &Cluster) -> String {
     format!("{}/api/v1/model-files/uploads", cluster.base)
@@ -121,7 +109,9 @@ async fn deploy_and_chat(cluster: &Cluster, worker: &Process, name: &str, upload
         .wait_for(
             "the instance of the uploaded model to run",
             Duration::from_secs(120),
-            || async { Ok::<_, gantry_client::ClientError>(instance(cluster, model.id).await) },
+            || async {
+                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
+            },
             |i| {
                 i.as_ref()
                     .is_some_and(|i| i.state == InstanceState::Running)
@@ -133,17 +123,7 @@ async fn deploy_and_chat(cluster: &Cluster, worker: &Process, name: &str, upload
         running.placement.as_ref().unwrap().reservation.is_some(),
         "placed from an estimate"
     );
-    let answer: serde_json::Value = cluster
-        .http
-        .post(format!("{}/v1/chat/completions", cluster.base))
-        .bearer_auth(cluster.client().token().unwrap())
-        .json(&json!({"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = cluster.chat_via_gateway(name).await;
     assert!(answer["choices"].is_array(), "{answer}");
 }
 

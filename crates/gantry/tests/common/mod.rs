@@ -484,6 +484,31 @@ impl Cluster {
         )
         .await
     }
+
+    /// The model's first instance, when the list answers and has one.
+    pub async fn first_instance(&self, model_id: i64) -> Option<ModelInstance> {
+        let query = InstanceQuery {
+            model_id: Some(model_id),
+            ..InstanceQuery::default()
+        };
+        let list = self.client.list_instances(&query).await.ok()?;
+        list.items.into_iter().next()
+    }
+
+    /// A short chat with `model` through this server's gateway, as the admin: the
+    /// answer's JSON, whatever its status.
+    pub async fn chat_via_gateway(&self, model: &str) -> Value {
+        self.http
+            .post(format!("{}/v1/chat/completions", self.base))
+            .bearer_auth(self.client.token().unwrap())
+            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
 }
 
 /// The instances of a model (in id order), through `client`, once they satisfy `check`.
