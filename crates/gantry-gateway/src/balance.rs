@@ -7,6 +7,11 @@
 /// several such instances are still ordered among themselves).
 pub const UNHEALTHY_PENALTY: u64 = 1 << 40;
 
+/// Load given to an ejected instance (`eject.rs`): above every other, so it is picked
+/// only when the model has nothing else. Both penalties and the in-flight count add up,
+/// so among ejected instances the least bad one is picked.
+pub const EJECTED_PENALTY: u64 = 1 << 50;
+
 /// Index of the least-loaded candidate among `len`, scanning from `start % len` so
 /// that equal loads take turns. `load(i)` is the load of candidate `i`, or `None` to
 /// leave it out (already tried). `None` when every candidate is left out.
@@ -71,5 +76,18 @@ mod tests {
         assert_eq!(pick(&loads, 0), Some(1));
         // With the healthy one tried, the unhealthy one is still a candidate.
         assert_eq!(pick(&[Some(UNHEALTHY_PENALTY), None], 1), Some(0));
+    }
+
+    #[test]
+    fn balancer_picks_an_ejected_instance_only_when_nothing_else_is_left() {
+        let loads = [Some(EJECTED_PENALTY), Some(UNHEALTHY_PENALTY + 100)];
+        assert_eq!(pick(&loads, 0), Some(1));
+        // Every instance ejected: the least bad one still serves.
+        let loads = [
+            Some(EJECTED_PENALTY + UNHEALTHY_PENALTY),
+            Some(EJECTED_PENALTY + 7),
+            Some(EJECTED_PENALTY + 3),
+        ];
+        assert_eq!(pick(&loads, 0), Some(2));
     }
 }

@@ -38,7 +38,7 @@ pub struct OpenAiErrorDetail {
     /// The request field the error is about.
     pub param: Option<String>,
     /// A stable reason: `invalid_api_key`, `model_not_found`, `missing_model`,
-    /// `model_not_ready`, `upstream_error`…
+    /// `model_not_ready`, `upstream_error`, `upstream_timeout`…
     pub code: String,
 }
 
@@ -102,6 +102,28 @@ impl OpenAiError {
             format!("the model `{model}` has no running instance right now; retry later"),
         )
         .with_param("model")
+    }
+
+    /// Every instance the request was sent to left routing (or failed) before
+    /// answering, and none is left.
+    pub fn no_running_instance_left(model: &str, tries: &str) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "model_not_ready",
+            format!("the model `{model}` has no running instance left; retry later ({tries})"),
+        )
+        .with_param("model")
+    }
+
+    /// No instance sent a response head within `gateway_first_byte_timeout`.
+    pub fn gateway_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "server_error",
+            "upstream_timeout",
+            message,
+        )
     }
 
     pub fn bad_gateway(message: impl Into<String>) -> Self {

@@ -12,8 +12,10 @@
 //! - `routing.rs`: model name → running instances, kept current from the store's
 //!   change feed and a periodic re-read;
 //! - `balance.rs`: the least-requests-in-flight pick, ties round-robin;
+//! - `eject.rs`: passive ejection of an instance that keeps failing requests;
 //! - `proxy.rs`: one request: the caller through the shared authenticator, body read
-//!   once, retries on another instance, streaming the answer back;
+//!   once, retries on another instance (also when the one it waits on leaves routing
+//!   or exceeds the first-byte timeout), streaming the answer back;
 //! - `upstream.rs`: keep-alive HTTP/1.1 connections to instances (hyper's client
 //!   connections), pooled per instance and driven by the request's own task;
 //! - `body.rs`: the response body on its way out: usage read as it passes, the
@@ -24,6 +26,7 @@
 
 pub mod balance;
 pub mod body;
+pub mod eject;
 pub mod error;
 pub mod metrics;
 pub mod proxy;
@@ -47,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use utoipa::ToSchema;
 
+use self::eject::EjectionPolicy;
 use self::error::OpenAiError;
 use self::metrics::{ClusterCounts, Metrics};
 use self::proxy::Endpoint;
@@ -62,6 +66,13 @@ pub struct GatewayConfig {
     /// How often the usage summed in memory is written to the store (default
     /// [`usage::FLUSH_INTERVAL`]).
     pub usage_flush_interval: Duration,
+    /// When an instance that keeps failing is taken out of routing, and for how long
+    /// (`gateway_eject_after`, `gateway_eject_cooldown`).
+    pub ejection: EjectionPolicy,
+    /// How long a try may wait for an instance's response head before it counts as a
+    /// failure and the request goes to another instance (`gateway_first_byte_timeout`).
+    /// `None` (the default): no limit, since a long prompt takes long to answer.
+    pub first_byte_timeout: Option<Duration>,
 }
 
 impl Default for GatewayConfig {
@@ -69,6 +80,8 @@ impl Default for GatewayConfig {
         Self {
             max_request_body: 32 * 1024 * 1024,
             usage_flush_interval: usage::FLUSH_INTERVAL,
+            ejection: EjectionPolicy::default(),
+            first_byte_timeout: None,
         }
     }
 }

@@ -31,6 +31,11 @@ pub enum ErrorKind {
     UpstreamUnavailable,
     /// The response body broke off after it had started.
     UpstreamBody,
+    /// An instance sent no response head within `gateway_first_byte_timeout`.
+    UpstreamTimeout,
+    /// The routing table dropped an instance while a try waited for its response head
+    /// (the try went elsewhere).
+    InstanceLeftRouting,
     /// The model has no running instance.
     NoRunningInstance,
     /// Every try failed; the client got a 502.
@@ -40,11 +45,13 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 7] = [
+    const ALL: [ErrorKind; 9] = [
         ErrorKind::UpstreamConnect,
         ErrorKind::UpstreamRequest,
         ErrorKind::UpstreamUnavailable,
         ErrorKind::UpstreamBody,
+        ErrorKind::UpstreamTimeout,
+        ErrorKind::InstanceLeftRouting,
         ErrorKind::NoRunningInstance,
         ErrorKind::AllTriesFailed,
         ErrorKind::ClientDisconnected,
@@ -56,6 +63,8 @@ impl ErrorKind {
             ErrorKind::UpstreamRequest => "upstream_request",
             ErrorKind::UpstreamUnavailable => "upstream_unavailable",
             ErrorKind::UpstreamBody => "upstream_body",
+            ErrorKind::UpstreamTimeout => "upstream_timeout",
+            ErrorKind::InstanceLeftRouting => "instance_left_routing",
             ErrorKind::NoRunningInstance => "no_running_instance",
             ErrorKind::AllTriesFailed => "all_tries_failed",
             ErrorKind::ClientDisconnected => "client_disconnected",
@@ -183,13 +192,15 @@ pub struct ClusterCounts {
     pub fenced_writes: Option<gantry_store::FencedWrites>,
 }
 
-const INSTANCE_STATES: [InstanceState; 8] = [
+const INSTANCE_STATES: [InstanceState; 10] = [
     InstanceState::Pending,
     InstanceState::Analyzing,
     InstanceState::Scheduled,
+    InstanceState::Installing,
     InstanceState::Downloading,
     InstanceState::Starting,
     InstanceState::Running,
+    InstanceState::Unhealthy,
     InstanceState::Error,
     InstanceState::Unreachable,
 ];
@@ -344,6 +355,18 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
             "counter",
             "Connections the gateway opened to each routable instance (keep-alive reuse keeps it low).",
             |b: &Backend| b.connections_opened(),
+        ),
+        (
+            "gantry_gateway_instance_ejections_total",
+            "counter",
+            "Times each routable instance was ejected from routing after failures in a row (gateway_eject_after).",
+            |b: &Backend| b.ejections(),
+        ),
+        (
+            "gantry_gateway_instance_ejected",
+            "gauge",
+            "Whether each routable instance is ejected now (1) or routed to (0).",
+            |b: &Backend| u64::from(b.is_ejected()),
         ),
     ] {
         header(&mut out, name, kind, help);

@@ -2,6 +2,14 @@
 //! forward to the least-loaded running instance over a pooled keep-alive connection
 //! (`upstream.rs`), retry elsewhere when an instance cannot answer, and stream the
 //! answer back.
+//!
+//! Until the response head arrives, a try is abandoned — and the request sent to
+//! another instance, within [`MAX_TRIES`] — when the instance fails (connection
+//! refused or broken, 502/503), when the routing table drops the instance (its worker
+//! reported it `unhealthy`, it stopped, it was deleted), or when
+//! `gateway_first_byte_timeout` runs out. Every failure and every answer is recorded
+//! on the instance for passive ejection (`eject.rs`). Once the head has arrived the
+//! response is the client's: nothing interrupts it.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -15,12 +23,14 @@ use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use gantry_auth::Principal;
 use gantry_store::StoreError;
+use gantry_types::units;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::body::{Completion, Inspector, ObservedBody};
+use crate::eject::EjectionPolicy;
 use crate::error::OpenAiError;
 use crate::metrics::{ErrorKind, ModelMetrics};
 use crate::routing::Backend;
@@ -355,11 +365,34 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
     };
 
     let uri = Uri::from(path_and_query);
+    let policy = &gateway.config.ejection;
+    let first_byte_timeout = gateway.config.first_byte_timeout;
+    let mut route = route;
     let mut tried = [0i64; MAX_TRIES];
     let mut tried_count = 0;
     let mut failures: Vec<String> = Vec::new();
+    // After a try ran out of the first-byte timeout, the request goes only to
+    // instances it has not tried: the same one would most likely keep it waiting again.
+    let mut timed_out = false;
+    let mut last_failure = LastFailure::None;
     for attempt in 0..MAX_TRIES {
-        let Some(backend) = route.pick(&tried[..tried_count]) else {
+        if attempt > 0 {
+            // Instances may have left routing since the last try (that may be why it
+            // ended): pick from the table as it is now.
+            match gateway.routes.get(&route.name) {
+                Some(current) => route = current,
+                None => {
+                    last_failure = LastFailure::NoRouteLeft;
+                    break;
+                }
+            }
+        }
+        let picked = if timed_out {
+            route.pick_untried(&tried[..tried_count])
+        } else {
+            route.pick(&tried[..tried_count])
+        };
+        let Some(backend) = picked else {
             break;
         };
         if tried[..tried_count].contains(&backend.instance_id) {
@@ -380,13 +413,15 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 .insert(header::HOST, backend.host_header.clone());
             request
         };
-        match send_to(&backend, build).await {
+        last_failure = LastFailure::Other;
+        match send_until_head(&backend, build, first_byte_timeout).await {
             Ok((response, _))
                 if matches!(
                     response.status(),
                     StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE
                 ) =>
             {
+                record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamUnavailable);
                 tracing::warn!(instance = %backend.instance_name, status = response.status().as_u16(), attempt, "instance cannot serve; trying another");
                 failures.push(format!(
@@ -397,6 +432,13 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
             }
             Ok((response, connection)) => {
                 backend.mark_healthy();
+                if response.status().is_server_error() {
+                    // Passed on to the client (the instance may mean it), but it
+                    // counts towards ejection like any failure.
+                    record_failure(&backend, policy);
+                } else {
+                    record_success(&backend);
+                }
                 let (mut head, incoming) = response.into_parts();
                 head.headers.retain_returned();
                 head.headers
@@ -438,6 +480,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 // Nothing has reached the client yet, so another instance may answer
                 // instead; this one is avoided for a while.
                 backend.mark_failing(FAILING_COOLDOWN);
+                record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamConnect);
                 tracing::warn!(instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "cannot connect to instance; trying another");
                 failures.push(format!("{}: {}", backend.instance_name, ErrorChain(&e)));
@@ -445,29 +488,149 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
             Err(TryError::Request(e)) => {
                 // The instance failed before answering (closed the connection, broke
                 // the protocol): nothing has reached the client, so another may answer.
+                record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamRequest);
                 tracing::warn!(instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "request to instance failed; trying another");
                 failures.push(format!("{}: {}", backend.instance_name, ErrorChain(&e)));
             }
+            Err(TryError::FirstByteTimeout(limit)) => {
+                // Dropping the try closed its connection, which cancels the work.
+                record_failure(&backend, policy);
+                metrics.count_error(ErrorKind::UpstreamTimeout);
+                tracing::warn!(instance = %backend.instance_name, timeout = ?limit, attempt, "instance sent no response head within gateway_first_byte_timeout; trying another");
+                failures.push(format!(
+                    "{} sent no response head within {} (gateway_first_byte_timeout)",
+                    backend.instance_name,
+                    units::format_duration(limit)
+                ));
+                timed_out = true;
+                last_failure = LastFailure::Timeout(limit);
+            }
+            Err(TryError::LeftRouting) => {
+                // Not the instance's failure as far as ejection goes: it is out of
+                // routing already. The request goes elsewhere at once.
+                metrics.count_error(ErrorKind::InstanceLeftRouting);
+                tracing::info!(instance = %backend.instance_name, attempt, "instance left routing before answering; trying another");
+                failures.push(format!(
+                    "{} left routing (no longer running) before answering",
+                    backend.instance_name
+                ));
+            }
         }
         drop(guard);
     }
-    metrics.count_error(ErrorKind::AllTriesFailed);
-    reject(
-        &metrics,
-        started,
-        OpenAiError::bad_gateway(format!(
-            "no instance of `{}` could answer: {}",
-            route.name,
-            failures.join("; ")
-        )),
-    )
+    match last_failure {
+        LastFailure::Timeout(limit) => {
+            metrics.count_error(ErrorKind::AllTriesFailed);
+            reject(
+                &metrics,
+                started,
+                OpenAiError::gateway_timeout(format!(
+                    "no instance of `{}` sent a response head within the gateway's first-byte timeout of {} (gateway_first_byte_timeout): {}",
+                    route.name,
+                    units::format_duration(limit),
+                    failures.join("; ")
+                )),
+            )
+        }
+        LastFailure::NoRouteLeft => {
+            // Its instances left routing while the request tried them.
+            metrics.count_error(ErrorKind::NoRunningInstance);
+            reject(
+                &metrics,
+                started,
+                OpenAiError::no_running_instance_left(&route.name, &failures.join("; ")),
+            )
+        }
+        LastFailure::None | LastFailure::Other => {
+            metrics.count_error(ErrorKind::AllTriesFailed);
+            reject(
+                &metrics,
+                started,
+                OpenAiError::bad_gateway(format!(
+                    "no instance of `{}` could answer: {}",
+                    route.name,
+                    failures.join("; ")
+                )),
+            )
+        }
+    }
+}
+
+/// How the tries of a request ended, for the answer when none succeeded.
+#[derive(Debug, Clone, Copy)]
+enum LastFailure {
+    /// No try was made.
+    None,
+    /// The last try ran out of the first-byte timeout: 504.
+    Timeout(Duration),
+    /// The model has no running instance any more: 503.
+    NoRouteLeft,
+    /// Any other failure: 502.
+    Other,
+}
+
+/// Counts a failed try on its instance, and logs the ejection it causes.
+fn record_failure(backend: &Backend, policy: &EjectionPolicy) {
+    if let Some(ejected) = backend.record_failure(policy) {
+        tracing::warn!(
+            model = %backend.model_name,
+            instance = %backend.instance_name,
+            instance_id = backend.instance_id,
+            failures = ejected.failures,
+            cooldown = %units::format_duration(ejected.cooldown),
+            ejections_in_a_row = ejected.ejections_in_a_row,
+            "instance ejected from routing after failures in a row"
+        );
+    }
+}
+
+/// Counts an answer on its instance, and logs the ejection it ends.
+fn record_success(backend: &Backend) {
+    if let Some(recovered) = backend.record_success() {
+        if recovered.was_ejected {
+            tracing::info!(
+                model = %backend.model_name,
+                instance = %backend.instance_name,
+                instance_id = backend.instance_id,
+                failures = recovered.failures,
+                "ejected instance answered; back in routing"
+            );
+        }
+    }
 }
 
 /// Why one try failed.
 enum TryError {
     Connect(ConnectError),
     Request(hyper::Error),
+    /// No response head within `gateway_first_byte_timeout` (the value).
+    FirstByteTimeout(Duration),
+    /// The routing table dropped the instance while the try waited for its head.
+    LeftRouting,
+}
+
+/// [`send_to`], given up when the instance leaves routing or, with a first-byte
+/// timeout, when that runs out first. Dropping the try closes its connection.
+async fn send_until_head(
+    backend: &Backend,
+    build: impl Fn() -> hyper::Request<Full<Bytes>>,
+    first_byte_timeout: Option<Duration>,
+) -> Result<(hyper::Response<Incoming>, UpstreamConnection), TryError> {
+    let send = async {
+        match first_byte_timeout {
+            None => send_to(backend, build).await,
+            Some(limit) => tokio::time::timeout(limit, send_to(backend, build))
+                .await
+                .unwrap_or(Err(TryError::FirstByteTimeout(limit))),
+        }
+    };
+    tokio::select! {
+        // A head that arrived with the removal is still taken.
+        biased;
+        result = send => result,
+        () = backend.left_routing() => Err(TryError::LeftRouting),
+    }
 }
 
 /// Sends a request to an instance over a pooled connection (or a new one), and

@@ -14,21 +14,30 @@
 //!
 //! Requests read the table under a short read lock and keep `Arc`s to what they use:
 //! an instance removed while requests are in flight keeps its counter (and its
-//! connections) until they end. The same task sweeps idle connections on each refresh.
+//! connections) until they end. Removing an instance also fires its
+//! [`Backend::left_routing`] signal, on which requests still waiting for its response
+//! head give up and go to another instance (a frozen backend reported `unhealthy` by
+//! its worker must not keep them). The same task sweeps idle connections on each
+//! refresh.
+//!
+//! Each instance also carries its passive-ejection record (`eject.rs`): the balancer
+//! passes over an ejected instance while the model has another one.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::http::uri::Authority;
 use axum::http::HeaderValue;
 use gantry_store::{Change, ChangeKind, InstanceFilter, ModelFilter, Page, Store, StoreError};
-use gantry_types::{InstanceState, Model, ModelInstance};
+use gantry_types::{units, InstanceState, Model, ModelInstance};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::balance::{pick_least_loaded, UNHEALTHY_PENALTY};
+use crate::balance::{pick_least_loaded, EJECTED_PENALTY, UNHEALTHY_PENALTY};
+use crate::eject::{Ejected, Ejection, EjectionPolicy, Recovered};
 use crate::upstream::{ConnectError, ConnectionPool, UpstreamConnection};
 use crate::GatewayContext;
 
@@ -43,6 +52,8 @@ const REFRESH_PAGE: u32 = 1000;
 pub struct Backend {
     pub instance_id: i64,
     pub instance_name: String,
+    /// The instance's model, for logs.
+    pub model_name: String,
     /// `instance_name` as the `x-gantry-instance` response header.
     pub header_value: HeaderValue,
     /// `address` as the `Host` request header.
@@ -58,6 +69,20 @@ pub struct Backend {
     pub pool: ConnectionPool,
     /// Connections opened to the instance so far.
     connections_opened: AtomicU64,
+    /// Its failures in a row and ejection; taken only by failures and by the first
+    /// success after them (see `failing`).
+    ejection: Mutex<Ejection>,
+    /// Whether `ejection` records any failure: a success takes the lock only then.
+    failing: AtomicBool,
+    /// `ejection`'s end of ejection as the balancer reads it without the lock:
+    /// milliseconds after [`clock_origin`], 0 when not ejected (or back already).
+    ejected_until_ms: AtomicU64,
+    /// Times this instance was ejected.
+    ejections: AtomicU64,
+    /// Fired when the routing table drops the instance (not `running` any more,
+    /// deleted, moved to another address); never reset: a later return to routing
+    /// makes a new `Backend`.
+    removed: CancellationToken,
 }
 
 /// A fixed point the millisecond deadlines above count from.
@@ -90,6 +115,7 @@ impl Backend {
         Some(Self {
             instance_id: instance.id,
             instance_name: instance.name.clone(),
+            model_name: instance.model_name.clone(),
             header_value,
             host_header,
             address: address.to_string(),
@@ -98,6 +124,11 @@ impl Backend {
             unhealthy_until_ms: AtomicU64::new(0),
             pool: ConnectionPool::default(),
             connections_opened: AtomicU64::new(0),
+            ejection: Mutex::default(),
+            failing: AtomicBool::new(false),
+            ejected_until_ms: AtomicU64::new(0),
+            ejections: AtomicU64::new(0),
+            removed: CancellationToken::new(),
         })
     }
 
@@ -146,13 +177,105 @@ impl Backend {
         }
     }
 
+    /// Counts a failed try (connection error, 5xx answer, no response head in time)
+    /// towards ejection; `Some` when it ejects the instance (the caller logs it).
+    pub fn record_failure(&self, policy: &EjectionPolicy) -> Option<Ejected> {
+        let mut ejection = self.ejection.lock().unwrap_or_else(|e| e.into_inner());
+        self.failing.store(true, Ordering::Relaxed);
+        let ejected = ejection.record_failure(now_ms(), policy)?;
+        self.ejected_until_ms
+            .store(ejected.until_ms, Ordering::Relaxed);
+        self.ejections.fetch_add(1, Ordering::Relaxed);
+        Some(ejected)
+    }
+
+    /// Counts an answer: forgets the failures in a row and ends an ejection. `Some`
+    /// when there was something to forget (the caller logs an ended ejection). Takes
+    /// no lock unless the instance has been failing.
+    pub fn record_success(&self) -> Option<Recovered> {
+        if !self.failing.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut ejection = self.ejection.lock().unwrap_or_else(|e| e.into_inner());
+        self.failing.store(false, Ordering::Relaxed);
+        self.ejected_until_ms.store(0, Ordering::Relaxed);
+        ejection.record_success(now_ms())
+    }
+
+    /// Whether the instance is ejected now. The first call after its cooldown ended
+    /// logs its return to routing (still counting as failing: one more failure ejects
+    /// it again).
+    pub fn is_ejected(&self) -> bool {
+        self.ejected_at(now_ms())
+    }
+
+    fn ejected_at(&self, now: u64) -> bool {
+        let until = self.ejected_until_ms.load(Ordering::Relaxed);
+        if until == 0 {
+            return false;
+        }
+        if until > now {
+            return true;
+        }
+        // Only the caller that clears the deadline logs; a new ejection stored in
+        // between makes the exchange fail.
+        if self
+            .ejected_until_ms
+            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            let (failures, cooldown) = {
+                let ejection = self.ejection.lock().unwrap_or_else(|e| e.into_inner());
+                (ejection.consecutive_failures(), ejection.cooldown())
+            };
+            tracing::info!(
+                model = %self.model_name,
+                instance = %self.instance_name,
+                instance_id = self.instance_id,
+                failures,
+                cooldown = %units::format_duration(cooldown),
+                "ejection cooldown ended; instance is back in routing (its next failure ejects it again)"
+            );
+        }
+        false
+    }
+
+    /// Times this instance was ejected (`/metrics`).
+    pub fn ejections(&self) -> u64 {
+        self.ejections.load(Ordering::Relaxed)
+    }
+
+    /// Completes when the routing table drops this instance; at once if it has.
+    pub fn left_routing(&self) -> WaitForCancellationFuture<'_> {
+        self.removed.cancelled()
+    }
+
+    /// Whether the routing table has dropped this instance.
+    pub fn has_left_routing(&self) -> bool {
+        self.removed.is_cancelled()
+    }
+
+    /// Called by the routing task when it drops the instance: requests waiting for
+    /// its response head give up on it.
+    fn leave_routing(&self) {
+        if !self.removed.is_cancelled() {
+            tracing::debug!(instance = %self.instance_name, instance_id = self.instance_id, in_flight = self.in_flight(), "instance left routing");
+            self.removed.cancel();
+        }
+    }
+
     fn load(&self, now: u64) -> u64 {
-        let penalty = if self.unhealthy_until_ms.load(Ordering::Relaxed) > now {
+        let refused = if self.unhealthy_until_ms.load(Ordering::Relaxed) > now {
             UNHEALTHY_PENALTY
         } else {
             0
         };
-        self.in_flight() + penalty
+        let ejected = if self.ejected_at(now) {
+            EJECTED_PENALTY
+        } else {
+            0
+        };
+        self.in_flight() + refused + ejected
     }
 }
 
@@ -187,16 +310,31 @@ pub struct ModelRoute {
 impl ModelRoute {
     /// The least-loaded instance not among `tried`; when every instance has been
     /// tried, the least-loaded of all (a model with one instance retries that one).
+    /// Ejected instances count as loaded beyond any other, so one is picked only when
+    /// nothing else is left; instances that left routing (a stale route) never are.
     pub fn pick(&self, tried: &[i64]) -> Option<Arc<Backend>> {
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
         let now = now_ms();
         let len = self.backends.len();
-        let index = pick_least_loaded(len, start, |i| {
+        let load = |i: usize| {
             let backend = &self.backends[i];
-            (!tried.contains(&backend.instance_id)).then(|| backend.load(now))
+            (!backend.has_left_routing()).then(|| backend.load(now))
+        };
+        let index = pick_least_loaded(len, start, |i| {
+            if tried.contains(&self.backends[i].instance_id) {
+                None
+            } else {
+                load(i)
+            }
         })
-        .or_else(|| pick_least_loaded(len, start, |i| Some(self.backends[i].load(now))))?;
+        .or_else(|| pick_least_loaded(len, start, load))?;
         Some(Arc::clone(&self.backends[index]))
+    }
+
+    /// Like [`ModelRoute::pick`], but never an instance among `tried`.
+    pub fn pick_untried(&self, tried: &[i64]) -> Option<Arc<Backend>> {
+        self.pick(tried)
+            .filter(|backend| !tried.contains(&backend.instance_id))
     }
 }
 
@@ -349,26 +487,37 @@ impl Tracker {
                                 self.know(&model, table);
                             }
                         }
-                        self.instances.insert(
+                        let replaced = self.instances.insert(
                             instance.id,
                             Tracked {
                                 model_id: instance.model_id,
                                 model_name: Arc::clone(&name),
-                                backend,
+                                backend: Arc::clone(&backend),
                             },
                         );
-                    }
-                    None => {
-                        if self.instances.remove(&instance.id).is_none() {
-                            return;
+                        if let Some(old) = replaced {
+                            if !Arc::ptr_eq(&old.backend, &backend) {
+                                // Restarted on another address: the old one is gone.
+                                old.backend.leave_routing();
+                            }
                         }
                     }
+                    None => match self.instances.remove(&instance.id) {
+                        Some(removed) => removed.backend.leave_routing(),
+                        None => return,
+                    },
                 }
                 table.set(Arc::clone(&name), self.route_of(instance.model_id, &name));
             }
             Change::Model(ChangeKind::Deleted, model) => {
                 self.models.remove(&model.id);
-                self.instances.retain(|_, t| t.model_id != model.id);
+                self.instances.retain(|_, t| {
+                    let keep = t.model_id != model.id;
+                    if !keep {
+                        t.backend.leave_routing();
+                    }
+                    keep
+                });
                 let name: Arc<str> = Arc::from(model.name.as_str());
                 table.set(Arc::clone(&name), None);
                 table.set_known(name, false);
@@ -421,6 +570,14 @@ impl Tracker {
             }
             if done {
                 break;
+            }
+        }
+        for (id, old) in &self.instances {
+            let kept = instances
+                .get(id)
+                .is_some_and(|new| Arc::ptr_eq(&new.backend, &old.backend));
+            if !kept {
+                old.backend.leave_routing();
             }
         }
         self.instances = instances;
@@ -482,4 +639,204 @@ pub async fn start(context: &GatewayContext, table: Arc<RoutingTable>) -> Result
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use gantry_store::StoreConfig;
+    use gantry_types::fixtures;
+
+    use super::*;
+
+    fn running(id: i64, model: &Model, port: u16) -> ModelInstance {
+        let mut instance = fixtures::instance(
+            id,
+            model,
+            u32::try_from(id).unwrap(),
+            InstanceState::Running,
+        );
+        instance.port = Some(port);
+        instance.address = Some(format!("127.0.0.1:{port}"));
+        instance
+    }
+
+    fn route_of(backends: &[&Arc<Backend>]) -> ModelRoute {
+        ModelRoute {
+            name: Arc::from("tiny"),
+            created: 0,
+            backends: backends.iter().map(|b| Arc::clone(b)).collect(),
+            cursor: AtomicUsize::new(0),
+        }
+    }
+
+    fn backend(id: i64, port: u16) -> Arc<Backend> {
+        let model = fixtures::model(1, "tiny");
+        Arc::new(Backend::from_instance(&running(id, &model, port)).unwrap())
+    }
+
+    const EJECT_AT_ONCE: EjectionPolicy = EjectionPolicy {
+        eject_after: 1,
+        cooldown: Duration::from_secs(60),
+    };
+
+    #[test]
+    fn an_ejected_instance_is_not_picked_while_its_model_has_another() {
+        let (first, second) = (backend(1, 9001), backend(2, 9002));
+        let route = route_of(&[&first, &second]);
+        assert!(first.record_failure(&EJECT_AT_ONCE).is_some());
+        assert!(first.is_ejected());
+        for _ in 0..6 {
+            assert_eq!(route.pick(&[]).unwrap().instance_id, 2);
+        }
+        // The other instance failed this request already: the ejected one, untried,
+        // is what is left.
+        assert_eq!(route.pick(&[2]).unwrap().instance_id, 1);
+        // A success brings it back at once.
+        assert!(first.record_success().is_some());
+        let picked: HashSet<i64> = (0..4)
+            .map(|_| route.pick(&[]).unwrap().instance_id)
+            .collect();
+        assert_eq!(picked, HashSet::from([1, 2]));
+    }
+
+    #[test]
+    fn with_every_instance_ejected_the_least_bad_one_still_serves() {
+        let (first, second) = (backend(1, 9001), backend(2, 9002));
+        let route = route_of(&[&first, &second]);
+        first.record_failure(&EJECT_AT_ONCE).unwrap();
+        second.record_failure(&EJECT_AT_ONCE).unwrap();
+        // The first is also stuck with a request.
+        let _stuck = first.start_request();
+        for _ in 0..4 {
+            assert_eq!(route.pick(&[]).unwrap().instance_id, 2);
+        }
+    }
+
+    #[test]
+    fn an_instance_that_left_routing_is_never_picked_from_a_stale_route() {
+        let (first, second) = (backend(1, 9001), backend(2, 9002));
+        let route = route_of(&[&first, &second]);
+        first.leave_routing();
+        for _ in 0..4 {
+            assert_eq!(route.pick(&[]).unwrap().instance_id, 2);
+        }
+        assert_eq!(route.pick(&[2]).unwrap().instance_id, 2);
+        second.leave_routing();
+        assert!(route.pick(&[]).is_none());
+    }
+
+    #[tokio::test]
+    async fn the_table_signals_requests_when_an_instance_stops_running_or_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&StoreConfig {
+            url: format!("sqlite://{}/gantry.db", dir.path().display()),
+            max_connections: 1,
+        })
+        .await
+        .unwrap();
+        let table = RoutingTable::default();
+        let mut tracker = Tracker::default();
+        let model = fixtures::model(1, "tiny");
+        tracker
+            .apply(
+                &Change::Model(ChangeKind::Created, model.clone()),
+                &store,
+                &table,
+            )
+            .await;
+        let instance = running(1, &model, 9001);
+        tracker
+            .apply(
+                &Change::Instance(ChangeKind::Updated, instance.clone()),
+                &store,
+                &table,
+            )
+            .await;
+        let routed = Arc::clone(&table.get("tiny").unwrap().backends[0]);
+
+        // Reported running again at the same address: the same backend, no signal.
+        tracker
+            .apply(
+                &Change::Instance(ChangeKind::Updated, instance.clone()),
+                &store,
+                &table,
+            )
+            .await;
+        assert!(Arc::ptr_eq(
+            &routed,
+            &table.get("tiny").unwrap().backends[0]
+        ));
+        assert!(!routed.has_left_routing());
+
+        // Restarted on another port: the old backend is signalled.
+        let moved = running(1, &model, 9002);
+        tracker
+            .apply(
+                &Change::Instance(ChangeKind::Updated, moved.clone()),
+                &store,
+                &table,
+            )
+            .await;
+        assert!(routed.has_left_routing());
+        let current = Arc::clone(&table.get("tiny").unwrap().backends[0]);
+        assert_eq!(current.address, "127.0.0.1:9002");
+
+        // Failing its health probe: out of the table, and a request waiting on it wakes.
+        let waiter = tokio::spawn({
+            let current = Arc::clone(&current);
+            async move { current.left_routing().await }
+        });
+        let unhealthy = ModelInstance {
+            state: InstanceState::Unhealthy,
+            ..moved
+        };
+        tracker
+            .apply(
+                &Change::Instance(ChangeKind::Updated, unhealthy),
+                &store,
+                &table,
+            )
+            .await;
+        assert!(table.get("tiny").is_none());
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+
+        // A deletion signals too.
+        let other = running(2, &model, 9003);
+        tracker
+            .apply(
+                &Change::Instance(ChangeKind::Updated, other.clone()),
+                &store,
+                &table,
+            )
+            .await;
+        let routed = Arc::clone(&table.get("tiny").unwrap().backends[0]);
+        tracker
+            .apply(
+                &Change::Instance(ChangeKind::Deleted, other),
+                &store,
+                &table,
+            )
+            .await;
+        assert!(routed.has_left_routing());
+
+        // The periodic re-read signals what it no longer finds (the store holds no
+        // running instance here).
+        let unseen = running(3, &model, 9004);
+        tracker
+            .apply(
+                &Change::Instance(ChangeKind::Updated, unseen),
+                &store,
+                &table,
+            )
+            .await;
+        let routed = Arc::clone(&table.get("tiny").unwrap().backends[0]);
+        tracker.refresh(&store, &table).await.unwrap();
+        assert!(table.get("tiny").is_none());
+        assert!(routed.has_left_routing());
+    }
 }

@@ -46,6 +46,7 @@ fn cluster() -> ClusterSnapshot {
             ready: true,
             labels: [("zone".to_owned(), format!("z{}", id % 4))].into(),
             backends: ["llama.cpp", "vllm"].map(str::to_owned).into(),
+            installed: Default::default(),
             gpus: (0..GPUS_PER_WORKER)
                 .map(|index| GpuView {
                     index,

@@ -26,6 +26,10 @@ pub(crate) fn eligible(worker: &WorkerView, request: &PlacementRequest) -> bool 
     worker.ready
         && runs_backend(worker, &request.backend)
         && matches_selector(worker, &request.selector)
+        && request
+            .only_installed
+            .as_ref()
+            .is_none_or(|installed| worker.installed.contains(installed))
 }
 
 /// A selector as `key=value,key=value`, in key order.

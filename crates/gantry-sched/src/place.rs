@@ -76,8 +76,21 @@ impl SnapshotState {
         requests.iter().map(|request| self.place(request)).collect()
     }
 
-    /// Finds the placement for `request` without booking it.
+    /// Finds the placement for `request` without booking it: among the workers that have
+    /// its preferred backend installed first, then among all.
     pub fn find(&self, request: &PlacementRequest) -> Result<Placement, Unschedulable> {
+        if let Some(installed) = &request.prefer_installed {
+            let mut strict = request.clone();
+            strict.prefer_installed = None;
+            strict.only_installed = Some(installed.clone());
+            if let Ok(placement) = self.find_among(&strict) {
+                return Ok(placement);
+            }
+        }
+        self.find_among(request)
+    }
+
+    fn find_among(&self, request: &PlacementRequest) -> Result<Placement, Unschedulable> {
         let shapes = full_fit_shapes(request, self.max_gpus_per_ready_worker)?;
         let partial = PartialOffload::for_request(request);
         if let Some(manual) = &request.manual {

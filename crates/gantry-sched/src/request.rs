@@ -51,6 +51,14 @@ pub struct PlacementRequest {
     /// vLLM / SGLang data parallelism: this many replicas of the tensor-parallel group, all on
     /// one worker. `None` means 1.
     pub data_parallel_size: Option<u32>,
+    /// Prefer workers that have this installed (`name` or `name@version`, as in
+    /// [`crate::WorkerView::installed`]): they are tried first, the others (which install it
+    /// on demand) only when none of them fits.
+    #[serde(default)]
+    pub prefer_installed: Option<String>,
+    /// Only workers with this installed are eligible (the first pass of a preference).
+    #[serde(skip)]
+    pub(crate) only_installed: Option<String>,
 }
 
 impl PlacementRequest {
@@ -73,6 +81,8 @@ impl PlacementRequest {
             allow_tensor_parallel: true,
             allow_cpu_offload: false,
             data_parallel_size: None,
+            prefer_installed: None,
+            only_installed: None,
         }
     }
 }

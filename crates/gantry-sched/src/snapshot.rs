@@ -33,6 +33,9 @@ pub struct WorkerView {
     pub labels: BTreeMap<String, String>,
     /// Backends the worker can run, e.g. `llama.cpp`, `vllm`, `sglang`.
     pub backends: BTreeSet<String>,
+    /// Backends installed on the worker, as `name` and as `name@version` for each version.
+    #[serde(default)]
+    pub installed: BTreeSet<String>,
     /// GPUs; indexes are unique within the worker.
     pub gpus: Vec<GpuView>,
     /// Total system memory.

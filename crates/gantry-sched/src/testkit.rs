@@ -27,6 +27,7 @@ pub(crate) fn worker(id: i64, name: &str) -> WorkerBuilder {
                 .into_iter()
                 .map(str::to_owned)
                 .collect::<BTreeSet<_>>(),
+            installed: BTreeSet::new(),
             gpus: Vec::new(),
             system_memory_bytes: 256 * GIB,
             cpu_count: 32,
@@ -61,6 +62,11 @@ impl WorkerBuilder {
 
     pub(crate) fn backends(mut self, backends: &[&str]) -> Self {
         self.view.backends = backends.iter().map(|b| (*b).to_owned()).collect();
+        self
+    }
+
+    pub(crate) fn installed(mut self, installed: &[&str]) -> Self {
+        self.view.installed = installed.iter().map(|b| (*b).to_owned()).collect();
         self
     }
 

@@ -15,6 +15,10 @@ pub const DEFAULT_SERVER_ID: &str = "gantry-server";
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
 /// Prompts and embedding inputs are far larger than management requests.
 pub const DEFAULT_GATEWAY_MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;
+/// Failures in a row that take an instance out of the gateway's routing.
+pub const DEFAULT_GATEWAY_EJECT_AFTER: usize = gantry_gateway::eject::DEFAULT_EJECT_AFTER;
+/// How long a first ejection lasts (each further one in a row doubles it).
+pub const DEFAULT_GATEWAY_EJECT_COOLDOWN: Duration = gantry_gateway::eject::DEFAULT_EJECT_COOLDOWN;
 /// How often workers say they are alive.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
 /// Four missed heartbeats at the default interval.
@@ -79,6 +83,15 @@ pub struct ServerConfig {
     pub gateway_max_request_body: usize,
     /// How often the gateway writes the usage it summed in memory to the store.
     pub usage_flush_interval: Duration,
+    /// Failures in a row (connection errors, 5xx answers, first-byte timeouts) after
+    /// which the gateway takes an instance out of routing.
+    pub gateway_eject_after: usize,
+    /// How long a first ejection lasts; each further one without a success between
+    /// doubles it, up to 5 minutes.
+    pub gateway_eject_cooldown: Duration,
+    /// How long the gateway waits for an instance's response head before trying
+    /// another; `None`: no limit.
+    pub gateway_first_byte_timeout: Option<Duration>,
     /// How long a login lasts.
     pub session_ttl: Duration,
     /// Interval between heartbeat lines on idle watch streams.
@@ -129,6 +142,9 @@ impl ServerConfig {
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             gateway_max_request_body: DEFAULT_GATEWAY_MAX_REQUEST_BODY,
             usage_flush_interval: gantry_gateway::usage::FLUSH_INTERVAL,
+            gateway_eject_after: DEFAULT_GATEWAY_EJECT_AFTER,
+            gateway_eject_cooldown: DEFAULT_GATEWAY_EJECT_COOLDOWN,
+            gateway_first_byte_timeout: None,
             session_ttl: Duration::from_secs(24 * 3600),
             watch_heartbeat: Duration::from_secs(15),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,

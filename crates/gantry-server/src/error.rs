@@ -72,7 +72,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound { .. } => Self::not_found(e.to_string()),
-            StoreError::Conflict { .. } => Self::conflict(e.to_string()),
+            StoreError::Conflict { .. } | StoreError::InUse { .. } => Self::conflict(e.to_string()),
             StoreError::Invalid(message) => Self::validation(message),
             other => {
                 // Logged here, where it is turned into a response; the client gets a

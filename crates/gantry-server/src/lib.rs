@@ -27,6 +27,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use gantry_auth::jwt::JwtKeys;
 use gantry_auth::{AuthConfig, Authenticator};
+use gantry_gateway::eject::EjectionPolicy;
 use gantry_gateway::{Gateway, GatewayConfig, GatewayContext};
 use gantry_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
@@ -206,6 +207,11 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         GatewayConfig {
             max_request_body: state.config.gateway_max_request_body,
             usage_flush_interval: state.config.usage_flush_interval,
+            ejection: EjectionPolicy {
+                eject_after: state.config.gateway_eject_after,
+                cooldown: state.config.gateway_eject_cooldown,
+            },
+            first_byte_timeout: state.config.gateway_first_byte_timeout,
         },
         GatewayContext {
             store: state.store.clone(),

@@ -35,6 +35,8 @@ fn report(state: InstanceState) -> InstanceStateReport {
         address: None,
         restart_count: 0,
         download: None,
+        install: None,
+        backend_version: None,
     }
 }
 

@@ -25,6 +25,7 @@ use common::{
 };
 use futures_util::StreamExt;
 use gantry_client::Client;
+use gantry_server::ServerConfig;
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::usage::{UsageQuery, UsageReport};
 use gantry_types::{
@@ -130,6 +131,22 @@ impl LlamaServer {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
+    /// SIGSTOP: the process keeps its socket, so connections are still accepted (by
+    /// the kernel), but nothing is answered: a hung backend.
+    fn freeze(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`LlamaServer::freeze`].
+    fn thaw(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap_or_else(|e| panic!("{signal} {pid}: {e}"));
+    }
+
     /// SIGKILL, and wait until the process is gone.
     fn kill(&mut self) {
         let _ = self.child.kill();
@@ -157,6 +174,12 @@ struct Cluster {
 
 impl Cluster {
     async fn start(engine: TestEngine) -> Self {
+        Self::start_with(engine, |_| {}).await
+    }
+
+    /// Like [`Cluster::start`], with the server's configuration changed by `configure`
+    /// (the gateway's settings).
+    async fn start_with(engine: TestEngine, configure: fn(&mut ServerConfig)) -> Self {
         // No heartbeats are sent: keep the worker (and so its instances) healthy for
         // the whole test.
         let server = TestServer::start_with(
@@ -164,6 +187,7 @@ impl Cluster {
             Options {
                 heartbeat_interval: Duration::from_secs(600),
                 server_timeout: Duration::from_secs(3600),
+                configure,
                 ..Default::default()
             },
         )
@@ -219,21 +243,28 @@ impl Cluster {
                 gpu_indexes: Some(vec![0]),
             };
             self.admin().place_instance(*id, &patch).await.unwrap();
-            let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
-            let running = InstanceStateReport {
-                state: InstanceState::Running,
-                state_message: String::new(),
-                port: Some(port),
-                address: Some(address.clone()),
-                restart_count: 0,
-                download: None,
-            };
-            self.worker.report_state(*id, &running).await.unwrap();
+            self.report(*id, InstanceState::Running, address).await;
         }
         if !addresses.is_empty() {
             self.wait_routable(name, addresses.len()).await;
         }
         ids
+    }
+
+    /// Reports an instance in `state` at `address`, as its worker would.
+    async fn report(&self, id: i64, state: InstanceState, address: &str) {
+        let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
+        let report = InstanceStateReport {
+            state,
+            state_message: String::new(),
+            port: Some(port),
+            address: Some(address.to_string()),
+            restart_count: 0,
+            download: None,
+            install: None,
+            backend_version: None,
+        };
+        self.worker.report_state(id, &report).await.unwrap();
     }
 
     /// Waits until the gateway routes to `count` instances of the model (the routing
@@ -322,6 +353,15 @@ impl Cluster {
         .await
     }
 
+    /// What [`Cluster::chat`] needs, to send chats from spawned tasks.
+    fn chatter(&self) -> Chatter {
+        Chatter {
+            http: self.server.http.clone(),
+            base: self.server.base.clone(),
+            key: self.key.clone(),
+        }
+    }
+
     /// The usage report `client` may see, polled until `done` holds (usage is flushed
     /// about once a second).
     async fn usage_until(
@@ -333,6 +373,39 @@ impl Cluster {
         self.server
             .wait_for("the usage report", || client.usage(query), done)
             .await
+    }
+}
+
+/// Sends chat completions from a task of its own.
+#[derive(Clone)]
+struct Chatter {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+}
+
+impl Chatter {
+    /// A chat completion: status, `x-gantry-instance`, the JSON, and how long it took.
+    /// Fails after a minute rather than hang the test when the gateway keeps it waiting.
+    async fn chat(&self, model: &str) -> (StatusCode, Option<String>, Value, Duration) {
+        let started = tokio::time::Instant::now();
+        let response = self
+            .http
+            .post(format!("{}/v1/chat/completions", self.base))
+            .timeout(Duration::from_secs(60))
+            .bearer_auth(&self.key)
+            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let instance = response
+            .headers()
+            .get("x-gantry-instance")
+            .map(|v| v.to_str().unwrap().to_string());
+        let text = response.text().await.unwrap();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, instance, value, started.elapsed())
     }
 }
 
@@ -1171,6 +1244,208 @@ async fn the_official_openai_python_client_works_against_the_gateway(engine: Tes
     cluster.server.shutdown().await;
 }
 
+/// The first-byte timeout the ejection test configures.
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The failures in a row the ejection test configures.
+const EJECT_AFTER: usize = 3;
+
+async fn a_frozen_instance_is_ejected_and_every_request_is_served_by_the_other(engine: TestEngine) {
+    let cluster = Cluster::start_with(engine, |config| {
+        config.gateway_first_byte_timeout = Some(FIRST_BYTE_TIMEOUT);
+        config.gateway_eject_after = EJECT_AFTER;
+        // Far longer than the test: the frozen instance must not come back during it.
+        config.gateway_eject_cooldown = Duration::from_secs(600);
+    })
+    .await;
+    let frozen = cluster.llama_server().await;
+    let healthy = cluster.llama_server().await;
+    // tiny-0 is the frozen one; solo-0 is the same frozen server, alone in its model.
+    cluster
+        .deploy("tiny", &[frozen.address(), healthy.address()])
+        .await;
+    cluster.deploy("solo", &[frozen.address()]).await;
+    frozen.freeze();
+
+    let chatter = cluster.chatter();
+    let timeouts = "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_timeout\"}";
+    let ejections = "gantry_gateway_instance_ejections_total{model=\"tiny\",instance=\"tiny-0\"}";
+    let mut ejected_after = None;
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let (status, instance, reply, took) = chatter.chat("tiny").await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {reply}");
+        assert_eq!(instance.as_deref(), Some("tiny-1"), "request {i}");
+        // At most one try waited out the timeout; generous for a busy machine.
+        assert!(
+            took < FIRST_BYTE_TIMEOUT + Duration::from_secs(8),
+            "request {i} took {took:?}"
+        );
+        slowest = slowest.max(took);
+        if ejected_after.is_none() && metric(&cluster.metrics().await, ejections) == 1.0 {
+            ejected_after = Some(i + 1);
+        }
+    }
+    let ejected_after = ejected_after.expect("the frozen instance was never ejected");
+    let text = cluster.metrics().await;
+    assert_eq!(metric(&text, timeouts), EJECT_AFTER as f64, "{text}");
+    // Each request tries the frozen instance first while the balancer's turn falls on
+    // it (every one, as the turns go with two instances): ejected after about as many.
+    assert!(
+        (EJECT_AFTER..=2 * EJECT_AFTER).contains(&ejected_after),
+        "ejected after {ejected_after} requests:\n{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_instance_ejected{model=\"tiny\",instance=\"tiny-0\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+
+    // Concurrent requests after the ejection: none is sent to the frozen instance, even
+    // though it is the least loaded.
+    let concurrent: Vec<_> = (0..5)
+        .map(|_| {
+            let chatter = chatter.clone();
+            tokio::spawn(async move { chatter.chat("tiny").await })
+        })
+        .collect();
+    for request in concurrent {
+        let (status, instance, reply, took) = request.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        assert_eq!(instance.as_deref(), Some("tiny-1"));
+        slowest = slowest.max(took);
+    }
+    let text = cluster.metrics().await;
+    assert_eq!(
+        metric(&text, timeouts),
+        EJECT_AFTER as f64,
+        "an ejected instance got another try:\n{text}"
+    );
+    assert_eq!(metric(&text, ejections), 1.0, "{text}");
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_errors_total{model=\"tiny\",kind=\"all_tries_failed\"}"
+        ),
+        0.0,
+        "{text}"
+    );
+    eprintln!(
+        "measured: frozen instance ejected after {ejected_after} requests; slowest of 25 requests {slowest:?}"
+    );
+
+    // A model whose only instance is frozen: 504 once the timeout runs out, naming it.
+    let (status, _, reply, took) = chatter.chat("solo").await;
+    let error = assert_openai_error(status, &reply, 504, "server_error", "upstream_timeout");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("gateway_first_byte_timeout"),
+        "{reply}"
+    );
+    assert!(
+        took >= FIRST_BYTE_TIMEOUT && took < FIRST_BYTE_TIMEOUT + Duration::from_secs(8),
+        "the 504 took {took:?}"
+    );
+    eprintln!("measured: 504 from the frozen single instance after {took:?}");
+
+    frozen.thaw();
+    drop((frozen, healthy));
+    cluster.server.shutdown().await;
+}
+
+async fn a_request_waiting_on_an_instance_that_leaves_routing_is_retried_at_once(
+    engine: TestEngine,
+) {
+    // No first-byte timeout: only the instance leaving routing can free the request.
+    let cluster = Cluster::start(engine).await;
+    let frozen = cluster.llama_server().await;
+    let healthy = cluster.llama_server().await;
+    let ids = cluster
+        .deploy("tiny", &[frozen.address(), healthy.address()])
+        .await;
+    frozen.freeze();
+
+    // Send requests until one waits on the frozen instance: the balancer takes turns
+    // while both are idle.
+    let chatter = cluster.chatter();
+    let stuck_series =
+        "gantry_gateway_instance_requests_in_flight{model=\"tiny\",instance=\"tiny-0\"}";
+    let mut stuck = None;
+    'send: for _ in 0..4 {
+        let request = tokio::spawn({
+            let chatter = chatter.clone();
+            async move { chatter.chat("tiny").await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if metric(&cluster.metrics().await, stuck_series) == 1.0 {
+                stuck = Some(request);
+                break 'send;
+            }
+            if request.is_finished() {
+                let (status, instance, reply, _) = request.await.unwrap();
+                assert_eq!(status, StatusCode::OK, "{reply}");
+                assert_eq!(instance.as_deref(), Some("tiny-1"));
+                continue 'send;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a request neither ended nor waited on tiny-0"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    let stuck = stuck.expect("no request was sent to the frozen instance");
+    // It stays stuck: nothing else frees it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !stuck.is_finished(),
+        "the request on the frozen instance ended by itself"
+    );
+
+    // Its worker finds it failing its health probe.
+    let reported = tokio::time::Instant::now();
+    cluster
+        .report(ids[0], InstanceState::Unhealthy, &frozen.address())
+        .await;
+    let (status, instance, reply, took) = tokio::time::timeout(Duration::from_secs(10), stuck)
+        .await
+        .expect("the request on the instance that left routing was not retried")
+        .unwrap();
+    let retried_after = reported.elapsed();
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(instance.as_deref(), Some("tiny-1"));
+    assert!(
+        retried_after < Duration::from_secs(5),
+        "retried only after {retried_after:?}"
+    );
+    eprintln!(
+        "measured: request answered {retried_after:?} after tiny-0 was reported unhealthy ({took:?} in all)"
+    );
+    let text = cluster.wait_idle("tiny", "tiny-1").await;
+    assert_eq!(
+        metric(
+            &text,
+            "gantry_gateway_errors_total{model=\"tiny\",kind=\"instance_left_routing\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "gantry_gateway_routable_instances{model=\"tiny\"}"),
+        1.0,
+        "{text}"
+    );
+
+    frozen.thaw();
+    drop((frozen, healthy));
+    cluster.server.shutdown().await;
+}
+
 test_both_engines!(
     chat_and_completions_are_proxied_and_usage_is_recorded,
     streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked,
@@ -1180,4 +1455,6 @@ test_both_engines!(
     a_client_disconnect_cancels_the_upstream_request,
     a_client_disconnect_before_the_answer_cancels_the_upstream_request,
     the_official_openai_python_client_works_against_the_gateway,
+    a_frozen_instance_is_ejected_and_every_request_is_served_by_the_other,
+    a_request_waiting_on_an_instance_that_leaves_routing_is_retried_at_once,
 );

@@ -46,6 +46,8 @@ async fn an_undecodable_record_keeps_its_gpu_booked(engine: TestEngine) {
         address: (state == InstanceState::Running).then(|| "127.0.0.1:40000".to_owned()),
         restart_count: 0,
         download: None,
+        install: None,
+        backend_version: None,
     };
     // One serves; the other is still starting, so a roll keeps the serving one in place.
     let damaged = &placed[0];

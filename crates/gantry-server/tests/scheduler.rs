@@ -180,7 +180,7 @@ async fn models_too_large_for_any_worker_stay_pending_with_the_shortfall(engine:
     // vLLM with 500 GB of weights: not even both 80 GiB GPUs together hold it.
     let dir = huge_safetensors_dir(&server);
     let huge = ModelCreate {
-        backend: BackendKind::Vllm,
+        backend: BackendKind::Vllm.into(),
         ..llama_model("huge", &dir, 1)
     };
     let huge = create_model(&server, &huge).await;
@@ -383,6 +383,8 @@ async fn errored_instances_are_rescheduled_on_another_worker(engine: TestEngine)
         address: None,
         restart_count: 0,
         download: None,
+        install: None,
+        backend_version: None,
     };
     w1.report_state(id, &gave_up).await.unwrap();
     // Both workers are ready and equally empty, so spread alone would pick w1 again; the

@@ -235,6 +235,8 @@ async fn unplacing_applies_only_to_the_lost_state_on_the_same_worker(engine: Tes
                 address: None,
                 restart_count: 5,
                 download: None,
+                install: None,
+                backend_version: None,
             },
         )
         .await

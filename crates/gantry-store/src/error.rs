@@ -8,6 +8,13 @@ pub enum StoreError {
     NotFound { resource: &'static str, key: String },
     #[error("{resource} {key} already exists")]
     Conflict { resource: &'static str, key: String },
+    /// The object is referred to by others and cannot go: `by` names them.
+    #[error("{resource} {key} is in use by {by}")]
+    InUse {
+        resource: &'static str,
+        key: String,
+        by: String,
+    },
     /// The request refers to something that does not fit the stored state (an unknown
     /// worker, a GPU index the worker does not have).
     #[error("{0}")]

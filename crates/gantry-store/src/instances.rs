@@ -13,7 +13,7 @@ use crate::{Store, StoreError};
 /// An instance with the names of its model and worker.
 const COLUMNS: &str = "i.id, i.name, i.model_id, m.name AS model_name, i.replica, \
      i.worker_id, w.name AS worker_name, i.gpu_indexes, i.port, i.address, i.state, \
-     i.state_message, i.placement, i.download, i.restart_count, i.created_at, i.updated_at";
+     i.state_message, i.placement, i.download, i.install, i.backend_version, i.restart_count, i.created_at, i.updated_at";
 const FROM: &str = "model_instances i JOIN models m ON m.id = i.model_id \
      LEFT JOIN workers w ON w.id = i.worker_id";
 
@@ -33,6 +33,13 @@ fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
         ),
         _ => None,
     };
+    let install = match opt_text(row, T, "install")? {
+        Some(text) if state == InstanceState::Installing => Some(
+            serde_json::from_str(&text)
+                .map_err(|e| StoreError::corrupt(T, format!("install {text:?}: {e}")))?,
+        ),
+        _ => None,
+    };
     Ok(ModelInstance {
         id,
         name: text(row, T, "name")?,
@@ -48,6 +55,8 @@ fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
         state_message: text(row, T, "state_message")?,
         placement: placement.into_record(),
         download,
+        install,
+        backend_version: opt_text(row, T, "backend_version")?,
         restart_count: u32_of(int(row, T, "restart_count")?, T, "restart_count")?,
         created_at: Timestamp::from_millis(int(row, T, "created_at")?),
         updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
@@ -200,7 +209,8 @@ impl Store {
     ) -> Result<ModelInstance, StoreError> {
         let result = sqlx::query(
             "UPDATE model_instances SET state = $3, state_message = $4, port = $5, address = $6, \
-             restart_count = $7, updated_at = $8, download = $9 WHERE id = $1 AND worker_id = $2",
+             restart_count = $7, updated_at = $8, download = $9, install = $10, \
+             backend_version = COALESCE($11, backend_version) WHERE id = $1 AND worker_id = $2",
         )
         .bind(id)
         .bind(worker_id)
@@ -211,6 +221,8 @@ impl Store {
         .bind(i64::from(report.restart_count))
         .bind(Timestamp::now().as_millis())
         .bind(report.download.map(|d| to_json(&d)))
+        .bind(report.install.as_ref().map(to_json))
+        .bind(report.backend_version.as_deref())
         .execute(&self.pool)
         .await?;
         if result.rows_affected() == 0 {

@@ -24,6 +24,7 @@
 //! API's `?watch=true` streams and the controllers listen to it.
 
 mod api_keys;
+mod backends;
 mod changes;
 mod error;
 mod fence;
@@ -54,6 +55,7 @@ use sqlx::{AnyPool, ConnectOptions};
 use tokio::sync::broadcast;
 
 pub use api_keys::{ApiKeyRecord, NewApiKey};
+pub use backends::StoredBackend;
 pub use changes::{Change, ChangeKind};
 pub use error::StoreError;
 pub use fence::{fenced_writes, Fence, FencedWrites};

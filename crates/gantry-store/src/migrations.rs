@@ -185,6 +185,21 @@ const MIGRATIONS: &[Migration] = &[Migration {
             updated_at BIGINT NOT NULL
         )",
     ],
+}, Migration {
+    version: 7,
+    name: "inference backends",
+    statements: &[
+        // spec: the JSON of `gantry_types::CustomBackendSpec`.
+        "CREATE TABLE inference_backends (
+            id {id},
+            name TEXT NOT NULL UNIQUE,
+            spec TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        "ALTER TABLE model_instances ADD COLUMN install TEXT",
+        "ALTER TABLE model_instances ADD COLUMN backend_version TEXT",
+    ],
 }];
 
 /// The newest schema version this build knows.

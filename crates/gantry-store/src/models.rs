@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use gantry_types::{
-    BackendKind, GpuSelector, Model, ModelCreate, ModelFilter, ModelInstance, ModelSource,
+    BackendName, GpuSelector, Model, ModelCreate, ModelFilter, ModelInstance, ModelSource,
     PlacementStrategy, Timestamp,
 };
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use sqlx::any::AnyRow;
 use crate::changes::{Change, ChangeKind};
 use crate::fence::Fence;
 use crate::query::{Listing, Page};
-use crate::rows::{int, json, parse_enum, text, to_json, u32_of};
+use crate::rows::{int, json, text, to_json, u32_of};
 use crate::{Store, StoreError};
 
 /// The model fields kept as one JSON column: nothing filters on them in SQL.
@@ -60,7 +60,7 @@ fn decode(row: &AnyRow) -> Result<Model, StoreError> {
     Ok(Model {
         id: int(row, T, "id")?,
         name: text(row, T, "name")?,
-        backend: parse_enum(&text(row, T, "backend")?, BackendKind::parse, T, "backend")?,
+        backend: BackendName::new(text(row, T, "backend")?),
         replicas: u32_of(int(row, T, "replicas")?, T, "replicas")?,
         description: spec.description,
         source: spec.source,
@@ -99,7 +99,7 @@ impl Store {
             name: create.name.clone(),
             description: create.description.clone(),
             source: create.source.clone(),
-            backend: create.backend,
+            backend: create.backend.clone(),
             backend_version: create.backend_version.clone(),
             backend_args: create.backend_args.clone(),
             env: create.env.clone(),

@@ -305,7 +305,7 @@ async fn lists_paginate_and_filter(engine: TestEngine) {
     };
     assert_eq!(store.list_models(&by_name, ALL).await.unwrap().1, 1);
     let by_backend = ModelFilter {
-        backend: Some(BackendKind::Vllm),
+        backend: Some("vllm".to_owned()),
         ..Default::default()
     };
     assert_eq!(store.list_models(&by_backend, ALL).await.unwrap().1, 0);
@@ -363,7 +363,7 @@ async fn lists_and_watches_read_a_filter_the_same_way(engine: TestEngine) {
         ("llama%1", "sglang"),
     ] {
         let mut create = model_create(&name.to_lowercase(), 0);
-        create.backend = BackendKind::parse(backend).unwrap();
+        create.backend = BackendKind::parse(backend).unwrap().into();
         let model = store.create_model(&create).await.unwrap();
         store
             .create_instances(&model, &[0, 1], &Fence::Unfenced)
@@ -405,7 +405,7 @@ async fn lists_and_watches_read_a_filter_the_same_way(engine: TestEngine) {
                 ..Default::default()
             },
             ModelFilter {
-                backend: Some(BackendKind::LlamaCpp),
+                backend: Some("llama.cpp".to_owned()),
                 search: Some("big".into()),
                 ..Default::default()
             },

@@ -21,7 +21,7 @@ pub fn model(id: i64, name: &str) -> Model {
         source: ModelSource::LocalPath {
             path: format!("/models/{name}.gguf"),
         },
-        backend: BackendKind::LlamaCpp,
+        backend: BackendKind::LlamaCpp.into(),
         backend_version: None,
         backend_args: Vec::new(),
         env: BTreeMap::new(),
@@ -56,6 +56,8 @@ pub fn instance(id: i64, model: &Model, replica: u32, state: InstanceState) -> M
         state_message: String::new(),
         placement: None,
         download: None,
+        install: None,
+        backend_version: None,
         restart_count: 0,
         created_at: Timestamp::from_millis(id),
         updated_at: Timestamp::from_millis(id),
@@ -105,6 +107,7 @@ pub fn worker_status(name: &str, gpus: u32) -> WorkerStatus {
             hostname: name.to_owned(),
         },
         backends: vec!["llama.cpp".to_owned(), "vllm".to_owned()],
+        installed_backends: Vec::new(),
     }
 }
 

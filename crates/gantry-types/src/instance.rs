@@ -7,18 +7,25 @@ use utoipa::{IntoParams, ToSchema};
 use crate::time::Timestamp;
 use crate::validate::{FieldError, Validate};
 
-/// Instance lifecycle: `pending → analyzing → scheduled → starting → running`, plus
-/// `error` and `unreachable` (set by the server when the worker is lost).
+/// Instance lifecycle: `pending → analyzing → scheduled → [installing] → [downloading] →
+/// starting → running`, plus `unhealthy` (running, then failing its health probe: out of
+/// routing while its worker restarts it), `error` and `unreachable` (set by the server when
+/// the worker is lost).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum InstanceState {
     Pending,
     Analyzing,
     Scheduled,
+    /// The worker is installing the instance's backend (see `install`).
+    Installing,
     /// The worker is downloading the model's files (see `download`).
     Downloading,
     Starting,
     Running,
+    /// It was running and then failed its health probe `health_failure_threshold` times in
+    /// a row: taken out of routing at once, and restarted by its worker.
+    Unhealthy,
     Error,
     Unreachable,
 }
@@ -29,9 +36,11 @@ impl InstanceState {
             InstanceState::Pending => "pending",
             InstanceState::Analyzing => "analyzing",
             InstanceState::Scheduled => "scheduled",
+            InstanceState::Installing => "installing",
             InstanceState::Downloading => "downloading",
             InstanceState::Starting => "starting",
             InstanceState::Running => "running",
+            InstanceState::Unhealthy => "unhealthy",
             InstanceState::Error => "error",
             InstanceState::Unreachable => "unreachable",
         }
@@ -42,9 +51,11 @@ impl InstanceState {
             "pending" => Some(InstanceState::Pending),
             "analyzing" => Some(InstanceState::Analyzing),
             "scheduled" => Some(InstanceState::Scheduled),
+            "installing" => Some(InstanceState::Installing),
             "downloading" => Some(InstanceState::Downloading),
             "starting" => Some(InstanceState::Starting),
             "running" => Some(InstanceState::Running),
+            "unhealthy" => Some(InstanceState::Unhealthy),
             "error" => Some(InstanceState::Error),
             "unreachable" => Some(InstanceState::Unreachable),
             _ => None,
@@ -83,6 +94,14 @@ pub struct ModelInstance {
     /// While `downloading`: how far the worker is with the model's files.
     #[serde(default)]
     pub download: Option<DownloadProgress>,
+    /// While `installing`: how far the worker is with installing the backend.
+    #[serde(default)]
+    pub install: Option<InstallProgress>,
+    /// The backend version the worker runs the instance with (the model's pin, else the
+    /// newest version installed on the worker); `None` until the worker reports it, and for
+    /// backends without versions.
+    #[serde(default)]
+    pub backend_version: Option<String>,
     pub restart_count: u32,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
@@ -99,6 +118,34 @@ pub struct DownloadProgress {
     /// Recent download speed.
     pub bytes_per_second: u64,
 }
+
+/// How far a worker is with installing a backend (`installing`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InstallProgress {
+    /// The backend being installed (`llama.cpp`, `vllm`, a custom backend's name).
+    pub backend: String,
+    /// Its version.
+    pub version: String,
+    /// What the installer does now: `waiting` (another install of the same version runs),
+    /// `downloading`, `configuring`, `building`, `installing packages`, `copying`.
+    pub phase: String,
+    /// Percent done of the phase, when the installer can tell (cmake's `[ 42%]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u8>,
+    /// Bytes downloaded so far in a `downloading` phase.
+    #[serde(default)]
+    pub bytes_done: u64,
+    /// Bytes to download, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+    /// The installer's last output lines (at most [`INSTALL_LOG_TAIL_LINES`]).
+    #[serde(default)]
+    pub log_tail: Vec<String>,
+}
+
+/// How many of the installer's last output lines an [`InstallProgress`] carries.
+pub const INSTALL_LOG_TAIL_LINES: usize = 20;
 
 /// `PATCH /api/v1/model-instances/{id}` (admin): manual placement until the scheduler
 /// places instances itself. `worker_id: null` unplaces the instance; an unset `worker_id`
@@ -160,7 +207,8 @@ pub(crate) mod double_option_i64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceStateReport {
-    /// `downloading`, `starting`, `running` or `error`; the server sets the others.
+    /// `installing`, `downloading`, `starting`, `running`, `unhealthy` or `error`; the
+    /// server sets the others.
     pub state: InstanceState,
     #[serde(default)]
     pub state_message: String,
@@ -176,21 +224,50 @@ pub struct InstanceStateReport {
     /// With `downloading`: the progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download: Option<DownloadProgress>,
+    /// With `installing`: the installer's progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install: Option<InstallProgress>,
+    /// The backend version the instance runs with, once the worker knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_version: Option<String>,
 }
 
 impl Validate for InstanceStateReport {
     fn validate(&self) -> Result<(), FieldError> {
         if !matches!(
             self.state,
-            InstanceState::Downloading
+            InstanceState::Installing
+                | InstanceState::Downloading
                 | InstanceState::Starting
                 | InstanceState::Running
+                | InstanceState::Unhealthy
                 | InstanceState::Error
         ) {
             return Err(FieldError::new(
                 "state",
-                "workers report downloading, starting, running or error",
+                "workers report installing, downloading, starting, running, unhealthy or error",
             ));
+        }
+        if self.install.is_some() && self.state != InstanceState::Installing {
+            return Err(FieldError::new(
+                "install",
+                "only an installing instance has install progress",
+            ));
+        }
+        if let Some(install) = &self.install {
+            if install.log_tail.len() > INSTALL_LOG_TAIL_LINES {
+                return Err(FieldError::new(
+                    "install.log_tail",
+                    format!("at most {INSTALL_LOG_TAIL_LINES} lines"),
+                ));
+            }
+            for line in &install.log_tail {
+                crate::validate::check_text("install.log_tail", line, 4096)?;
+            }
+            crate::validate::check_text("install.phase", &install.phase, 100)?;
+        }
+        if let Some(version) = &self.backend_version {
+            crate::validate::check_text("backend_version", version, 100)?;
         }
         if self.download.is_some() && self.state != InstanceState::Downloading {
             return Err(FieldError::new(

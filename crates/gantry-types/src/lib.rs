@@ -7,6 +7,7 @@
 
 pub mod api_key;
 pub mod auth;
+pub mod backend;
 pub mod claim;
 pub mod coordination;
 pub mod error;
@@ -27,6 +28,11 @@ pub mod worker;
 
 pub use api_key::{ApiKey, ApiKeyCreate, ApiKeyCreated};
 pub use auth::{ChangePasswordRequest, LoginRequest, LoginResponse};
+pub use backend::{
+    BackendInstallOrder, BackendInstallRequest, BackendInstallStatus, BackendName, BackendVersion,
+    CustomBackendSpec, DefinedBackend, InferenceBackend, InferenceBackendCreate,
+    InferenceBackendUpdate, InstallMethod, InstalledBackend, InstalledOn,
+};
 pub use claim::{
     EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
 };
@@ -36,7 +42,8 @@ pub use coordination::{
 };
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use instance::{
-    DownloadProgress, InstancePatch, InstanceState, InstanceStateReport, LogQuery, ModelInstance,
+    DownloadProgress, InstallProgress, InstancePatch, InstanceState, InstanceStateReport, LogQuery,
+    ModelInstance, INSTALL_LOG_TAIL_LINES,
 };
 pub use list::{ChangeKind, ListResponse, Pagination, WatchEvent};
 pub use model::{

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::backend::BackendName;
 use crate::time::Timestamp;
 use crate::validate::{check_labels, check_name, check_text, FieldError, Validate};
 
@@ -15,7 +16,9 @@ pub const MAX_REPLICAS: u32 = 1000;
 pub const MAX_BACKEND_ARGS: usize = 256;
 
 /// The inference server that runs a model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
 pub enum BackendKind {
     #[serde(rename = "llama.cpp")]
     LlamaCpp,
@@ -305,7 +308,10 @@ pub struct Model {
     pub name: String,
     pub description: String,
     pub source: ModelSource,
-    pub backend: BackendKind,
+    /// `llama.cpp`, `vllm`, `sglang`, `custom`, or a defined backend's name.
+    pub backend: BackendName,
+    /// The backend version to run; without it, the newest version installed on the worker
+    /// (else the backend's default, installed on demand).
     pub backend_version: Option<String>,
     pub backend_args: Vec<String>,
     pub env: BTreeMap<String, String>,
@@ -334,7 +340,10 @@ pub struct ModelCreate {
     #[serde(default)]
     pub description: String,
     pub source: ModelSource,
-    pub backend: BackendKind,
+    /// `llama.cpp`, `vllm`, `sglang`, `custom` (with `custom_command`), or the name of a
+    /// backend defined with `POST /api/v1/inference-backends`.
+    pub backend: BackendName,
+    /// Pins the backend version (installed on demand); changing it rolls the instances.
     #[serde(default)]
     pub backend_version: Option<String>,
     #[serde(default)]
@@ -381,8 +390,9 @@ impl Validate for ModelCreate {
             check_gpu_selector(selector)?;
         }
         check_data_parallel(self.data_parallel_size)?;
+        self.backend.check("backend")?;
         if let Some(version) = &self.backend_version {
-            check_text("backend_version", version, 100)?;
+            crate::backend::check_version("backend_version", version)?;
         }
         if let Some(command) = &self.custom_command {
             check_custom_command(command)?;
@@ -478,6 +488,9 @@ impl Validate for ModelUpdate {
         if let Some(Some(command)) = &self.custom_command {
             check_custom_command(command)?;
         }
+        if let Some(Some(version)) = &self.backend_version {
+            crate::backend::check_version("backend_version", version)?;
+        }
         Ok(())
     }
 }
@@ -570,7 +583,7 @@ fn check_backend_args(args: &[String]) -> Result<(), FieldError> {
     Ok(())
 }
 
-fn check_env(env: &BTreeMap<String, String>) -> Result<(), FieldError> {
+pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<(), FieldError> {
     for (key, value) in env {
         let key_ok = !key.is_empty()
             && key.len() <= 128
@@ -613,12 +626,17 @@ fn check_gpu_selector(selector: &GpuSelector) -> Result<(), FieldError> {
 }
 
 fn check_custom_command(command: &str) -> Result<(), FieldError> {
+    check_command_template("custom_command", command)
+}
+
+/// A command template: not blank, at most 4096 bytes, no NUL.
+pub(crate) fn check_command_template(field: &str, command: &str) -> Result<(), FieldError> {
     if command.trim().is_empty() {
-        return Err(FieldError::new("custom_command", "must not be empty"));
+        return Err(FieldError::new(field, "must not be empty"));
     }
     if command.len() > 4096 || command.contains('\0') {
         return Err(FieldError::new(
-            "custom_command",
+            field,
             "must be at most 4096 bytes without NUL characters",
         ));
     }
@@ -638,7 +656,7 @@ fn check_data_parallel(size: Option<u32>) -> Result<(), FieldError> {
 }
 
 /// Serde helper telling "field absent" (`None`) from "field is null" (`Some(None)`).
-mod double_option {
+pub(crate) mod double_option {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     pub fn serialize<T: Serialize, S: Serializer>(

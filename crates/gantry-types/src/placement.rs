@@ -20,8 +20,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::backend::BackendName;
 use crate::claim::ResourceClaim;
-use crate::model::{BackendKind, Model, ModelSource};
+use crate::model::{Model, ModelSource};
 
 /// Bytes claimed on one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -98,7 +99,7 @@ pub enum PlacementKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LaunchTemplate {
-    pub backend: BackendKind,
+    pub backend: BackendName,
     pub backend_version: Option<String>,
     pub source: ModelSource,
     /// The model's own backend arguments, as the user gave them.
@@ -114,7 +115,7 @@ impl Model {
     /// The launch settings of this model as it is now.
     pub fn launch_template(&self) -> LaunchTemplate {
         LaunchTemplate {
-            backend: self.backend,
+            backend: self.backend.clone(),
             backend_version: self.backend_version.clone(),
             source: self.source.clone(),
             backend_args: self.backend_args.clone(),
@@ -144,6 +145,10 @@ pub struct PlacementRecord {
     pub placement_args: Vec<String>,
     /// The scheduler's estimate and decision; `None` for an instance placed by hand.
     pub reservation: Option<Reservation>,
+    /// For a defined backend (`launch.backend` names one): its definition at the version
+    /// the instance runs, as it was when the instance was placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defined_backend: Option<crate::backend::DefinedBackend>,
 }
 
 impl PlacementRecord {
@@ -154,6 +159,7 @@ impl PlacementRecord {
             launch: model.launch_template(),
             placement_args: Vec::new(),
             reservation: None,
+            defined_backend: None,
         }
     }
 
@@ -174,7 +180,7 @@ mod tests {
     fn record() -> PlacementRecord {
         PlacementRecord {
             launch: LaunchTemplate {
-                backend: BackendKind::LlamaCpp,
+                backend: crate::model::BackendKind::LlamaCpp.into(),
                 backend_version: None,
                 source: ModelSource::LocalPath {
                     path: "/m/tiny.gguf".into(),
@@ -185,6 +191,7 @@ mod tests {
                 data_parallel_size: None,
             },
             placement_args: vec!["-ngl".into(), "3".into()],
+            defined_backend: None,
             reservation: Some(Reservation {
                 claim: ResourceClaim {
                     per_gpu_overhead_bytes: 1,

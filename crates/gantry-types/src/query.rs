@@ -12,7 +12,7 @@ use utoipa::IntoParams;
 
 use crate::api_key::ApiKey;
 use crate::instance::{InstanceState, ModelInstance};
-use crate::model::{BackendKind, Model};
+use crate::model::Model;
 use crate::user::{Role, User};
 use crate::validate::{FieldError, Validate};
 use crate::worker::{Worker, WorkerState};
@@ -173,7 +173,7 @@ list_query! {
     ModelQuery => ModelFilter {
         /// Exactly this name.
         name: String,
-        backend: BackendKind as String,
+        backend: String,
         /// Part of the name, any case.
         search: String,
     }
@@ -190,10 +190,10 @@ impl ListFilter for ModelFilter {
                 value: Value::Text(name),
             });
         }
-        if let Some(backend) = self.backend {
+        if let Some(backend) = &self.backend {
             conditions.push(Condition::Equals {
                 column: "backend",
-                value: Value::Text(backend.as_str()),
+                value: Value::Text(backend),
             });
         }
         if let Some(search) = &self.search {

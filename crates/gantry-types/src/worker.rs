@@ -80,8 +80,12 @@ pub struct SystemInfo {
 pub struct WorkerStatus {
     pub gpus: Vec<GpuDevice>,
     pub system: SystemInfo,
-    /// Backends whose executables this worker found (`llama.cpp`, `vllm`, ...).
+    /// Backends this worker can run: those whose executables it found or configured, and
+    /// those it can install on demand (`llama.cpp`, `vllm`, `sglang`, `custom`).
     pub backends: Vec<String>,
+    /// Backend versions installed under the worker's data directory.
+    #[serde(default)]
+    pub installed_backends: Vec<crate::backend::InstalledBackend>,
 }
 
 /// A worker as the API shows it.
@@ -161,6 +165,28 @@ impl Validate for WorkerStatus {
         }
         if self.backends.len() > 64 {
             return Err(FieldError::new("backends", "at most 64 backends"));
+        }
+        if self.installed_backends.len() > 1024 {
+            return Err(FieldError::new(
+                "installed_backends",
+                "at most 1024 installed versions",
+            ));
+        }
+        for (i, installed) in self.installed_backends.iter().enumerate() {
+            crate::validate::check_text(
+                &format!("installed_backends[{i}].name"),
+                &installed.name,
+                63,
+            )?;
+            crate::backend::check_version(
+                &format!("installed_backends[{i}].version"),
+                &installed.version,
+            )?;
+            crate::validate::check_text(
+                &format!("installed_backends[{i}].variant"),
+                &installed.variant,
+                32,
+            )?;
         }
         crate::validate::check_text("system.hostname", &self.system.hostname, 256)?;
         crate::validate::check_text("system.os", &self.system.os, 256)

@@ -6,6 +6,7 @@ pub mod supervisor;
 
 // The agent: registration, heartbeats, hardware, assignments, the worker's own API.
 pub mod agent;
+pub mod backends;
 pub mod gpu;
 pub(crate) mod http;
 pub mod system;

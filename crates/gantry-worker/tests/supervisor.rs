@@ -147,6 +147,8 @@ impl Harness {
             },
             remote: None,
             ready_deadline: None,
+            install: None,
+            backend_version: None,
         }
     }
 

@@ -107,6 +107,8 @@ impl Harness {
             },
             remote: None,
             ready_deadline: Some(Duration::from_secs(20)),
+            install: None,
+            backend_version: None,
         }
     }
 

@@ -85,6 +85,9 @@ fn server_config(config: &Config) -> ServerConfig {
         lease_renew_interval: config.lease_renew_interval,
         max_request_body: config.max_request_body,
         gateway_max_request_body: config.gateway_max_request_body,
+        gateway_eject_after: config.gateway_eject_after,
+        gateway_eject_cooldown: config.gateway_eject_cooldown,
+        gateway_first_byte_timeout: config.gateway_first_byte_timeout,
         heartbeat_interval: config.heartbeat_interval,
         server_timeout: config.server_timeout,
         server_urls: config.server_urls.clone(),
@@ -161,6 +164,30 @@ fn worker_config(config: &Config, role: Role, server_port: Option<u16>) -> Worke
                 ..Default::default()
             }),
         )),
+        installed_backends: config.install_backends.then(|| {
+            let installer = gantry_install::Installer::new(gantry_install::InstallerConfig {
+                cache_dir: config
+                    .backend_cache_dir
+                    .as_ref()
+                    .map(std::path::PathBuf::from)
+                    .unwrap_or_else(gantry_install::InstallerConfig::default_cache_dir),
+                ..Default::default()
+            });
+            match installer {
+                Ok(installer) => Some(std::sync::Arc::new(
+                    gantry_worker::backends::InstalledBackends::new(&data_dir, installer),
+                )),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot set up the backend installer; backends will not be installed on demand");
+                    None
+                }
+            }
+        }).flatten(),
+        health: gantry_worker::supervisor::HealthPolicy {
+            interval: config.health_interval,
+            timeout: config.health_timeout,
+            failure_threshold: u32::try_from(config.health_failure_threshold).unwrap_or(u32::MAX),
+        },
         ..SupervisorConfig::new(data_dir.clone())
     };
     let (server_urls, registration_token) = match (role, server_port) {

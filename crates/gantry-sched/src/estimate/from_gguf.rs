@@ -157,6 +157,7 @@ mod tests {
                 ready: true,
                 labels: Default::default(),
                 backends: ["llama.cpp".to_owned()].into(),
+                installed: Default::default(),
                 gpus: vec![GpuView {
                     index: 0,
                     total_memory_bytes: GIB,

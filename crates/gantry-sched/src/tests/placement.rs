@@ -633,3 +633,28 @@ fn place_is_pure_and_deterministic() {
     assert_eq!(first, place(&snapshot, &request));
     assert_eq!(ok(first).worker_id, 1);
 }
+
+#[test]
+fn workers_with_the_backend_installed_come_first_and_the_rest_can_still_install_it() {
+    // w2 is emptier, so spread would pick it; w1 has the version installed.
+    let snapshot = cluster(
+        vec![
+            worker(1, "w1")
+                .gpus(1, 80 * GIB)
+                .installed(&["llama.cpp", "llama.cpp@2"])
+                .build(),
+            worker(2, "w2").gpus(1, 80 * GIB).build(),
+        ],
+        vec![PlacedClaim::uniform(100, 1, &[0], 40 * GIB, 0)],
+    );
+    let mut request = fixed_request(1, 1, 10 * GIB);
+    request.prefer_installed = Some("llama.cpp@2".to_owned());
+    assert_eq!(ok(place(&snapshot, &request)).worker_name, "w1");
+    // A version installed nowhere: the usual order.
+    request.prefer_installed = Some("llama.cpp@3".to_owned());
+    assert_eq!(ok(place(&snapshot, &request)).worker_name, "w2");
+    // Installed, but it does not fit there: placed where it can be installed.
+    let mut big = fixed_request(1, 1, 60 * GIB);
+    big.prefer_installed = Some("llama.cpp@2".to_owned());
+    assert_eq!(ok(place(&snapshot, &big)).worker_name, "w2");
+}

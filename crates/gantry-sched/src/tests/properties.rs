@@ -72,6 +72,7 @@ fn arb_worker(id: i64) -> impl proptest::strategy::Strategy<Value = (WorkerView,
                     ready,
                     labels: BTreeMap::from([("zone".to_owned(), zone.to_owned())]),
                     backends: backends.into_iter().map(str::to_owned).collect(),
+                    installed: Default::default(),
                     gpus: gpus
                         .into_iter()
                         .enumerate()

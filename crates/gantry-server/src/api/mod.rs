@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod api_keys;
 pub mod auth;
+pub mod backends;
 pub mod coordinator;
 pub mod health;
 pub mod instances;
@@ -43,6 +44,16 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/api-keys/{id}",
             get(api_keys::get).delete(api_keys::delete),
+        )
+        .route(
+            "/inference-backends",
+            get(backends::list).post(backends::create),
+        )
+        .route(
+            "/inference-backends/{name}",
+            get(backends::get)
+                .patch(backends::update)
+                .delete(backends::delete),
         )
         .route("/workers", get(workers::list))
         .route("/workers/{id}", get(workers::get).delete(workers::delete))

@@ -7,8 +7,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    agent, api_keys, auth, coordinator, health, instances, model_files, models, uploads, usage,
-    users, workers,
+    agent, api_keys, auth, backends, coordinator, health, instances, model_files, models, uploads,
+    usage, users, workers,
 };
 
 /// The management API's description.
@@ -28,6 +28,7 @@ use super::{
         auth::login, auth::logout, auth::change_password, auth::me,
         users::list, users::create, users::get, users::update, users::delete,
         api_keys::list, api_keys::create, api_keys::get, api_keys::delete,
+        backends::list, backends::create, backends::get, backends::update, backends::delete,
         workers::list, workers::get, workers::delete, workers::set_labels,
         models::list, models::create, models::get, models::update, models::delete,
         instances::list, instances::get, instances::update, instances::delete, instances::logs,
@@ -57,6 +58,7 @@ use super::{
         (name = "api-keys", description = "API keys"),
         (name = "workers", description = "GPU nodes (admin)"),
         (name = "coordinator", description = "Servers, the leader and distributed locks (admin)"),
+        (name = "inference-backends", description = "Inference backends: built-in and custom, their versions and installs"),
         (name = "models", description = "Models: the desired state"),
         (name = "model-instances", description = "Replicas: the observed state"),
         (name = "model-files", description = "Files in the workers' model caches (admin)"),

@@ -72,7 +72,7 @@ pub struct AnalysisInput {
 impl AnalysisInput {
     pub fn of(model: &Model) -> Self {
         AnalysisInput {
-            backend: model.backend,
+            backend: model.backend.kind(),
             source: model.source.clone(),
             backend_args: model.backend_args.clone(),
             env: model.env.clone(),

@@ -21,8 +21,8 @@ use gantry_sched::{
 };
 use gantry_store::{Fence, InstanceFilter, NewPlacement, Store, StoreError, WorkerFilter};
 use gantry_types::{
-    BackendKind, InstanceState, Model, ModelInstance, PlacementRecord, PlacementStrategy,
-    Reservation,
+    BackendKind, DefinedBackend, InstanceState, Model, ModelInstance, PlacementRecord,
+    PlacementStrategy, Reservation,
 };
 use tokio::time::Instant;
 
@@ -107,6 +107,12 @@ impl Placer {
             let result = self.analysis_of(store, model, fence).await?;
             analyses.insert(model.id, result);
         }
+        // Defined backends, read afresh every pass: a new instance runs the definition as
+        // it is now (the ones already placed keep theirs).
+        let mut defined: HashMap<i64, Result<Option<DefinedBackend>, String>> = HashMap::new();
+        for model in analyses.keys().filter_map(|id| by_id.get(id)) {
+            defined.insert(model.id, defined_backend(store, model).await?);
+        }
 
         let (workers, _) = store
             .list_workers(&WorkerFilter::default(), EVERYTHING)
@@ -125,17 +131,24 @@ impl Placer {
             ) else {
                 continue;
             };
-            let analysis = match analysis {
-                Ok(analysis) => analysis,
-                Err(e) => {
-                    let message = with_reschedule_note(&e.0, &instance.state_message);
+            let resolved = defined.get(&instance.model_id).cloned().unwrap_or(Ok(None));
+            let failed = match (analysis, &resolved) {
+                (Err(AnalysisError(reason)), _) | (Ok(_), Err(reason)) => Some(reason.clone()),
+                _ => None,
+            };
+            let (analysis, defined_backend) = match (analysis, resolved) {
+                (Ok(analysis), Ok(defined_backend)) => (analysis, defined_backend),
+                _ => {
+                    let reason = failed.unwrap_or_default();
+                    let message = with_reschedule_note(&reason, &instance.state_message);
                     store
                         .set_pending_reason(instance.id, &message, fence)
                         .await?;
                     continue;
                 }
             };
-            let request = placement_request(instance.id, model, analysis);
+            let mut request = placement_request(instance.id, model, analysis);
+            request.prefer_installed = preferred_install(model, defined_backend.as_ref());
             let avoid = self.avoid_worker.get(&instance.id).copied();
             match place_preferring_elsewhere(&mut ledger, &snapshot, &request, avoid) {
                 Ok(placement) => {
@@ -144,7 +157,7 @@ impl Placer {
                             (store, fence),
                             instance,
                             model,
-                            analysis,
+                            (analysis, defined_backend),
                             &placement,
                             &snapshot,
                         )
@@ -249,11 +262,11 @@ impl Placer {
         (store, fence): (&Store, &Fence),
         instance: &ModelInstance,
         model: &Model,
-        analysis: &Analysis,
+        (analysis, defined_backend): (&Analysis, Option<DefinedBackend>),
         placement: &Placement,
         snapshot: &ClusterSnapshot,
     ) -> Result<bool, StoreError> {
-        let placement_args = gantry_backends::backend(model.backend).placement_args(
+        let placement_args = gantry_backends::backend(model.backend.kind()).placement_args(
             &model.backend_args,
             placement,
             analysis.default_context_size,
@@ -265,6 +278,7 @@ impl Placer {
                 claim: analysis.claim.clone(),
                 placement: placement.clone(),
             }),
+            defined_backend,
         };
         let simulated = uses_simulated_gpus(snapshot, placement);
         let description = describe_placement(placement, simulated);
@@ -335,7 +349,7 @@ pub fn placement_request(instance_id: i64, model: &Model, analysis: &Analysis) -
     let mut request = PlacementRequest::new(
         instance_id,
         model.name.clone(),
-        model.backend.as_str(),
+        model.backend.kind().as_str(),
         analysis.claim.clone(),
     );
     request.selector = model.worker_selector.clone();
@@ -356,6 +370,61 @@ pub fn placement_request(instance_id: i64, model: &Model, analysis: &Analysis) -
         .data_parallel_size
         .or(analysis.args_data_parallel_size);
     request
+}
+
+/// The definition a model's defined backend (if it names one) has now, at the model's
+/// pinned version or the backend's default; `Err` with the reason its instances wait when
+/// the backend or the version is not defined.
+async fn defined_backend(
+    store: &Store,
+    model: &Model,
+) -> Result<Result<Option<DefinedBackend>, String>, StoreError> {
+    let Some(name) = model.backend.defined() else {
+        return Ok(Ok(None));
+    };
+    let stored = match store.get_backend(name).await {
+        Ok(stored) => stored,
+        Err(StoreError::NotFound { .. }) => {
+            return Ok(Err(format!(
+                "backend {name} is not defined; define it with POST /api/v1/inference-backends \
+                 or change the model's backend"
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(stored
+        .spec
+        .runtime(name, model.backend_version.as_deref())
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "backend {name} has no version {}; its versions: {}",
+                model.backend_version.as_deref().unwrap_or("(default)"),
+                stored
+                    .spec
+                    .versions
+                    .iter()
+                    .map(|v| v.version.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }))
+}
+
+/// What the scheduler should prefer a worker to have installed for `model`: the pinned
+/// version (any version without a pin) of a built-in backend, a defined backend's version
+/// when it installs something.
+fn preferred_install(model: &Model, defined: Option<&DefinedBackend>) -> Option<String> {
+    match (defined, model.backend.kind()) {
+        (Some(defined), _) if !defined.requirements.is_empty() => {
+            Some(format!("{}@{}", defined.name, defined.version))
+        }
+        (Some(_), _) | (None, BackendKind::Custom) => None,
+        (None, kind) => Some(match &model.backend_version {
+            Some(version) => format!("{}@{version}", kind.as_str()),
+            None => kind.as_str().to_owned(),
+        }),
+    }
 }
 
 /// The reason an instance is not placed, for its `state_message`.

@@ -46,6 +46,12 @@ pub fn worker_view(worker: &Worker) -> WorkerView {
             .iter()
             .cloned()
             .collect::<BTreeSet<_>>(),
+        installed: worker
+            .status
+            .installed_backends
+            .iter()
+            .flat_map(|b| [b.name.clone(), format!("{}@{}", b.name, b.version)])
+            .collect(),
         gpus: worker
             .status
             .gpus
@@ -149,7 +155,7 @@ mod tests {
         };
         let record = PlacementRecord {
             launch: LaunchTemplate {
-                backend: BackendKind::Custom,
+                backend: BackendKind::Custom.into(),
                 backend_version: None,
                 source: ModelSource::LocalPath { path: "/m".into() },
                 backend_args: Vec::new(),
@@ -158,6 +164,7 @@ mod tests {
                 data_parallel_size: None,
             },
             placement_args: Vec::new(),
+            defined_backend: None,
             reservation: Some(Reservation {
                 claim: ResourceClaim {
                     per_gpu_overhead_bytes: 0,

@@ -12,6 +12,7 @@
 //! Errors are [`ApiError`](crate::error::ApiError)s: a code from `gantry_types::ErrorCode`
 //! and a message that says what to do; `error.rs` turns them into responses.
 
+pub mod backends;
 pub mod instances;
 pub mod models;
 pub mod replicas;

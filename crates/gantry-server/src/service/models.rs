@@ -13,6 +13,8 @@ use crate::error::{ApiError, ApiResult};
 /// Declares a model; its instances appear with the next controller pass.
 pub async fn create(store: &Store, create: &ModelCreate) -> ApiResult<Model> {
     check_source(store, &create.source).await?;
+    super::backends::check_model_backend(store, &create.backend, create.backend_version.as_deref())
+        .await?;
     Ok(store.create_model(create).await?)
 }
 
@@ -49,6 +51,14 @@ pub async fn update(store: &Store, id: i64, update: ModelUpdate) -> ApiResult<(M
     model.apply(update);
     if model.source != before.source {
         check_source(store, &model.source).await?;
+    }
+    if model.backend_version != before.backend_version {
+        super::backends::check_model_backend(
+            store,
+            &model.backend,
+            model.backend_version.as_deref(),
+        )
+        .await?;
     }
     let rolls = model.launch_template() != before;
     Ok((store.update_model(&model).await?, rolls))

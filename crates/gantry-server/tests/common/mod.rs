@@ -56,6 +56,8 @@ pub struct Options {
     pub watch_heartbeat: Duration,
     pub heartbeat_interval: Duration,
     pub server_timeout: Duration,
+    /// Changes the configuration last, for settings no other option covers.
+    pub configure: fn(&mut ServerConfig),
 }
 
 impl Default for Options {
@@ -66,6 +68,7 @@ impl Default for Options {
             watch_heartbeat: Duration::from_secs(15),
             heartbeat_interval: Duration::from_secs(15),
             server_timeout: Duration::from_secs(60),
+            configure: |_| {},
         }
     }
 }
@@ -89,6 +92,7 @@ impl TestServer {
         config.server_timeout = options.server_timeout;
         // Usage reports are read right after the requests.
         config.usage_flush_interval = Duration::from_millis(100);
+        (options.configure)(&mut config);
         match engine {
             TestEngine::Sqlite => {}
             TestEngine::Postgres => {

@@ -19,11 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_backends::LaunchSpec;
+use gantry_types::BackendKind;
 use gantry_types::{InstanceState, InstanceStateReport, ModelInstance, ModelSource, WatchEvent};
 
 use super::model_dirs::ModelDirs;
 use super::report::Reporter;
 use super::Shared;
+use crate::backends::BackendPlan;
 use crate::supervisor::{BackendState, InstanceSpec};
 
 /// A stream that says nothing (not even a heartbeat) for this long is treated as dead.
@@ -122,6 +124,8 @@ fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, instance: &ModelInstanc
         // The worker said so itself; the server decides what happens next.
         InstanceState::Error => return,
         InstanceState::Scheduled
+        | InstanceState::Installing
+        | InstanceState::Unhealthy
         | InstanceState::Downloading
         | InstanceState::Starting
         | InstanceState::Running
@@ -140,6 +144,8 @@ fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, instance: &ModelInstanc
                     address: None,
                     restart_count: 0,
                     download: None,
+                    install: None,
+                    backend_version: None,
                 },
             );
             return;
@@ -191,11 +197,12 @@ fn spec_for(shared: &Shared, instance: &ModelInstance) -> Result<InstanceSpec, S
         // Downloaded into the model cache when the instance starts; the path is set then.
         remote => (PathBuf::new(), Some(remote.clone())),
     };
-    Ok(InstanceSpec {
+    let kind = launch.backend.kind();
+    let mut spec = InstanceSpec {
         instance_id: instance.id,
         key: format!("{}#{}", instance.model_name, instance.replica),
         launch: LaunchSpec {
-            backend: launch.backend,
+            backend: kind,
             model_path,
             args: record.backend_args(),
             env: launch.env.clone(),
@@ -206,5 +213,55 @@ fn spec_for(shared: &Shared, instance: &ModelInstance) -> Result<InstanceSpec, S
         },
         remote,
         ready_deadline: None,
-    })
+        install: None,
+        backend_version: None,
+    };
+    match (&record.defined_backend, launch.backend.defined()) {
+        (Some(defined), _) => {
+            // The definition as it was when the instance was placed; the model's own
+            // environment wins over the backend's.
+            let mut env = defined.env.clone();
+            env.extend(launch.env.clone());
+            spec.launch.env = env;
+            spec.launch.custom_command = Some(defined.command.clone());
+            spec.launch.health_path = Some(defined.health_path.clone());
+            spec.ready_deadline = defined.readiness_timeout_seconds.map(Duration::from_secs);
+            spec.backend_version = Some(defined.version.clone());
+            if !defined.requirements.is_empty() {
+                spec.install = Some(BackendPlan {
+                    name: defined.name.clone(),
+                    kind,
+                    version: Some(defined.version.clone()),
+                    requirements: defined.requirements.clone(),
+                    pip_args: defined.pip_args.clone(),
+                });
+            }
+        }
+        (None, Some(name)) => {
+            return Err(format!(
+                "instance {} uses backend {name} but its placement record carries no \
+                 definition of it; the scheduler places it again",
+                instance.name
+            ))
+        }
+        (None, None) if kind == BackendKind::Custom => {}
+        (None, None) => {
+            // A pinned version is installed (when missing) and run from its own
+            // directory; without a pin, the configured program if there is one, else the
+            // newest installed version (the default installed when there is none).
+            let pinned = launch.backend_version.clone();
+            let configured = shared.found_backends.contains(&kind);
+            let installer = shared.config.supervisor.installed_backends.is_some();
+            if installer && (pinned.is_some() || !configured) {
+                spec.install = Some(BackendPlan {
+                    name: kind.as_str().to_owned(),
+                    kind,
+                    version: pinned,
+                    requirements: Vec::new(),
+                    pip_args: Vec::new(),
+                });
+            }
+        }
+    }
+    Ok(spec)
 }

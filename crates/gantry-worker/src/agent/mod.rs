@@ -70,8 +70,10 @@ pub(crate) struct Shared {
     pub config: WorkerConfig,
     pub client: Client,
     pub supervisor: Supervisor,
-    /// Backends whose programs this worker found at start.
+    /// Backends this worker can run: found, installed or installable (reported).
     pub backends: Vec<String>,
+    /// Backends whose programs this worker found at start (configured or on `PATH`).
+    pub found_backends: std::collections::BTreeSet<gantry_types::BackendKind>,
     pub gpus: GpuProbe,
     pub shutdown: CancellationToken,
     pub tasks: TaskTracker,
@@ -89,6 +91,13 @@ impl Shared {
             gpus,
             system: crate::system::system_info(&self.config.data_dir),
             backends: self.backends.clone(),
+            installed_backends: self
+                .config
+                .supervisor
+                .installed_backends
+                .as_ref()
+                .map(|installed| installed.list())
+                .unwrap_or_default(),
         }
     }
 }
@@ -129,7 +138,8 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(256);
     let supervisor = Supervisor::new(config.supervisor.clone(), events_tx)
         .context("start the backend supervisor")?;
-    let backends = available_backends(&config.supervisor);
+    let found_backends = available_backends(&config.supervisor);
+    let backends = runnable_backends(&found_backends, &config);
     let client = Client::with_servers(config.server_urls.clone());
     if let Some(cache) = &config.supervisor.model_cache {
         cache
@@ -143,6 +153,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
         client,
         supervisor,
         backends,
+        found_backends,
         gpus,
         shutdown: shutdown.clone(),
         tasks: TaskTracker::new(),
@@ -288,15 +299,29 @@ fn spawn_status(shared: Arc<Shared>) {
         // Re-checked every heartbeat interval, sent when the devices or backends
         // changed or when the full interval passed.
         let mut check = tokio::time::interval(shared.config.heartbeat_interval);
+        // An install or removal is reported at once.
+        let mut installs = shared
+            .config
+            .supervisor
+            .installed_backends
+            .as_ref()
+            .map(|installed| installed.subscribe());
         loop {
             let force = tokio::select! {
                 () = shared.shutdown.cancelled() => return,
                 _ = tick.tick() => true,
                 _ = check.tick() => false,
+                Some(Ok(())) = async {
+                    match installs.as_mut() {
+                        Some(installs) => Some(installs.changed().await),
+                        None => std::future::pending().await,
+                    }
+                } => false,
             };
             let status = shared.status();
             let changed = last_sent.as_ref().is_none_or(|last| {
                 last.backends != status.backends
+                    || last.installed_backends != status.installed_backends
                     || last.gpus.len() != status.gpus.len()
                     || last
                         .gpus
@@ -315,12 +340,45 @@ fn spawn_status(shared: Arc<Shared>) {
     });
 }
 
-/// The backends this worker can run: those whose program is found (on `PATH` or as
-/// configured). A program run as a Python module (`python3 -m sglang.launch_server`) counts
-/// only when the interpreter can import the module. `custom` is always listed: its command
-/// comes with the model.
-fn available_backends(config: &SupervisorConfig) -> Vec<String> {
-    let mut found = Vec::new();
+/// What the worker reports it can run: the backends found, plus those it installs on
+/// demand — llama.cpp everywhere (built from source, CPU or CUDA), vLLM and SGLang where
+/// there are GPUs (their PyPI packages need CUDA) — and the ones already installed.
+fn runnable_backends(
+    found: &std::collections::BTreeSet<gantry_types::BackendKind>,
+    config: &WorkerConfig,
+) -> Vec<String> {
+    use gantry_types::BackendKind;
+    let mut kinds = found.clone();
+    if let Some(installed) = &config.supervisor.installed_backends {
+        kinds.insert(BackendKind::LlamaCpp);
+        let has_gpus = config.simulate_gpus.is_some() || !GpuProbe::load().devices().is_empty();
+        if has_gpus {
+            kinds.insert(BackendKind::Vllm);
+            kinds.insert(BackendKind::Sglang);
+        }
+        for backend in installed.list() {
+            if let Some(kind) = BackendKind::parse(&backend.name) {
+                kinds.insert(kind);
+            }
+        }
+    }
+    kinds.insert(BackendKind::Custom);
+    let backends: Vec<String> = kinds.iter().map(|k| k.as_str().to_owned()).collect();
+    tracing::info!(
+        ?backends,
+        "backends this worker runs (found, installed or installable)"
+    );
+    backends
+}
+
+/// The backends whose program this worker finds (on `PATH` or as configured). A program
+/// run as a Python module (`python3 -m sglang.launch_server`) counts only when the
+/// interpreter can import the module. `custom` is always listed: its command comes with the
+/// model.
+fn available_backends(
+    config: &SupervisorConfig,
+) -> std::collections::BTreeSet<gantry_types::BackendKind> {
+    let mut found = std::collections::BTreeSet::new();
     for backend in gantry_backends::all() {
         let program = config.backends.program(backend.kind());
         let runnable = match program.as_slice() {
@@ -338,10 +396,10 @@ fn available_backends(config: &SupervisorConfig) -> Vec<String> {
             [first, ..] => program_exists(first),
         };
         if runnable {
-            found.push(backend.kind().as_str().to_string());
+            found.insert(backend.kind());
         }
     }
-    tracing::info!(backends = ?found, "backends available on this worker");
+    tracing::info!(backends = ?found, "backend programs found on this worker");
     found
 }
 

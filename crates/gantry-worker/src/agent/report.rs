@@ -69,7 +69,20 @@ impl Reporter {
 /// instance was removed or moved).
 pub fn report_for(state: &BackendState, restart_count: u32) -> Option<InstanceStateReport> {
     let mut download = None;
+    let mut install = None;
     let (state, message, port, address) = match state {
+        BackendState::Installing { progress } => {
+            install = Some(progress.clone());
+            (
+                InstanceState::Installing,
+                install_message(progress),
+                None,
+                None,
+            )
+        }
+        BackendState::Unhealthy { reason } => {
+            (InstanceState::Unhealthy, reason.clone(), None, None)
+        }
         BackendState::Downloading { progress } => {
             download = Some(*progress);
             (
@@ -111,7 +124,27 @@ pub fn report_for(state: &BackendState, restart_count: u32) -> Option<InstanceSt
         address,
         restart_count,
         download,
+        install,
+        backend_version: None,
     })
+}
+
+/// `installing llama.cpp 11434.0.0: building (42 %)`.
+fn install_message(progress: &gantry_types::InstallProgress) -> String {
+    let mut message = format!(
+        "installing {} {}: {}",
+        progress.backend, progress.version, progress.phase
+    );
+    if let Some(percent) = progress.percent {
+        message.push_str(&format!(" ({percent} %)"));
+    } else if progress.bytes_done > 0 {
+        message.push_str(&format!(" ({} bytes", progress.bytes_done));
+        if let Some(total) = progress.bytes_total {
+            message.push_str(&format!(" of {total}"));
+        }
+        message.push(')');
+    }
+    message
 }
 
 /// `downloading 1.2 GiB of 4.7 GiB at 85.3 MiB/s`.
@@ -173,16 +206,28 @@ pub(crate) fn spawn(
                     None => return,
                 },
             };
-            let restarts = events_shared
-                .supervisor
-                .status(event.instance_id)
-                .map_or(0, |s| s.restart_count);
-            tracing::info!(
-                instance_id = event.instance_id,
-                state = event.state.name(),
-                "backend state changed"
+            let status = events_shared.supervisor.status(event.instance_id);
+            let restarts = status.as_ref().map_or(0, |s| s.restart_count);
+            let version = status.and_then(|s| s.backend_version);
+            let progress = matches!(
+                event.state,
+                BackendState::Installing { .. } | BackendState::Downloading { .. }
             );
-            if let Some(report) = report_for(&event.state, restarts) {
+            if progress {
+                tracing::debug!(
+                    instance_id = event.instance_id,
+                    state = event.state.name(),
+                    "backend progress"
+                );
+            } else {
+                tracing::info!(
+                    instance_id = event.instance_id,
+                    state = event.state.name(),
+                    "backend state changed"
+                );
+            }
+            if let Some(mut report) = report_for(&event.state, restarts) {
+                report.backend_version = version;
                 for_events.submit(event.instance_id, report);
             }
         }

@@ -5,9 +5,11 @@
 //! crash loop, and stop on cancellation.
 //!
 //! ```text
+//!   [Installing: the backend version, retried with backoff] → [Downloading: the model]
 //!            ┌────────────── backoff ◀── Restarting ◀──┐ (crash after ready, or a failed
 //!            ▼                                         │  restart of a once-ready instance)
 //!   ──▶ Starting ──ready──▶ Running ──child exits──────┤
+//!                              └──health probe fails──▶ Unhealthy (processes stopped) ─┘
 //!            │                                         └─▶ Error (crash loop) ──┐
 //!            └──exit / deadline / bad spec (never ready yet)──▶ Error ──────────┤
 //!   cancellation at any point ─▶ stop the group(s), release the ports ─▶ Stopped ◀┘
@@ -31,6 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::drain::{drain, Drained};
+use super::health;
 use super::process::{describe_exit, lock_sink, OutputSink, ProcessSet, SharedSink};
 use super::readiness::{backend_url, wait_until_healthy};
 use super::restart::{CrashTracker, CrashVerdict};
@@ -83,6 +86,7 @@ impl Supervision {
                 cancel: cancel.clone(),
                 status: Arc::clone(&self.status),
                 log_dir,
+                program: None,
             }
             .run();
             tokio::pin!(run);
@@ -125,10 +129,17 @@ pub(crate) struct InstanceTask {
     pub(crate) cancel: CancellationToken,
     pub(crate) status: Arc<Mutex<Option<InstanceStatus>>>,
     pub(crate) log_dir: LogDir,
+    /// The command prefix of an installed backend, instead of the configured one.
+    pub(crate) program: Option<Vec<String>>,
 }
 
 impl InstanceTask {
     pub(crate) async fn run(mut self) {
+        // The backend first: installed when missing (retried with backoff on failure).
+        if !self.prepare_backend().await {
+            self.emit(BackendState::Stopped).await;
+            return;
+        }
         // A remote model is downloaded first; a failure there is final like a failed
         // first start.
         // The model's files stay held (safe from eviction and deletion) while this task
@@ -209,6 +220,123 @@ impl InstanceTask {
             status.ports.clear();
         });
         self.emit(BackendState::Stopped).await;
+    }
+
+    /// Installs the spec's backend version when missing (state `Installing`, with the
+    /// installer's progress), and points the launch at it. A failed install is reported as
+    /// `Error` with the installer's output and tried again after a backoff that doubles up
+    /// to ten minutes. `false` when cancelled.
+    async fn prepare_backend(&mut self) -> bool {
+        let Some(plan) = self.spec.install.clone() else {
+            return true;
+        };
+        let Some(backends) = self.shared.config.installed_backends.clone() else {
+            self.emit(BackendState::Error {
+                message: format!(
+                    "{} needs installing, and this worker has no backend installer configured",
+                    plan.name
+                ),
+            })
+            .await;
+            self.cancel.cancelled().await;
+            return false;
+        };
+        let mut backoff = self.shared.config.install_retry;
+        loop {
+            let failure = match self.install_once(&backends, &plan).await {
+                Ok(true) => return true,
+                Ok(false) => return false,
+                Err(failure) => failure,
+            };
+            let message = format!(
+                "{failure}
+the install is tried again in {}",
+                humantime_secs(backoff)
+            );
+            self.emit(BackendState::Error { message }).await;
+            tokio::select! {
+                () = self.cancel.cancelled() => return false,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(600));
+        }
+    }
+
+    /// One try: `Ok(true)` ready to start, `Ok(false)` cancelled, `Err` why it failed.
+    async fn install_once(
+        &mut self,
+        backends: &crate::backends::InstalledBackends,
+        plan: &crate::backends::BackendPlan,
+    ) -> Result<bool, String> {
+        let version = tokio::select! {
+            () = self.cancel.cancelled() => return Ok(false),
+            version = backends.resolve_version(plan) => version,
+        }
+        .map_err(|e| format!("cannot choose a version of {} to install: {e}", plan.name))?;
+        self.update_status(|status| status.backend_version = Some(version.clone()));
+        let installation = match backends.find(&plan.name, &version) {
+            Some(installation) => installation,
+            None => {
+                let (progress, mut updates) = watch::channel(gantry_types::InstallProgress {
+                    backend: plan.name.clone(),
+                    version: version.clone(),
+                    phase: "starting".to_owned(),
+                    ..Default::default()
+                });
+                let first = progress.borrow().clone();
+                self.emit(BackendState::Installing { progress: first })
+                    .await;
+                let installed = {
+                    let install = backends.ensure(plan, &version, &progress, &self.cancel);
+                    tokio::pin!(install);
+                    // Progress at most twice a second: a build prints thousands of lines.
+                    let mut sent_at = Instant::now();
+                    loop {
+                        tokio::select! {
+                            installed = &mut install => break installed,
+                            Ok(()) = updates.changed() => {
+                                if sent_at.elapsed() < Duration::from_millis(500) {
+                                    continue;
+                                }
+                                sent_at = Instant::now();
+                                let now = updates.borrow_and_update().clone();
+                                self.emit(BackendState::Installing { progress: now }).await;
+                            }
+                        }
+                    }
+                };
+                if self.cancel.is_cancelled() {
+                    return Ok(false);
+                }
+                installed.map_err(|e| {
+                    format!(
+                        "installing {} {version} failed: {}
+last installer lines:
+{}",
+                        plan.name,
+                        e.message,
+                        e.log_tail.join("\n")
+                    )
+                })?
+            }
+        };
+        match crate::backends::program(plan.kind, &installation) {
+            Some(program) => self.program = Some(program),
+            None => {
+                // A defined backend: its virtual environment comes first on PATH.
+                let path = std::env::var("PATH").unwrap_or_default();
+                let bin = installation.bin_dir.to_string_lossy().into_owned();
+                let env = &mut self.spec.launch.env;
+                env.insert("PATH".to_owned(), format!("{bin}:{path}"));
+                if let Some(venv) = installation.bin_dir.parent() {
+                    env.insert(
+                        "VIRTUAL_ENV".to_owned(),
+                        venv.to_string_lossy().into_owned(),
+                    );
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Downloads the files of a remote model into the worker's cache (state
@@ -308,6 +436,16 @@ impl InstanceTask {
             .expect("a lease was allocated above")
             .ports()
             .to_vec();
+        let settings = match &self.program {
+            Some(program) => {
+                let mut settings = config.backends.clone();
+                settings
+                    .executables
+                    .insert(spec.launch.backend, program.clone());
+                std::borrow::Cow::Owned(settings)
+            }
+            None => std::borrow::Cow::Borrowed(&config.backends),
+        };
         let mut commands = Vec::with_capacity(ranks.len());
         for (rank, gpus) in ranks.iter().enumerate() {
             let target = LaunchTarget {
@@ -315,7 +453,7 @@ impl InstanceTask {
                 port: ports[rank],
                 gpu_indexes: gpus,
             };
-            match backend_command(&spec.launch, &config.backends, &target) {
+            match backend_command(&spec.launch, &settings, &target) {
                 Ok(command) => commands.push(command),
                 Err(e) => return fail_early(format!("cannot build the backend command: {e}")),
             }
@@ -453,6 +591,20 @@ impl InstanceTask {
                 processes.terminate(grace).await;
                 AttemptEnd::Cancelled
             }
+            reason = health::watch(&self.shared.http, &urls, config.health) => {
+                let ran_for = ready_at.elapsed();
+                let mut reason = format!("unhealthy after running for {ran_for:.1?}: {reason}");
+                if data_parallel {
+                    reason.push_str("; restarting the whole data-parallel group");
+                }
+                lock_sink(&sink).note(&reason);
+                self.emit(BackendState::Unhealthy { reason: reason.clone() }).await;
+                // A frozen process does not act on SIGTERM: a short grace, then SIGKILL.
+                processes
+                    .terminate(config.stop_grace_period.min(UNHEALTHY_STOP_GRACE))
+                    .await;
+                self.failed(reason, &sink, true, ran_for)
+            }
             (rank, pid, exit) = processes.wait_any_exit() => {
                 let ran_for = ready_at.elapsed();
                 let mut reason = format!(
@@ -580,6 +732,26 @@ impl InstanceTask {
                 "downloading the model's files"
             ),
             BackendState::Downloading { .. } => {}
+            BackendState::Installing { progress } => {
+                if progress.phase == "starting" {
+                    tracing::info!(
+                        instance_id = spec.instance_id,
+                        key = %spec.key,
+                        state = state.name(),
+                        backend = %progress.backend,
+                        version = %progress.version,
+                        "installing the backend"
+                    )
+                }
+            }
+            BackendState::Unhealthy { reason } => tracing::warn!(
+                instance_id = spec.instance_id,
+                key = %spec.key,
+                pid,
+                port,
+                state = state.name(),
+                "backend unhealthy, restarting it: {reason}"
+            ),
             BackendState::Starting { .. } | BackendState::Stopped => tracing::info!(
                 instance_id = spec.instance_id,
                 key = %spec.key,
@@ -597,6 +769,19 @@ impl InstanceTask {
         };
         // An error only means nobody listens any more (the agent is shutting down).
         let _ = self.shared.events.send(event).await;
+    }
+}
+
+/// How long an unhealthy instance's processes get after SIGTERM before SIGKILL.
+const UNHEALTHY_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// `30 s`, `2 min`, `10 min`.
+fn humantime_secs(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{secs} s")
     }
 }
 

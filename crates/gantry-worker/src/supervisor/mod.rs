@@ -43,6 +43,7 @@
 //! from two processes mixed.
 
 mod drain;
+mod health;
 mod instance;
 mod process;
 mod readiness;
@@ -57,13 +58,15 @@ use std::time::Duration;
 
 use gantry_backends::{BackendSettings, LaunchSpec};
 use gantry_source::cache::ModelCache;
-use gantry_types::{DownloadProgress, InstanceState, ModelSource};
+use gantry_types::{DownloadProgress, InstallProgress, InstanceState, ModelSource};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backends::{BackendPlan, InstalledBackends};
 use crate::logs::{read_tail_lines, LogConfig, LogDir, LogFile};
 use crate::ports::{PortAllocator, PortError};
+pub use health::HealthPolicy;
 pub use restart::RestartPolicy;
 
 /// What the supervisor needs to run one model instance. Two specs are "the same" for
@@ -84,6 +87,12 @@ pub struct InstanceSpec {
     /// stopped and reported as `Error`; the supervisor's setting, else the backend's
     /// default, when `None`.
     pub ready_deadline: Option<Duration>,
+    /// A backend version to install (if missing) before the first start, and to run from;
+    /// `None` runs the program the worker's configuration names (or finds on `PATH`).
+    pub install: Option<BackendPlan>,
+    /// The version to report when nothing is installed (a defined backend without
+    /// requirements).
+    pub backend_version: Option<String>,
 }
 
 /// Ports for backend processes unless configured otherwise.
@@ -118,6 +127,13 @@ pub struct SupervisorConfig {
     pub logs: LogConfig,
     /// Where remote models are downloaded; `None` refuses them.
     pub model_cache: Option<Arc<ModelCache>>,
+    /// Installed backends and the installer; `None` refuses instances that need one.
+    pub installed_backends: Option<Arc<InstalledBackends>>,
+    /// How running instances are probed after they were ready.
+    pub health: HealthPolicy,
+    /// How long a failed backend install waits before the next try (doubling up to 10
+    /// minutes).
+    pub install_retry: Duration,
 }
 
 impl SupervisorConfig {
@@ -134,6 +150,9 @@ impl SupervisorConfig {
             backends: BackendSettings::default(),
             logs: LogConfig::default(),
             model_cache: None,
+            installed_backends: None,
+            health: HealthPolicy::default(),
+            install_retry: Duration::from_secs(30),
         }
     }
 }
@@ -148,6 +167,8 @@ pub struct InstanceEvent {
 /// What an instance's backend is doing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendState {
+    /// The backend version is being installed on the worker.
+    Installing { progress: InstallProgress },
     /// The model's files are being downloaded into the worker's cache.
     Downloading { progress: DownloadProgress },
     /// The process(es) are being spawned and probed; `port` is the first (advertised) port.
@@ -163,6 +184,9 @@ pub enum BackendState {
         /// The pids of all processes, by rank.
         pids: Vec<u32>,
     },
+    /// It was ready, then failed its health probe past the threshold; its processes are
+    /// stopped and it is restarted (as after a crash).
+    Unhealthy { reason: String },
     /// A process crashed after readiness; the instance starts again after `backoff`.
     /// `attempt` counts crashes in a row, from 1.
     Restarting {
@@ -182,9 +206,11 @@ impl BackendState {
     /// A short name for logs: `starting`, `running`, `restarting`, `error`, `stopped`.
     pub fn name(&self) -> &'static str {
         match self {
+            BackendState::Installing { .. } => "installing",
             BackendState::Downloading { .. } => "downloading",
             BackendState::Starting { .. } => "starting",
             BackendState::Running { .. } => "running",
+            BackendState::Unhealthy { .. } => "unhealthy",
             BackendState::Restarting { .. } => "restarting",
             BackendState::Error { .. } => "error",
             BackendState::Stopped => "stopped",
@@ -195,7 +221,9 @@ impl BackendState {
     /// runs here, the server decides what it is).
     pub fn instance_state(&self) -> Option<InstanceState> {
         match self {
+            BackendState::Installing { .. } => Some(InstanceState::Installing),
             BackendState::Downloading { .. } => Some(InstanceState::Downloading),
+            BackendState::Unhealthy { .. } => Some(InstanceState::Unhealthy),
             BackendState::Starting { .. } | BackendState::Restarting { .. } => {
                 Some(InstanceState::Starting)
             }
@@ -221,6 +249,8 @@ pub struct InstanceStatus {
     pub ports: Vec<u16>,
     /// The log file of the current (or last) start.
     pub log_file: Option<PathBuf>,
+    /// The backend version it runs with, once known.
+    pub backend_version: Option<String>,
 }
 
 impl InstanceStatus {
@@ -233,6 +263,7 @@ impl InstanceStatus {
             pids: Vec::new(),
             ports: Vec::new(),
             log_file: None,
+            backend_version: spec.backend_version.clone(),
         }
     }
 }

@@ -231,6 +231,8 @@ impl ProcessSet {
     pub(crate) async fn terminate(&mut self, grace: Duration) {
         for process in &self.processes {
             signal_group(process.pgid(), Signal::SIGTERM);
+            // A stopped (frozen) group acts on SIGTERM only once it runs again.
+            signal_group(process.pgid(), Signal::SIGCONT);
         }
         let graceful = Instant::now() + grace;
         if !self.wait_gone(graceful).await {

@@ -100,6 +100,16 @@ config_table! {
         max_request_body: BodyLimit = server::DEFAULT_MAX_REQUEST_BODY;
         /// Largest request body of the OpenAI-compatible gateway (`/v1/*`).
         gateway_max_request_body: BodyLimit = server::DEFAULT_GATEWAY_MAX_REQUEST_BODY;
+        /// Failures in a row (connection errors, 5xx answers, first-byte timeouts) after
+        /// which the gateway stops routing to an instance while its model has another.
+        gateway_eject_after: Count = server::DEFAULT_GATEWAY_EJECT_AFTER;
+        /// How long an instance ejected by the gateway stays out of routing; each
+        /// further ejection without a success between doubles it, up to 5 minutes.
+        gateway_eject_cooldown: Duration = server::DEFAULT_GATEWAY_EJECT_COOLDOWN;
+        /// How long the gateway waits for an instance's response head before it counts
+        /// the try as failed and sends the request to another instance (504 when none
+        /// is left); long prompts take long to answer, so only set it above them.
+        gateway_first_byte_timeout: Optional<Duration> = None, shown "none (no limit)";
         /// Largest file `POST /api/v1/model-files/uploads` accepts.
         upload_max_size: Size = server::DEFAULT_UPLOAD_MAX_SIZE;
         /// Bucket of the `s3_*` store that complete uploads are moved to, so that every
@@ -152,6 +162,22 @@ config_table! {
         download_connections: Count = gantry_source::parallel::DEFAULT_CONNECTIONS;
         /// How long a backend may take to become healthy.
         backend_ready_timeout: Duration = gantry_backends::DEFAULT_READINESS_DEADLINE;
+        /// Install missing backends on demand (llama.cpp built from source, vLLM and
+        /// SGLang in virtual environments) under `<data_dir>/worker/backends`; off runs
+        /// only the programs configured or found on `PATH`.
+        install_backends: Bool = true;
+        /// Machine-wide cache of backend downloads and builds (llama.cpp sources and
+        /// binaries, pip's cache), shared by every worker on the machine.
+        backend_cache_dir: Optional<Text> = None,
+            shown "`$GANTRY_CACHE_DIR`, else `~/.cache/gantry`";
+        /// Time between health probes of a running backend.
+        health_interval: Duration = gantry_worker::supervisor::HealthPolicy::default().interval;
+        /// How long one health probe may take.
+        health_timeout: Duration = gantry_worker::supervisor::HealthPolicy::default().timeout;
+        /// Failed health probes in a row after which a running backend is reported
+        /// unhealthy, taken out of routing and restarted.
+        health_failure_threshold: Count =
+            gantry_worker::supervisor::HealthPolicy::default().failure_threshold as usize;
     }
 }
 

