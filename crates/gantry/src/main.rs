@@ -41,6 +41,19 @@ fn run(invocation: Invocation) -> anyhow::Result<()> {
             println!("gantry {}", env!("CARGO_PKG_VERSION"));
             return Ok(());
         }
+        Invocation::BackendInstall {
+            target,
+            config_file,
+            flags,
+        } => {
+            let config = Layers::gather(config_file, flags)?.resolve()?;
+            init_logging(&config)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("start the async runtime")?;
+            return runtime.block_on(install_backend(&config, &target));
+        }
         Invocation::Run {
             role,
             config_file,
@@ -54,6 +67,84 @@ fn run(invocation: Invocation) -> anyhow::Result<()> {
         .build()
         .context("start the async runtime")?;
     runtime.block_on(run_role(config, role))
+}
+
+/// `gantry backend install NAME[@VERSION]`: installs into the worker data directory this
+/// configuration names, where the worker finds (and reports) it; prints the directory.
+async fn install_backend(config: &Config, target: &str) -> anyhow::Result<()> {
+    let (name, version) = match target.split_once('@') {
+        Some((name, version)) => (name, Some(version.to_owned())),
+        None => (target, None),
+    };
+    let kind = BackendKind::parse(name)
+        .filter(|kind| *kind != BackendKind::Custom)
+        .with_context(|| {
+            format!(
+                "cannot install {name:?}: give llama.cpp, vllm or sglang (a custom backend's \
+                 requirements are installed by the worker for the models that use it)"
+            )
+        })?;
+    if let Some(version) = &version {
+        gantry_types::backend::check_version("version", version)
+            .map_err(|e| anyhow::anyhow!("{}: {}", e.field, e.message))?;
+    }
+    let installer = gantry_install::Installer::new(gantry_install::InstallerConfig {
+        cache_dir: config
+            .backend_cache_dir
+            .as_ref()
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(gantry_install::InstallerConfig::default_cache_dir),
+        ..Default::default()
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let backends =
+        gantry_worker::backends::InstalledBackends::new(&config.data_dir.join("worker"), installer);
+    let plan = gantry_worker::backends::BackendPlan {
+        name: kind.as_str().to_owned(),
+        kind,
+        version,
+        requirements: Vec::new(),
+        pip_args: Vec::new(),
+    };
+    let version = backends
+        .resolve_version(&plan)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (progress, mut updates) =
+        tokio::sync::watch::channel(gantry_types::InstallProgress::default());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let printer = tokio::spawn(async move {
+        let mut last = (String::new(), None::<u8>);
+        while updates.changed().await.is_ok() {
+            let now: gantry_types::InstallProgress = updates.borrow_and_update().clone();
+            let step = now.percent.map(|p| p / 10);
+            if (now.phase.as_str(), step) != (last.0.as_str(), last.1) {
+                match now.percent {
+                    Some(percent) => eprintln!("{}: {percent} %", now.phase),
+                    None => eprintln!("{}", now.phase),
+                }
+                last = (now.phase.clone(), step);
+            }
+        }
+    });
+    let installed = tokio::select! {
+        installed = backends.ensure(&plan, &version, &progress, &cancel) => installed,
+        _ = tokio::signal::ctrl_c() => {
+            cancel.cancel();
+            anyhow::bail!("interrupted; nothing was installed");
+        }
+    };
+    drop(progress);
+    let _ = printer.await;
+    let installation = installed.map_err(|e| anyhow::anyhow!("{e}"))?;
+    eprintln!(
+        "installed {} {version} ({}) in {}",
+        kind.as_str(),
+        installation.variant,
+        installation.dest.display()
+    );
+    println!("{}", installation.dest.display());
+    Ok(())
 }
 
 fn init_logging(config: &Config) -> anyhow::Result<()> {

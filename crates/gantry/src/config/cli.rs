@@ -63,6 +63,14 @@ impl Role {
 pub enum Invocation {
     /// `gantry version`.
     Version,
+    /// `gantry backend install NAME[@VERSION]`: installs a backend version into this
+    /// machine's worker data directory (the worker's keys apply).
+    BackendInstall {
+        /// `llama.cpp`, `llama.cpp@11434.0.0`, `vllm@0.8.5`, …
+        target: String,
+        config_file: Option<PathBuf>,
+        flags: BTreeMap<&'static str, String>,
+    },
     /// `gantry server`, `worker` or `start`.
     Run {
         role: Role,
@@ -106,6 +114,29 @@ pub fn command() -> Command {
             root.subcommand(command)
         })
         .subcommand(Command::new("version").about("Print the version."))
+        .subcommand(
+            Command::new("backend")
+                .about("Manage the inference backends installed on this machine.")
+                .subcommand_required(true)
+                .subcommand(
+                    KEYS.iter().filter(|key| key.scope == Scope::Worker).fold(
+                        Command::new("install")
+                            .about(
+                                "Install a backend version for this machine's worker \
+                                     (llama.cpp built from source, vLLM or SGLang in a virtual \
+                                     environment), ahead of the models that need it; prints \
+                                     its directory.",
+                            )
+                            .arg(
+                                Arg::new("target")
+                                    .required(true)
+                                    .value_name("NAME[@VERSION]")
+                                    .help("llama.cpp, vllm or sglang, optionally with a version"),
+                            ),
+                        |command, key| command.arg(flag(key)),
+                    ),
+                ),
+        )
 }
 
 /// The flag of one key. `--help` lists flags in the table's order, under a heading per
@@ -166,15 +197,36 @@ where
     let (name, matches) = matches
         .subcommand()
         .expect("clap requires a command (subcommand_required)");
+    if name == "backend" {
+        let (_, install) = matches
+            .subcommand()
+            .expect("clap requires a backend command (subcommand_required)");
+        return Ok(Invocation::BackendInstall {
+            target: install
+                .get_one::<String>("target")
+                .cloned()
+                .unwrap_or_default(),
+            config_file: install.get_one::<PathBuf>(CONFIG).cloned(),
+            flags: flags_of(install, Role::Worker),
+        });
+    }
     let Some((role, _, _)) = Role::COMMANDS
         .iter()
         .find(|(_, command, _)| *command == name)
     else {
         return Ok(Invocation::Version);
     };
-    // Global flags are propagated into the command's matches, wherever they were given.
-    let flags = KEYS
-        .iter()
+    Ok(Invocation::Run {
+        role: *role,
+        config_file: matches.get_one::<PathBuf>(CONFIG).cloned(),
+        flags: flags_of(matches, *role),
+    })
+}
+
+/// The keys `role` reads that were given as flags. Global flags are propagated into the
+/// command's matches, wherever they were given.
+fn flags_of(matches: &clap::ArgMatches, role: Role) -> BTreeMap<&'static str, String> {
+    KEYS.iter()
         .filter(|key| role.reads(key.scope))
         .filter_map(|key| {
             let values: Vec<&str> = matches
@@ -183,12 +235,7 @@ where
                 .collect();
             Some((key.name, values.join(",")))
         })
-        .collect();
-    Ok(Invocation::Run {
-        role: *role,
-        config_file: matches.get_one::<PathBuf>(CONFIG).cloned(),
-        flags,
-    })
+        .collect()
 }
 
 #[cfg(test)]
@@ -204,6 +251,29 @@ mod tests {
             }) => (role, config_file, flags),
             other => panic!("{args:?} should run a role: {other:?}"),
         }
+    }
+
+    #[test]
+    fn backend_install_reads_its_target_and_the_worker_keys() {
+        match parse_from([
+            "gantry",
+            "backend",
+            "install",
+            "llama.cpp@11434.0.0",
+            "--data-dir",
+            "/srv/gantry",
+            "--backend-cache-dir",
+            "/cache",
+        ]) {
+            Ok(Invocation::BackendInstall { target, flags, .. }) => {
+                assert_eq!(target, "llama.cpp@11434.0.0");
+                assert_eq!(flags["data_dir"], "/srv/gantry");
+                assert_eq!(flags["backend_cache_dir"], "/cache");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse_from(["gantry", "backend", "install"]).is_err());
+        assert!(parse_from(["gantry", "backend", "install", "x", "--database-url", "y"]).is_err());
     }
 
     #[test]
