@@ -69,6 +69,18 @@ fn run(invocation: Invocation) -> anyhow::Result<()> {
     runtime.block_on(run_role(config, role))
 }
 
+/// The backend installer the worker's keys describe (`backend_cache_dir`).
+fn installer(config: &Config) -> Result<gantry_install::Installer, gantry_install::InstallError> {
+    gantry_install::Installer::new(gantry_install::InstallerConfig {
+        cache_dir: config
+            .backend_cache_dir
+            .as_ref()
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(gantry_install::InstallerConfig::default_cache_dir),
+        ..Default::default()
+    })
+}
+
 /// `gantry backend install NAME[@VERSION]`: installs into the worker data directory this
 /// configuration names, where the worker finds (and reports) it; prints the directory.
 async fn install_backend(config: &Config, target: &str) -> anyhow::Result<()> {
@@ -88,15 +100,7 @@ async fn install_backend(config: &Config, target: &str) -> anyhow::Result<()> {
         gantry_types::backend::check_version("version", version)
             .map_err(|e| anyhow::anyhow!("{}: {}", e.field, e.message))?;
     }
-    let installer = gantry_install::Installer::new(gantry_install::InstallerConfig {
-        cache_dir: config
-            .backend_cache_dir
-            .as_ref()
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(gantry_install::InstallerConfig::default_cache_dir),
-        ..Default::default()
-    })
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let installer = installer(config).map_err(|e| anyhow::anyhow!("{e}"))?;
     let backends =
         gantry_worker::backends::InstalledBackends::new(&config.data_dir.join("worker"), installer);
     let plan = gantry_worker::backends::BackendPlan {
@@ -256,15 +260,7 @@ fn worker_config(config: &Config, role: Role, server_port: Option<u16>) -> Worke
             }),
         )),
         installed_backends: config.install_backends.then(|| {
-            let installer = gantry_install::Installer::new(gantry_install::InstallerConfig {
-                cache_dir: config
-                    .backend_cache_dir
-                    .as_ref()
-                    .map(std::path::PathBuf::from)
-                    .unwrap_or_else(gantry_install::InstallerConfig::default_cache_dir),
-                ..Default::default()
-            });
-            match installer {
+            match installer(config) {
                 Ok(installer) => Some(std::sync::Arc::new(
                     gantry_worker::backends::InstalledBackends::new(&data_dir, installer),
                 )),

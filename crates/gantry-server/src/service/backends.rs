@@ -2,7 +2,7 @@
 //! ones admins define (stored), with what each worker reports installed and which models
 //! use each.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gantry_store::{Store, StoreError, StoredBackend, WorkerFilter};
 use gantry_types::{
@@ -202,20 +202,17 @@ impl Context {
         let default_version =
             (kind == BackendKind::LlamaCpp).then(|| DEFAULT_LLAMA_CPP_VERSION.to_owned());
         // The default, every installed version and every pinned one.
-        let mut versions: BTreeMap<String, ()> = BTreeMap::new();
-        if let Some(default) = &default_version {
-            versions.insert(default.clone(), ());
-        }
-        for on in &installed {
-            for version in &on.versions {
-                versions.insert(version.clone(), ());
-            }
-        }
-        for model in self.models.iter().filter(|m| m.backend == kind) {
-            if let Some(version) = &model.backend_version {
-                versions.insert(version.clone(), ());
-            }
-        }
+        let versions: BTreeSet<String> = default_version
+            .iter()
+            .chain(installed.iter().flat_map(|on| &on.versions))
+            .chain(
+                self.models
+                    .iter()
+                    .filter(|m| m.backend == kind)
+                    .filter_map(|m| m.backend_version.as_ref()),
+            )
+            .cloned()
+            .collect();
         let (description, install_method) = match kind {
             BackendKind::LlamaCpp => (
                 "llama.cpp's llama-server: GGUF models on CPU and GPU, built on the worker from \
@@ -240,7 +237,7 @@ impl Context {
             install_method,
             default_version,
             versions: versions
-                .into_keys()
+                .into_iter()
                 .map(|version| BackendVersion {
                     version,
                     command: None,

@@ -139,7 +139,8 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     let supervisor = Supervisor::new(config.supervisor.clone(), events_tx)
         .context("start the backend supervisor")?;
     let found_backends = available_backends(&config.supervisor);
-    let backends = runnable_backends(&found_backends, &config);
+    let has_gpus = config.simulate_gpus.is_some() || !gpus.devices().is_empty();
+    let backends = runnable_backends(&found_backends, &config, has_gpus);
     let client = Client::with_servers(config.server_urls.clone());
     if let Some(cache) = &config.supervisor.model_cache {
         cache
@@ -346,12 +347,12 @@ fn spawn_status(shared: Arc<Shared>) {
 fn runnable_backends(
     found: &std::collections::BTreeSet<gantry_types::BackendKind>,
     config: &WorkerConfig,
+    has_gpus: bool,
 ) -> Vec<String> {
     use gantry_types::BackendKind;
     let mut kinds = found.clone();
     if let Some(installed) = &config.supervisor.installed_backends {
         kinds.insert(BackendKind::LlamaCpp);
-        let has_gpus = config.simulate_gpus.is_some() || !GpuProbe::load().devices().is_empty();
         if has_gpus {
             kinds.insert(BackendKind::Vllm);
             kinds.insert(BackendKind::Sglang);

@@ -138,11 +138,14 @@ fn install_message(progress: &gantry_types::InstallProgress) -> String {
     if let Some(percent) = progress.percent {
         message.push_str(&format!(" ({percent} %)"));
     } else if progress.bytes_done > 0 {
-        message.push_str(&format!(" ({} bytes", progress.bytes_done));
-        if let Some(total) = progress.bytes_total {
-            message.push_str(&format!(" of {total}"));
+        let done = gantry_types::units::format_size(progress.bytes_done);
+        match progress.bytes_total {
+            Some(total) => message.push_str(&format!(
+                " ({done} of {})",
+                gantry_types::units::format_size(total)
+            )),
+            None => message.push_str(&format!(" ({done})")),
         }
-        message.push(')');
     }
     message
 }

@@ -48,7 +48,9 @@ pub(crate) async fn watch(
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let probes = urls.iter().map(|url| probe(client, url, policy.timeout));
+        let probes = urls
+            .iter()
+            .map(|url| super::readiness::probe(client, url, policy.timeout));
         let outcomes = futures_util::future::join_all(probes).await;
         for ((url, failed), outcome) in urls.iter().zip(failures.iter_mut()).zip(outcomes) {
             match outcome {
@@ -65,16 +67,6 @@ pub(crate) async fn watch(
                 }
             }
         }
-    }
-}
-
-async fn probe(client: &reqwest::Client, url: &str, timeout: Duration) -> Result<(), String> {
-    match tokio::time::timeout(timeout, client.get(url).send()).await {
-        Err(_) => Err(format!("GET {url}: no answer within {timeout:?}")),
-        Ok(Ok(response)) if response.status() == reqwest::StatusCode::OK => Ok(()),
-        Ok(Ok(response)) => Err(format!("GET {url} answered {}", response.status())),
-        Ok(Err(e)) if e.is_connect() => Err(format!("GET {url}: connection refused")),
-        Ok(Err(e)) => Err(format!("GET {url}: {e}")),
     }
 }
 

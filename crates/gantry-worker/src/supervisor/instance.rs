@@ -251,7 +251,7 @@ impl InstanceTask {
             let message = format!(
                 "{failure}
 the install is tried again in {}",
-                humantime_secs(backoff)
+                gantry_types::units::format_duration(backoff)
             );
             self.emit(BackendState::Error { message }).await;
             tokio::select! {
@@ -774,16 +774,6 @@ last installer lines:
 
 /// How long an unhealthy instance's processes get after SIGTERM before SIGKILL.
 const UNHEALTHY_STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// `30 s`, `2 min`, `10 min`.
-fn humantime_secs(duration: Duration) -> String {
-    let secs = duration.as_secs();
-    if secs >= 60 && secs.is_multiple_of(60) {
-        format!("{} min", secs / 60)
-    } else {
-        format!("{secs} s")
-    }
-}
 
 /// The reason, then the stderr tail under a header.
 fn error_message(reason: &str, stderr_tail: &str) -> String {

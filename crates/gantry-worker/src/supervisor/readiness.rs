@@ -58,17 +58,12 @@ pub(crate) async fn wait_until_healthy(
             if *healthy {
                 continue;
             }
-            let outcome = match client.get(url).send().await {
-                Ok(response) if response.status() == reqwest::StatusCode::OK => {
+            let outcome = match probe(client, url, PROBE_TIMEOUT).await {
+                Ok(()) => {
                     *healthy = true;
                     continue;
                 }
-                Ok(response) => format!("GET {url} answered {}", response.status()),
-                Err(e) if e.is_connect() => format!("GET {url}: connection refused"),
-                Err(e) if e.is_timeout() => {
-                    format!("GET {url}: no answer within {PROBE_TIMEOUT:?}")
-                }
-                Err(e) => format!("GET {url}: {e}"),
+                Err(outcome) => outcome,
             };
             *last_result
                 .lock()
@@ -78,6 +73,22 @@ pub(crate) async fn wait_until_healthy(
             return;
         }
         tokio::time::sleep(probe_interval(started.elapsed())).await;
+    }
+}
+
+/// One `GET` of a health URL: `Ok` for 200 within `timeout`, else what happened.
+pub(crate) async fn probe(
+    client: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(timeout, client.get(url).send()).await {
+        Err(_) => Err(format!("GET {url}: no answer within {timeout:?}")),
+        Ok(Ok(response)) if response.status() == reqwest::StatusCode::OK => Ok(()),
+        Ok(Ok(response)) => Err(format!("GET {url} answered {}", response.status())),
+        Ok(Err(e)) if e.is_connect() => Err(format!("GET {url}: connection refused")),
+        Ok(Err(e)) if e.is_timeout() => Err(format!("GET {url}: no answer within {timeout:?}")),
+        Ok(Err(e)) => Err(format!("GET {url}: {e}")),
     }
 }
 
