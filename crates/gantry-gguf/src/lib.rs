@@ -9,7 +9,10 @@
 //!   memory estimator needs.
 //! * [`GgufWriter`] writes v3 files; [`tiny_llama`] builds a tiny random-weight llama model
 //!   that real `llama-server` loads.
+//! * [`corpus`] builds small zero-weight models of several architectures (llama, qwen2,
+//!   qwen3, gemma2, gemma3, phi3, qwen3moe, bert), whole or split, that `llama-server` loads.
 
+pub mod corpus;
 mod error;
 mod ggml_type;
 mod model;
