@@ -1,23 +1,69 @@
 //! vLLM and SGLang estimation from a Hugging Face model directory's facts.
 //!
-//! Both engines reserve a fixed fraction of each GPU they run on (vLLM
-//! `--gpu-memory-utilization`, default 0.9; SGLang `--mem-fraction-static`, default 0.88 on
-//! one GPU and less on larger groups) and fill what the weights leave with KV cache. The
-//! claim is therefore "that fraction of each chosen GPU's total memory", and placement also
-//! checks that the fraction is large enough for the weights and the KV cache of one
-//! full-length sequence, which both engines insist on at start-up:
+//! # How the engines size their KV cache
+//!
+//! Neither engine is told how much KV cache to allocate; each takes a fraction of the GPU and
+//! gives the KV cache whatever its other needs leave of it:
+//!
+//! * **vLLM** (`--gpu-memory-utilization`, default 0.9) reserves `fraction × total GPU
+//!   memory` per GPU and refuses to start when less than that is free. After loading the
+//!   weights it runs one profiling forward pass and sets
+//!   `KV = fraction × total − (weights + activation peak + memory outside PyTorch: CUDA
+//!   context, NCCL, …)`, less an estimate of the CUDA graphs in versions that count them. It
+//!   refuses to start when `KV` cannot hold one sequence of `--max-model-len` tokens.
+//! * **SGLang** (`--mem-fraction-static`) counts weights and the KV pool inside the
+//!   fraction; activations and CUDA graph buffers use the other `1 − fraction`. The pool is
+//!   `free after loading − (1 − fraction) × free before loading`, about
+//!   `fraction × total − weights` on an otherwise empty GPU. SGLang refuses to start only
+//!   when not even one token fits. With a smaller pool it caps request lengths instead.
+//!
+//! So the KV budget grows by `Δfraction × total` for every step of the fraction: the weights
+//! and overheads stay the same, and everything else goes to the KV cache.
+//!
+//! # What gantry claims
+//!
+//! Gantry does not predict how large the KV cache will be. On each GPU of a `tp`-way group,
+//! the claim ([`ModelMemory::Engine`], with [`EngineMemory`]) reserves the whole fraction.
+//! Placement records `floor(fraction × total_memory_bytes)` against that GPU, and the GPU
+//! must have that much allocatable: its total, less the system reserve, less other claims.
+//! The GPU also qualifies only if that reservation holds the weights, the KV cache for
+//! `max_len` tokens and the overhead (`EngineMemory::minimum_per_gpu`):
 //!
 //! ```text
-//! per GPU of a tp-way group ≥ weights / tp
-//!                             + max_len × kv_bytes_per_token_per_kv_head × ceil(kv_heads / tp)
-//!                             + ENGINE_GPU_OVERHEAD_BYTES
-//! kv_bytes_per_token_per_kv_head = 2 (K, V) × num_hidden_layers × head_dim × KV element size
+//! floor(fraction × total) ≥ ceil(weight_bytes / tp)
+//!                          + kv_bytes_per_token_per_kv_head × max(1, ceil(kv_heads / tp)) × max_len
+//!                          + ENGINE_GPU_OVERHEAD_BYTES (2 GiB)
+//! kv_bytes_per_token_per_kv_head = ceil(2 (K, V) × num_hidden_layers × head_dim × kv_bits / 8)
 //! ```
 //!
-//! `max_len` is `--max-model-len` (vLLM) / `--context-length` (SGLang), else the model's
-//! `max_position_embeddings`, else [`DEFAULT_CONTEXT_CAP`]. The KV element size is 2 bytes for
-//! `--kv-cache-dtype auto` (both engines run f32 checkpoints in 16-bit), 1 for the fp8
-//! variants, half a byte for fp4.
+//! * `fraction`: the flag's value; when it is absent, vLLM's 0.9
+//!   ([`VLLM_DEFAULT_GPU_MEMORY_UTILIZATION`]) or SGLang's default for the group size,
+//!   [`MemoryFraction::SglangDefault`] (0.88 for one GPU, 0.87 for 2, 0.85 for 4, 0.81 for
+//!   8, 0.79 for 16). Those are SGLang's older fixed defaults. Newer releases derive the
+//!   default from the GPU's size and their chunked-prefill and CUDA graph settings, so give
+//!   `--mem-fraction-static` to get a reservation that matches the engine exactly.
+//! * `weight_bytes`: measured. It is the sum of the data sections of the safetensors files
+//!   the engines load (see [`super::safetensors`]), at the checkpoint's dtypes. That is what
+//!   the engines hold for 16-bit and quantized checkpoints. An F32 checkpoint, which both
+//!   engines run in 16 bits by default, is counted at twice what it occupies.
+//! * `max_len`: `--max-model-len` (vLLM) / `--context-length` (SGLang), else the model's
+//!   `max_position_embeddings`, else [`DEFAULT_CONTEXT_CAP`]. For vLLM this check mirrors the
+//!   engine's own start-up check. For SGLang it is gantry's policy: a request of the full
+//!   context must fit, although SGLang itself would start with less.
+//! * `kv_bits`: `--kv-cache-dtype`. `auto` and the 16-bit names give 16, because both
+//!   engines run F32 checkpoints in 16 bits. The `fp8*` variants give 8, `fp4*` gives 4, and
+//!   `float32` gives 32.
+//! * `kv_heads` are split over the group. When `tp` exceeds them, every GPU holds one
+//!   replicated head.
+//! * [`ENGINE_GPU_OVERHEAD_BYTES`] is an engine-independent allowance for the CUDA context,
+//!   the activation peak and CUDA graphs, and it is counted inside the fraction. That
+//!   matches vLLM. For SGLang, activations and graphs actually live outside the fraction, so
+//!   the check is stricter than it needs to be. Conversely, the recorded reservation does not
+//!   cover the activations and graphs SGLang keeps in the other `1 − fraction`.
+//!
+//! Host RAM is [`ENGINE_PROCESS_RAM_BYTES`] per replica. `weight_bytes` is exact, and the KV
+//! figure follows the model's config and flags. The fraction defaults, the 2 GiB overhead and
+//! the 4 GiB of RAM are engine defaults or allowances, not measured.
 
 use serde::{Deserialize, Serialize};
 
