@@ -10,6 +10,8 @@
 //!   ([`llama_cpp::estimate_options`], [`vllm::estimate_options`],
 //!   [`sglang::estimate_options`], [`custom::declared_claim`]);
 //! * where a running backend tells its load ([`load`]), so a stop can drain it first;
+//! * what `llama-server` says it allocated, read from its log ([`llama_cpp_memory`]), to
+//!   hold the estimate to it;
 //! * [`command`](mod@command): turning a [`LaunchSpec`] into the [`BackendCommand`] of each
 //!   process (data-parallel ranks, `CUDA_VISIBLE_DEVICES`).
 //!
@@ -25,6 +27,7 @@ pub mod command;
 pub mod custom;
 pub mod engine;
 pub mod llama_cpp;
+pub mod llama_cpp_memory;
 pub mod load;
 pub mod sglang;
 pub mod vllm;

@@ -103,6 +103,20 @@ pub fn estimate_options(args: &[String]) -> Result<LlamaCppOptions, ArgsError> {
         Some(v) => Ok(v),
         None => Ok(default),
     };
+    let present = |names: &[&str]| args.iter().any(|arg| names.contains(&arg.as_str()));
+    // `--parallel N` opens N slots with a KV stream each, unless `--kv-unified`; absent or
+    // negative is llama-server's "auto": 4 slots sharing one unified cache.
+    let parallel: Option<i64> = parse_flag(args, &["--parallel", "-np"])?;
+    let (parallel, kv_unified) = match parallel {
+        None => (defaults.parallel, defaults.kv_unified),
+        Some(n) if n < 0 => (defaults.parallel, defaults.kv_unified),
+        Some(0) => return Err(ArgsError::new("--parallel", "0", "must be at least 1")),
+        Some(n) => (
+            u32::try_from(n)
+                .map_err(|_| ArgsError::new("--parallel", &n.to_string(), "is too large"))?,
+            present(&["--kv-unified", "-kvu"]),
+        ),
+    };
     Ok(LlamaCppOptions {
         ctx_size: parse_flag(args, CONTEXT_FLAGS)?,
         batch_size: positive(
@@ -120,11 +134,12 @@ pub fn estimate_options(args: &[String]) -> Result<LlamaCppOptions, ArgsError> {
             .unwrap_or(defaults.cache_type_k),
         cache_type_v: parse_flag(args, &["--cache-type-v", "-ctv"])?
             .unwrap_or(defaults.cache_type_v),
-        parallel: positive(
-            parse_flag(args, &["--parallel", "-np"])?,
-            "--parallel",
-            defaults.parallel,
-        )?,
+        parallel,
+        kv_unified,
+        flash_attention: parse_flag(args, &["--flash-attn", "-fa"])?
+            .unwrap_or(defaults.flash_attention),
+        embedding: present(&["--embedding", "--embeddings"]),
+        swa_full: present(&["--swa-full"]),
     })
 }
 

@@ -5,8 +5,8 @@ use gantry_types::usage::{UsageQuery, UsageReport};
 use gantry_types::{
     ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, ChangePasswordRequest, InstancePatch,
     InstanceQuery, ListResponse, LogQuery, LoginRequest, LoginResponse, Model, ModelCreate,
-    ModelInstance, ModelQuery, ModelUpdate, User, UserCreate, UserQuery, UserUpdate, Worker,
-    WorkerLabelsUpdate, WorkerQuery,
+    ModelEstimate, ModelInstance, ModelQuery, ModelUpdate, User, UserCreate, UserQuery, UserUpdate,
+    Worker, WorkerLabelsUpdate, WorkerQuery,
 };
 use reqwest::Method;
 use serde::de::DeserializeOwned;
@@ -218,6 +218,13 @@ impl Client {
                 .creating(),
         )
         .await
+    }
+
+    /// What a model would need and where it would go, before it is created; stores
+    /// nothing.
+    pub async fn estimate_model(&self, model: &ModelCreate) -> Result<ModelEstimate, ClientError> {
+        self.json(Call::new(Method::POST, "/api/v1/models/estimate").body(model))
+            .await
     }
 
     pub async fn get_model(&self, id: i64) -> Result<Model, ClientError> {

@@ -83,6 +83,7 @@ fn llama_claim(blocks: u32, block_mib: u64, embd: u32) -> ResourceClaim {
         layer_weight_bytes: vec![block_mib * MIB; blocks as usize],
         input_weight_bytes: 500 * MIB,
         output_weight_bytes: 500 * MIB,
+        ..GgufModelFacts::default()
     };
     estimate_llama_cpp(&facts, &LlamaCppOptions::default())
         .expect("valid synthetic model")

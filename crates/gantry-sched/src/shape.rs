@@ -198,7 +198,9 @@ fn layer_shapes(
         ram_bytes = ram_bytes.saturating_add(layers.output_bytes);
     }
     if !full_offload {
-        ram_bytes = ram_bytes.saturating_add(layers.host_compute_bytes);
+        ram_bytes = ram_bytes
+            .saturating_add(layers.host_compute_bytes)
+            .saturating_add(layers.host_repack_bytes);
     }
     if gpu_blocks == 0 {
         return vec![Shape {
@@ -292,7 +294,8 @@ impl PartialOffload {
                 .base_ram_bytes
                 .saturating_add(layers.total_block_bytes())
                 .saturating_add(layers.output_bytes)
-                .saturating_add(layers.host_compute_bytes),
+                .saturating_add(layers.host_compute_bytes)
+                .saturating_add(layers.host_repack_bytes),
         })
     }
 
@@ -333,9 +336,14 @@ mod tests {
             per_gpu_overhead_bytes: 100,
             base_ram_bytes: 1000,
             memory: ModelMemory::Layers(LayerBreakdown {
+                block_kv_bytes: blocks.iter().map(|bytes| bytes / 2).collect(),
                 block_bytes: blocks,
                 output_bytes: output,
                 host_compute_bytes: 50,
+                per_gpu_compute_bytes: 50,
+                host_embedding_bytes: 300,
+                host_logits_bytes: 20,
+                host_repack_bytes: 0,
                 fixed_gpu_layers: fixed,
             }),
         };

@@ -121,8 +121,13 @@ pub(crate) fn layered_request(
         base_ram_bytes: base_ram,
         memory: ModelMemory::Layers(LayerBreakdown {
             block_bytes: vec![block_bytes; blocks],
+            block_kv_bytes: vec![block_bytes / 4; blocks],
             output_bytes,
             host_compute_bytes: host_compute,
+            per_gpu_compute_bytes: overhead / 2,
+            host_embedding_bytes: base_ram / 2,
+            host_logits_bytes: base_ram / 8,
+            host_repack_bytes: 0,
             fixed_gpu_layers: None,
         }),
     };

@@ -187,6 +187,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         config.upload_bucket.clone(),
         config.upload_max_size,
     ));
+    let sources = state::model_sources(&config, &store, &staging);
     let state = AppState::new(Shared {
         store,
         config,
@@ -197,6 +198,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         worker_http: state::worker_http_client(),
         cluster,
         staging,
+        sources,
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);

@@ -36,6 +36,24 @@ pub struct Shared {
     pub cluster: Arc<Cluster>,
     /// Files uploaded to deploy as models (`staging.rs`).
     pub staging: Arc<crate::staging::Staging>,
+    /// Reads the headers of remote models: for the scheduler's analysis and for estimates
+    /// asked through the API (see [`model_sources`]).
+    pub sources: gantry_source::Sources,
+}
+
+/// The client of model sources a server analyses models with: the configured hubs, and
+/// uploads read from this cluster's own staging area.
+pub fn model_sources(
+    config: &ServerConfig,
+    store: &Store,
+    staging: &Arc<crate::staging::Staging>,
+) -> gantry_source::Sources {
+    let sources = gantry_source::Sources::new(config.sources.clone());
+    sources.set_staged(Arc::new(crate::staging::ServerStaged {
+        store: store.clone(),
+        staging: Arc::clone(staging),
+    }));
+    sources
 }
 
 /// The client for the workers' own API.

@@ -198,11 +198,13 @@ async fn models_too_large_for_any_worker_stay_pending_with_the_shortfall(engine:
         "nothing is reserved for an instance that does not fit"
     );
 
-    // llama.cpp with a 16M-token context and no CPU offload: the KV cache and compute
-    // buffers exceed any GPU.
+    // llama.cpp with a 16M-token context, no flash attention and no CPU offload: the KV
+    // cache and the attention scores of one ubatch exceed any GPU.
     let path = tiny_gguf(&server);
     let long = ModelCreate {
-        backend_args: vec!["--ctx-size".into(), "16777216".into()],
+        backend_args: ["--ctx-size", "16777216", "--flash-attn", "off"]
+            .map(String::from)
+            .to_vec(),
         cpu_offload: false,
         ..llama_model("long", &path, 1)
     };

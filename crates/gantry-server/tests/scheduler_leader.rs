@@ -48,9 +48,18 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
 
     let coordinator = Arc::new(LocalCoordinator::new("s1"));
     coordinator.set_leadership(Leadership::Follower);
+    let config = ServerConfig::new(dir.path().join("data"));
+    let staging = Arc::new(gantry_server::staging::Staging::new(
+        dir.path().join("data/uploads"),
+        "s1".into(),
+        "127.0.0.1:1".parse().unwrap(),
+        b"a-test-secret-that-is-long-enough",
+        gantry_source::S3Config::default(),
+        None,
+        1 << 30,
+    ));
     let state = AppState::new(Shared {
         store: store.clone(),
-        config: ServerConfig::new(dir.path().join("data")),
         authenticator: Arc::new(Authenticator::new(
             store.clone(),
             JwtKeys::new(
@@ -69,15 +78,9 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
             false,
             "http://127.0.0.1:1".into(),
         )),
-        staging: Arc::new(gantry_server::staging::Staging::new(
-            dir.path().join("data/uploads"),
-            "s1".into(),
-            "127.0.0.1:1".parse().unwrap(),
-            b"a-test-secret-that-is-long-enough",
-            gantry_source::S3Config::default(),
-            None,
-            1 << 30,
-        )),
+        staging: Arc::clone(&staging),
+        sources: gantry_server::state::model_sources(&config, &store, &staging),
+        config,
     });
     gantry_server::controllers::spawn(&state);
 

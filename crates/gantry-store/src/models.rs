@@ -94,26 +94,7 @@ impl Store {
     /// model controller (see the server's `service::replicas`).
     pub async fn create_model(&self, create: &ModelCreate) -> Result<Model, StoreError> {
         let now = Timestamp::now();
-        let model = Model {
-            id: 0,
-            name: create.name.clone(),
-            description: create.description.clone(),
-            source: create.source.clone(),
-            backend: create.backend.clone(),
-            backend_version: create.backend_version.clone(),
-            backend_args: create.backend_args.clone(),
-            env: create.env.clone(),
-            replicas: create.replicas,
-            worker_selector: create.worker_selector.clone(),
-            gpu_selector: create.gpu_selector.clone(),
-            placement_strategy: create.placement_strategy,
-            data_parallel_size: create.data_parallel_size,
-            cpu_offload: create.cpu_offload,
-            custom_command: create.custom_command.clone(),
-            labels: create.labels.clone(),
-            created_at: now,
-            updated_at: now,
-        };
+        let model = create.to_model(0, now);
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(&format!(
             "INSERT INTO models (name, backend, replicas, spec, created_at, updated_at) \

@@ -52,11 +52,34 @@ pub struct LayerBreakdown {
     /// Bytes of each transformer block on whatever device holds it: its weights plus its
     /// share of the KV cache. Index `i` is block `i`.
     pub block_bytes: Vec<u64>,
+    /// The KV cache's share of each block's bytes: `block_kv_bytes[i] <= block_bytes[i]`, and
+    /// the rest of block `i` is its weights. Empty in claims recorded before the split was
+    /// kept; such a claim places the same, but cannot say which bytes are weights.
+    #[serde(default)]
+    pub block_kv_bytes: Vec<u64>,
     /// Bytes of the output layer; on the last GPU on full offload, otherwise in RAM.
     pub output_bytes: u64,
     /// Host compute buffer, paid in RAM whenever anything (a block or the output layer) runs
     /// on the host, i.e. on anything but full offload.
     pub host_compute_bytes: u64,
+    /// The compute buffer each GPU holds: the part of
+    /// [`ResourceClaim::per_gpu_overhead_bytes`] that is not the CUDA context. Zero in claims
+    /// recorded before the split was kept.
+    #[serde(default)]
+    pub per_gpu_compute_bytes: u64,
+    /// The input token embedding, which llama.cpp keeps on the host: part of
+    /// [`ResourceClaim::base_ram_bytes`]. Zero in claims recorded before the split was kept.
+    #[serde(default)]
+    pub host_embedding_bytes: u64,
+    /// The host buffer of output logits (`4 × n_vocab × slots`): part of
+    /// [`ResourceClaim::base_ram_bytes`]. Zero in claims recorded before the split was kept.
+    #[serde(default)]
+    pub host_logits_bytes: u64,
+    /// Second copies llama.cpp makes in RAM of the quantised matrices it repacks for the
+    /// CPU (x86-64 with AVX2 repacks Q4_0, Q4_K and IQ4_NL) when they run on the host; paid
+    /// in RAM on anything but full offload. Zero in claims recorded before it was counted.
+    #[serde(default)]
+    pub host_repack_bytes: u64,
     /// `--n-gpu-layers` from the user's arguments, when given; `None` lets the scheduler choose
     /// (full offload when it fits, else partial offload where allowed).
     pub fixed_gpu_layers: Option<u32>,
@@ -71,6 +94,12 @@ impl LayerBreakdown {
     /// Sum of all block bytes.
     pub fn total_block_bytes(&self) -> u64 {
         self.block_bytes.iter().sum()
+    }
+
+    /// Whether the claim records how its bytes divide into weights, KV cache and buffers
+    /// (claims estimated before that was kept do not).
+    pub fn has_parts(&self) -> bool {
+        self.block_kv_bytes.len() == self.block_bytes.len()
     }
 }
 
@@ -114,6 +143,14 @@ impl EngineMemory {
     /// KV heads are split across the group, but when `tp` exceeds the KV head count every GPU
     /// holds one (replicated) head.
     pub fn minimum_per_gpu(&self, tp: u32, per_gpu_overhead: u64) -> u64 {
+        let (weights, kv) = self.per_gpu_shares(tp);
+        weights.saturating_add(kv).saturating_add(per_gpu_overhead)
+    }
+
+    /// What one GPU of a `tp`-way group holds of the model: its shard of the weights, and
+    /// the KV cache of its KV heads for [`Self::minimum_kv_tokens`] (see
+    /// [`Self::minimum_per_gpu`]).
+    pub fn per_gpu_shares(&self, tp: u32) -> (u64, u64) {
         let tp = u64::from(tp.max(1));
         let kv_heads_per_gpu = u64::from(self.kv_head_count.max(1)).div_ceil(tp).max(1);
         let weights = self.weight_bytes.div_ceil(tp);
@@ -121,7 +158,7 @@ impl EngineMemory {
             .kv_bytes_per_token_per_kv_head
             .saturating_mul(kv_heads_per_gpu)
             .saturating_mul(self.minimum_kv_tokens);
-        weights.saturating_add(kv).saturating_add(per_gpu_overhead)
+        (weights, kv)
     }
 }
 

@@ -11,12 +11,14 @@ pub mod backend;
 pub mod claim;
 pub mod coordination;
 pub mod error;
+pub mod estimate;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod instance;
 pub mod list;
 pub mod model;
 pub mod model_file;
+pub mod parts;
 pub mod placement;
 pub mod query;
 pub mod time;
@@ -41,6 +43,7 @@ pub use coordination::{
     ServerDirectory, ServerHeartbeat, ServerInfo, ServerLoad, ServerRegister, ServerRole,
 };
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use estimate::{ModelEstimate, PlacementVerdict, WorkerVerdict};
 pub use instance::{
     DownloadProgress, InstallProgress, InstancePatch, InstanceState, InstanceStateReport, LogQuery,
     ModelInstance, INSTALL_LOG_TAIL_LINES,
@@ -54,6 +57,7 @@ pub use model_file::{
     CachedModelFile, ModelFile, ModelFileList, ModelFileState, StagedUpload, UnreachableWorker,
     Upload, UploadCreate, UploadList, UploadState,
 };
+pub use parts::{ClaimParts, GpuParts, LayerRange, RamParts, ReservationParts};
 pub use placement::{
     GpuShare, LaunchTemplate, LlamaLayout, Placement, PlacementKind, PlacementRecord, Reservation,
 };

@@ -368,6 +368,34 @@ pub struct ModelCreate {
     pub labels: BTreeMap<String, String>,
 }
 
+impl ModelCreate {
+    /// The model this request declares, with `id` and both timestamps `now`: what the
+    /// store writes, and what an estimate (`POST /api/v1/models/estimate`) reads without
+    /// writing anything.
+    pub fn to_model(&self, id: i64, now: Timestamp) -> Model {
+        Model {
+            id,
+            name: self.name.clone(),
+            description: self.description.clone(),
+            source: self.source.clone(),
+            backend: self.backend.clone(),
+            backend_version: self.backend_version.clone(),
+            backend_args: self.backend_args.clone(),
+            env: self.env.clone(),
+            replicas: self.replicas,
+            worker_selector: self.worker_selector.clone(),
+            gpu_selector: self.gpu_selector.clone(),
+            placement_strategy: self.placement_strategy,
+            data_parallel_size: self.data_parallel_size,
+            cpu_offload: self.cpu_offload,
+            custom_command: self.custom_command.clone(),
+            labels: self.labels.clone(),
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
 fn default_replicas() -> u32 {
     1
 }

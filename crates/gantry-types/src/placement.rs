@@ -132,6 +132,12 @@ impl Model {
 pub struct Reservation {
     pub claim: ResourceClaim,
     pub placement: Placement,
+    /// What the placement's bytes are for, GPU by GPU and in RAM (computed from `claim` and
+    /// `placement` by `gantry_sched::parts`; they add up to the placement's bytes). Absent
+    /// from reservations recorded before parts were kept, and from claims that do not
+    /// record them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<crate::parts::ReservationParts>,
 }
 
 /// Everything recorded about how an instance was placed, stored with it (one typed JSON
@@ -198,8 +204,13 @@ mod tests {
                     base_ram_bytes: 2,
                     memory: ModelMemory::Layers(LayerBreakdown {
                         block_bytes: vec![3, 3],
+                        block_kv_bytes: vec![1, 1],
                         output_bytes: 1,
                         host_compute_bytes: 1,
+                        per_gpu_compute_bytes: 1,
+                        host_embedding_bytes: 1,
+                        host_logits_bytes: 0,
+                        host_repack_bytes: 0,
                         fixed_gpu_layers: None,
                     }),
                 },
@@ -217,6 +228,7 @@ mod tests {
                         tensor_split: vec![3],
                     }),
                 },
+                parts: None,
             }),
         }
     }
@@ -228,6 +240,30 @@ mod tests {
         let back: PlacementRecord = serde_json::from_str(&text).expect("decodable");
         assert_eq!(back, record);
         assert_eq!(back.backend_args(), ["-c", "256", "-ngl", "3"]);
+    }
+
+    #[test]
+    fn a_reservation_recorded_before_parts_still_decodes() {
+        // A llama.cpp reservation as stored before claims recorded their parts.
+        let old = r#"{
+            "claim": {"per_gpu_overhead_bytes": 5, "base_ram_bytes": 2, "memory": {"Layers": {
+                "block_bytes": [3, 3], "output_bytes": 1, "host_compute_bytes": 1,
+                "fixed_gpu_layers": null}}},
+            "placement": {"instance_id": 7, "worker_id": 1, "worker_name": "w1",
+                "gpus": [{"index": 0, "bytes": 12}], "ram_bytes": 2, "kind": "SingleGpu",
+                "tensor_parallel_size": 1, "data_parallel_size": 1,
+                "llama": {"n_gpu_layers": 3, "tensor_split": [3]}}
+        }"#;
+        let reservation: Reservation = serde_json::from_str(old).expect("decodable");
+        assert_eq!(reservation.parts, None);
+        let ModelMemory::Layers(layers) = &reservation.claim.memory else {
+            panic!("layered");
+        };
+        assert!(!layers.has_parts());
+        assert_eq!(layers.per_gpu_compute_bytes, 0);
+        // Without parts, none are written back.
+        let text = serde_json::to_string(&reservation).expect("serialisable");
+        assert!(!text.contains("\"parts\""), "{text}");
     }
 
     #[test]

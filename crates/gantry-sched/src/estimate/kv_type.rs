@@ -47,6 +47,12 @@ impl KvCacheType {
         }
     }
 
+    /// Whether the type stores elements in quantised blocks (llama.cpp then needs flash
+    /// attention for a V cache of it).
+    pub fn is_quantized(self) -> bool {
+        self.block_layout().0 > 1
+    }
+
     /// Bytes of one row of `elements` elements. A partial final block is stored whole.
     pub fn row_bytes(self, elements: u64) -> u64 {
         let (block_elements, block_bytes) = self.block_layout();

@@ -289,8 +289,14 @@ fn claim_of(model: &Model) -> (ResourceClaim, &'static str, Option<u32>) {
                     block_bytes: (0..blocks as u64)
                         .map(|i| block_mib * MIB + i * 7 * MIB)
                         .collect(),
+                    // The KV cache differs per block too (as with sliding-window layers).
+                    block_kv_bytes: (0..blocks as u64).map(|i| (i + 1) * 5 * MIB).collect(),
                     output_bytes: output_mib * MIB,
                     host_compute_bytes: host_compute_mib * MIB,
+                    per_gpu_compute_bytes: overhead_mib * MIB / 3,
+                    host_embedding_bytes: base_ram_gib * GIB / 2,
+                    host_logits_bytes: base_ram_gib * GIB / 16,
+                    host_repack_bytes: 0,
                     fixed_gpu_layers,
                 }),
             },
@@ -706,9 +712,11 @@ fn tier_of(request: &PlacementRequest, placement: &Placement) -> Tier {
     }
 }
 
-/// Checks that `placement`'s bytes follow the claim's rules.
+/// Checks that `placement`'s bytes follow the claim's rules, and that its parts add up to
+/// them exactly.
 fn check_accounting(request: &PlacementRequest, worker: &WorkerView, placement: &Placement) {
     let claim = &request.claim;
+    check_parts(claim, placement);
     let shares: Vec<u64> = placement.gpus.iter().map(|g| g.bytes).collect();
     let total = |index: u32| {
         worker
@@ -778,6 +786,55 @@ fn check_accounting(request: &PlacementRequest, worker: &WorkerView, placement: 
                 llama_ram(claim, layers, gpu_blocks, output_on_gpu)
             );
         }
+    }
+}
+
+/// Every GPU's parts and RAM's parts add up to exactly the bytes the placement reserves.
+fn check_parts(claim: &ResourceClaim, placement: &Placement) {
+    let parts = crate::parts::reservation_parts(claim, placement)
+        .expect("a placement the scheduler made splits into parts");
+    assert_eq!(parts.gpus.len(), placement.gpus.len());
+    for (gpu, share) in parts.gpus.iter().zip(&placement.gpus) {
+        assert_eq!(gpu.index, share.index);
+        assert_eq!(gpu.total_bytes, share.bytes);
+        assert_eq!(
+            gpu.weights_bytes
+                + gpu.kv_cache_bytes
+                + gpu.extra_kv_cache_bytes
+                + gpu.compute_buffer_bytes
+                + gpu.overhead_bytes
+                + gpu.declared_bytes,
+            share.bytes,
+            "GPU {} of {placement:?}: {gpu:?}",
+            share.index
+        );
+    }
+    let ram = &parts.ram;
+    assert_eq!(
+        ram.weights_bytes
+            + ram.embedding_bytes
+            + ram.kv_cache_bytes
+            + ram.compute_buffer_bytes
+            + ram.logits_bytes
+            + ram.process_bytes,
+        placement.ram_bytes,
+        "RAM of {placement:?}: {ram:?}"
+    );
+    if let ModelMemory::Layers(layers) = &claim.memory {
+        // Every block is somewhere exactly once, with its KV cache.
+        let on_gpus: u64 = parts.gpus.iter().map(|g| g.kv_cache_bytes).sum();
+        assert_eq!(
+            on_gpus + ram.kv_cache_bytes,
+            layers.block_kv_bytes.iter().sum::<u64>()
+        );
+        let blocks: u32 = parts
+            .gpus
+            .iter()
+            .filter_map(|g| g.layers)
+            .chain(ram.layers)
+            .map(|range| range.blocks)
+            .sum();
+        assert_eq!(blocks as usize, layers.block_bytes.len());
     }
 }
 

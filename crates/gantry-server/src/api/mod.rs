@@ -59,6 +59,7 @@ pub fn router(state: AppState) -> Router {
         .route("/workers/{id}", get(workers::get).delete(workers::delete))
         .route("/workers/{id}/labels", put(workers::set_labels))
         .route("/models", get(models::list).post(models::create))
+        .route("/models/estimate", post(models::estimate))
         .route(
             "/models/{id}",
             get(models::get)

@@ -1,11 +1,12 @@
-//! `/api/v1/models`: everyone signed in reads; admins create, update and delete.
+//! `/api/v1/models`: everyone signed in reads; admins create, update, delete and ask for
+//! estimates (`/api/v1/models/estimate`).
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use gantry_store::Change;
-use gantry_types::{ListResponse, Model, ModelCreate, ModelQuery, ModelUpdate};
+use gantry_types::{ListResponse, Model, ModelCreate, ModelEstimate, ModelQuery, ModelUpdate};
 
 use super::created;
 use crate::auth::Auth;
@@ -39,6 +40,29 @@ pub async fn create(
     let model = service::models::create(&state.store, &request).await?;
     tracing::info!(by = %admin.username, model_id = model.id, model = %model.name, replicas = model.replicas, backend = model.backend.as_str(), "created model");
     Ok(created(model))
+}
+
+/// Estimates a model before it is created: takes the body `POST /api/v1/models` takes,
+/// reads the model's file headers as the scheduler would (local paths and remote sources
+/// alike), and answers with the estimate (context, parts, the claim), where the scheduler
+/// would place its replicas now, and every worker's verdict on one instance: on which GPUs
+/// with which parts, or why not, in the words a pending instance would show. Stores
+/// nothing. A body creation would refuse is refused alike; a model file that cannot be
+/// read is a 422 naming it.
+#[utoipa::path(post, path = "/api/v1/models/estimate", tag = "models", security(("bearer" = [])), request_body = ModelCreate,
+    responses((status = 200, body = ModelEstimate), (status = 400, body = gantry_types::ErrorBody),
+        (status = 403, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn estimate(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiJson(request): ApiJson<ModelCreate>,
+) -> ApiResult<Json<ModelEstimate>> {
+    let admin = principal.require_admin()?;
+    let estimate = service::models::estimate(&state.store, &state.sources, &request).await?;
+    let fitting = estimate.workers.iter().filter(|w| w.fits).count();
+    tracing::info!(by = %admin.username, model = %request.name, backend = request.backend.as_str(),
+        fitting_workers = fitting, workers = estimate.workers.len(), "estimated model");
+    Ok(Json(estimate))
 }
 
 /// Shows a model.

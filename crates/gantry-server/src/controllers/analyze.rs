@@ -46,6 +46,8 @@ use tokio::time::Instant;
 pub struct Analysis {
     /// What one instance needs.
     pub claim: ResourceClaim,
+    /// llama.cpp: the context the estimate assumed, whether given in the arguments or not.
+    pub context_size: Option<u32>,
     /// llama.cpp when the arguments give no `--ctx-size`: the context the estimate assumed
     /// (see [`gantry_backends::llama_cpp::default_context_size`]). The worker must start the
     /// backend with it, since llama.cpp's own default may be larger than what was claimed.
@@ -78,6 +80,22 @@ impl AnalysisInput {
             env: model.env.clone(),
         }
     }
+}
+
+/// Computes the claim of one instance of the model wherever its files are: local files on
+/// a blocking thread ([`analyze`]), remote ones from headers read over HTTP
+/// ([`analyze_remote`]). The one entry point for the scheduler and for estimates asked
+/// through the API, so both read the same files the same way.
+pub async fn analyze_model(
+    sources: &Sources,
+    input: AnalysisInput,
+) -> Result<Analysis, AnalysisError> {
+    if input.source.is_remote() {
+        return analyze_remote(sources, &input).await;
+    }
+    tokio::task::spawn_blocking(move || analyze(&input))
+        .await
+        .unwrap_or_else(|e| Err(AnalysisError(format!("model analysis failed: {e}"))))
 }
 
 /// Computes the claim of one instance of the model. Blocking: reads file headers.
@@ -113,7 +131,7 @@ pub fn analyze(input: &AnalysisInput) -> Result<Analysis, AnalysisError> {
 /// The hint appended to every message about a file the server cannot read.
 const READABLE_HINT: &str = "the server reads model headers to estimate memory, so \
      source.path must be readable on the server as well as on the workers; fix the path or \
-     make the file available there, and the instance is retried automatically";
+     make the file available there (a pending instance is retried automatically)";
 
 fn unreadable(path: &Path, error: impl std::fmt::Display) -> AnalysisError {
     AnalysisError(format!(
@@ -184,6 +202,7 @@ fn estimate_gguf(
     let default_context_size = gantry_backends::llama_cpp::default_context_size(options, &facts);
     Ok(Analysis {
         claim: estimate.claim,
+        context_size: Some(estimate.context_size),
         default_context_size,
         args_data_parallel_size: None,
     })
@@ -201,7 +220,7 @@ pub async fn analyze_remote(
     }
     let remote = |e: SourceError| {
         AnalysisError(format!(
-            "cannot read the model's headers: {e}; the instance is retried automatically"
+            "cannot read the model's headers: {e} (a pending instance is retried automatically)"
         ))
     };
     let resolved = sources
@@ -297,6 +316,7 @@ pub async fn analyze_remote(
                 .map_err(|e| AnalysisError(format!("cannot estimate the memory: {e}")))?;
             Ok(Analysis {
                 claim,
+                context_size: None,
                 default_context_size: None,
                 args_data_parallel_size: options.data_parallel_size,
             })
@@ -371,6 +391,7 @@ fn analyze_model_directory(
     })?;
     Ok(Analysis {
         claim,
+        context_size: None,
         default_context_size: None,
         args_data_parallel_size: options.data_parallel_size,
     })
@@ -434,6 +455,7 @@ pub fn read_safetensors_header(path: &Path) -> Result<SafetensorsHeader, Analysi
 fn custom_claim(env: &BTreeMap<String, String>) -> Result<Analysis, AnalysisError> {
     Ok(Analysis {
         claim: gantry_backends::custom::declared_claim(env).map_err(AnalysisError)?,
+        context_size: None,
         default_context_size: None,
         args_data_parallel_size: None,
     })

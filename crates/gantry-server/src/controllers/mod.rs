@@ -37,14 +37,7 @@ pub fn spawn(state: &AppState) {
     let placer = Arc::new(tokio::sync::Mutex::new(placement::Placer::new(
         config.analysis_retry,
         config.show_analyzing_after,
-        {
-            let sources = gantry_source::Sources::new(state.config.sources.clone());
-            sources.set_staged(Arc::new(crate::staging::ServerStaged {
-                store: state.store.clone(),
-                staging: Arc::clone(&state.staging),
-            }));
-            sources
-        },
+        state.sources.clone(),
     )));
     let coordinator = Arc::clone(&state.cluster.coordinator);
     let reconciler = pass::ControlPass::new(state.clone(), &config, Arc::clone(&placer));

@@ -16,18 +16,19 @@ use std::time::Duration;
 
 use gantry_sched::units::format_gib;
 use gantry_sched::{
-    ClusterSnapshot, GpuShare, ManualGpuSelection, ModelMemory, PlacedClaim, Placement,
-    PlacementKind, PlacementRequest, ResourceClaim, SnapshotState, Strategy, Unschedulable,
+    reservation_parts, ClusterSnapshot, GpuShare, ManualGpuSelection, ModelMemory, PlacedClaim,
+    Placement, PlacementKind, PlacementRequest, ResourceClaim, SnapshotState, Strategy,
+    Unschedulable,
 };
 use gantry_store::{Fence, InstanceFilter, NewPlacement, Store, StoreError, WorkerFilter};
 use gantry_types::{
     BackendKind, DefinedBackend, InstanceState, Model, ModelInstance, PlacementRecord,
-    PlacementStrategy, Reservation,
+    PlacementStrategy, Reservation, ReservationParts,
 };
 use tokio::time::Instant;
 
 use super::analyze::{
-    analyze, analyze_remote, Analysis, AnalysisCache, AnalysisError, AnalysisInput, Cached,
+    analyze_model, Analysis, AnalysisCache, AnalysisError, AnalysisInput, Cached,
 };
 use super::instance::with_reschedule_note;
 use super::pass::EVERYTHING;
@@ -208,13 +209,8 @@ impl Placer {
             Cached::Miss { retry } => retry,
         };
         let input = AnalysisInput::of(model);
-        // Local files are read on a blocking thread, remote headers over HTTP.
-        let mut task = if input.source.is_remote() {
-            let sources = self.sources.clone();
-            tokio::spawn(async move { analyze_remote(&sources, &input).await })
-        } else {
-            tokio::task::spawn_blocking(move || analyze(&input))
-        };
+        let sources = self.sources.clone();
+        let mut task = tokio::spawn(async move { analyze_model(&sources, input).await });
         let joined = match tokio::time::timeout(self.show_analyzing_after, &mut task).await {
             Ok(joined) => joined,
             Err(_) => {
@@ -277,6 +273,7 @@ impl Placer {
             reservation: Some(Reservation {
                 claim: analysis.claim.clone(),
                 placement: placement.clone(),
+                parts: placement_parts(&analysis.claim, placement),
             }),
             defined_backend,
         };
@@ -375,7 +372,7 @@ pub fn placement_request(instance_id: i64, model: &Model, analysis: &Analysis) -
 /// The definition a model's defined backend (if it names one) has now, at the model's
 /// pinned version or the backend's default; `Err` with the reason its instances wait when
 /// the backend or the version is not defined.
-async fn defined_backend(
+pub(crate) async fn defined_backend(
     store: &Store,
     model: &Model,
 ) -> Result<Result<Option<DefinedBackend>, String>, StoreError> {
@@ -414,7 +411,7 @@ async fn defined_backend(
 /// What the scheduler should prefer a worker to have installed for `model`: the pinned
 /// version (any version without a pin) of a built-in backend, a defined backend's version
 /// when it installs something.
-fn preferred_install(model: &Model, defined: Option<&DefinedBackend>) -> Option<String> {
+pub(crate) fn preferred_install(model: &Model, defined: Option<&DefinedBackend>) -> Option<String> {
     match (defined, model.backend.kind()) {
         (Some(defined), _) if !defined.requirements.is_empty() => {
             Some(format!("{}@{}", defined.name, defined.version))
@@ -428,11 +425,28 @@ fn preferred_install(model: &Model, defined: Option<&DefinedBackend>) -> Option<
 }
 
 /// The reason an instance is not placed, for its `state_message`.
-fn unschedulable_message(unschedulable: &Unschedulable) -> String {
+pub(crate) fn unschedulable_message(unschedulable: &Unschedulable) -> String {
     if unschedulable.may_succeed_later() {
         unschedulable.to_string()
     } else {
         format!("{unschedulable}; change the model for it to be placed")
+    }
+}
+
+/// What the bytes of `placement` are for; `None` (logged) for a claim that does not record
+/// its parts or a placement that does not follow from it, which never happens to a claim
+/// estimated now and placed by the scheduler.
+pub(crate) fn placement_parts(
+    claim: &ResourceClaim,
+    placement: &Placement,
+) -> Option<ReservationParts> {
+    match reservation_parts(claim, placement) {
+        Ok(parts) => Some(parts),
+        Err(e) => {
+            tracing::warn!(instance_id = placement.instance_id, worker = %placement.worker_name,
+                error = %e, "cannot split the reservation into parts");
+            None
+        }
     }
 }
 

@@ -165,6 +165,7 @@ mod tests {
                 data_parallel_size: 1,
                 llama: None,
             },
+            parts: None,
         });
         let replica = u32::try_from(id).expect("small");
         ModelInstance {

@@ -175,6 +175,7 @@ mod tests {
                     }),
                 },
                 placement,
+                parts: None,
             }),
         };
         PlacedInstanceClaim {

@@ -5,9 +5,22 @@
 //! controller moves instances whose launch settings no longer match the model onto the new
 //! ones, one at a time, and the scheduler places what is pending.
 
-use gantry_store::{Store, StoreError};
-use gantry_types::{Model, ModelCreate, ModelSource, ModelUpdate, UploadState};
+use std::collections::HashMap;
 
+use gantry_sched::{claim_parts, place_on_each_worker, Placement, SnapshotState, Unschedulable};
+use gantry_source::Sources;
+use gantry_store::{Store, StoreError, WorkerFilter};
+use gantry_types::{
+    Model, ModelCreate, ModelEstimate, ModelSource, ModelUpdate, PlacementVerdict, Timestamp,
+    UploadState, WorkerVerdict,
+};
+
+use crate::controllers::analyze::{analyze_model, AnalysisInput};
+use crate::controllers::pass::EVERYTHING;
+use crate::controllers::placement::{
+    defined_backend, placement_parts, placement_request, preferred_install, unschedulable_message,
+};
+use crate::controllers::snapshot::build_snapshot;
 use crate::error::{ApiError, ApiResult};
 
 /// Declares a model; its instances appear with the next controller pass.
@@ -16,6 +29,103 @@ pub async fn create(store: &Store, create: &ModelCreate) -> ApiResult<Model> {
     super::backends::check_model_backend(store, &create.backend, create.backend_version.as_deref())
         .await?;
     Ok(store.create_model(create).await?)
+}
+
+/// What a model not created yet would need and where it would go now: the same checks as
+/// [`create`] (so a body creation would refuse is refused alike), the same analysis as the
+/// scheduler's (local files or remote headers), then the scheduler's placement of its
+/// replicas and of one instance on each worker, against the cluster as it is. Stores
+/// nothing.
+pub async fn estimate(
+    store: &Store,
+    sources: &Sources,
+    create: &ModelCreate,
+) -> ApiResult<ModelEstimate> {
+    check_source(store, &create.source).await?;
+    super::backends::check_model_backend(store, &create.backend, create.backend_version.as_deref())
+        .await?;
+    let model = create.to_model(0, Timestamp::now());
+    let analysis = analyze_model(sources, AnalysisInput::of(&model))
+        .await
+        .map_err(|e| ApiError::validation(format!("cannot estimate the model: {e}")))?;
+    let defined = defined_backend(store, &model)
+        .await?
+        .map_err(ApiError::validation)?;
+    // A claim estimated now always records its parts; `claim_parts` fails only for claims
+    // stored before they did.
+    let parts = claim_parts(&analysis.claim)
+        .map_err(|e| ApiError::internal(format!("split the estimate into parts: {e}")))?;
+
+    let (workers, _) = store
+        .list_workers(&WorkerFilter::default(), EVERYTHING)
+        .await?;
+    let placed = store.placed_instance_claims().await?;
+    let snapshot = build_snapshot(&workers, &placed);
+    // Instance id 0: nothing is created, and the placements say so.
+    let mut request = placement_request(0, &model, &analysis);
+    request.prefer_installed = preferred_install(&model, defined.as_ref());
+
+    let mut ledger = SnapshotState::new(&snapshot);
+    let replicas = (0..model.replicas)
+        .map(|_| verdict(&analysis.claim, ledger.place(&request)))
+        .collect();
+    let mut fits: HashMap<i64, Result<Placement, Unschedulable>> =
+        place_on_each_worker(&snapshot, &request)
+            .into_iter()
+            .map(|fit| (fit.worker_id, fit.result))
+            .collect();
+    let workers = workers
+        .iter()
+        .map(|worker| {
+            let result = fits
+                .remove(&worker.id)
+                .expect("every worker of the snapshot has a verdict");
+            let PlacementVerdict {
+                fits,
+                placement,
+                parts,
+                reason,
+            } = verdict(&analysis.claim, result);
+            WorkerVerdict {
+                worker_id: worker.id,
+                worker_name: worker.name.clone(),
+                worker_state: worker.state,
+                simulated_gpus: worker.status.gpus.iter().any(|gpu| gpu.simulated),
+                fits,
+                placement,
+                parts,
+                reason,
+            }
+        })
+        .collect();
+    Ok(ModelEstimate {
+        backend: model.backend.clone(),
+        context_size: analysis.context_size,
+        parts,
+        claim: analysis.claim.clone(),
+        replicas,
+        workers,
+    })
+}
+
+fn verdict(
+    claim: &gantry_types::ResourceClaim,
+    result: Result<Placement, Unschedulable>,
+) -> PlacementVerdict {
+    match result {
+        Ok(placement) => PlacementVerdict {
+            fits: true,
+            parts: placement_parts(claim, &placement),
+            placement: Some(placement),
+            reason: None,
+        },
+        Err(unschedulable) => PlacementVerdict {
+            fits: false,
+            placement: None,
+            parts: None,
+            reason: Some(unschedulable_message(&unschedulable)),
+        },
+    }
 }
 
 /// Refuses (422) a source that names an upload that does not exist or is not complete.
