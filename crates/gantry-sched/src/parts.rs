@@ -262,7 +262,7 @@ fn layered(
     let host_output = if output_on_gpu {
         0
     } else {
-        layers.output_bytes
+        layers.host_output_bytes()
     };
     let Some(process) = claim
         .base_ram_bytes
@@ -426,6 +426,7 @@ mod tests {
                 host_embedding_bytes: 501 * MIB,
                 host_logits_bytes: LOGITS,
                 host_repack_bytes: 0,
+                tied_output_bytes: 0,
                 fixed_gpu_layers: None,
             }),
         }

@@ -195,7 +195,7 @@ fn layer_shapes(
     let full_offload = host_blocks == 0 && output_on_gpu;
     let mut ram_bytes = claim.base_ram_bytes.saturating_add(host_block_bytes);
     if !output_on_gpu {
-        ram_bytes = ram_bytes.saturating_add(layers.output_bytes);
+        ram_bytes = ram_bytes.saturating_add(layers.host_output_bytes());
     }
     if !full_offload {
         ram_bytes = ram_bytes
@@ -293,7 +293,7 @@ impl PartialOffload {
                 .claim
                 .base_ram_bytes
                 .saturating_add(layers.total_block_bytes())
-                .saturating_add(layers.output_bytes)
+                .saturating_add(layers.host_output_bytes())
                 .saturating_add(layers.host_compute_bytes)
                 .saturating_add(layers.host_repack_bytes),
         })
@@ -344,6 +344,7 @@ mod tests {
                 host_embedding_bytes: 300,
                 host_logits_bytes: 20,
                 host_repack_bytes: 0,
+                tied_output_bytes: 0,
                 fixed_gpu_layers: fixed,
             }),
         };
@@ -397,6 +398,27 @@ mod tests {
         assert_eq!(shapes.len(), 1);
         assert_eq!(shapes[0].gpu_count, 0);
         assert_eq!(shapes[0].ram_bytes, 1000 + 50 + 7 + 50);
+    }
+
+    #[test]
+    fn a_tied_output_and_repacked_copies_count_only_where_llama_cpp_makes_them() {
+        // The output (7) is a tied copy of the embedding on the GPU; repacked copies (30)
+        // exist only when something runs on the CPU.
+        let tied = |fixed| {
+            let mut request = layered(vec![10; 5], 7, fixed);
+            if let ModelMemory::Layers(layers) = &mut request.claim.memory {
+                layers.tied_output_bytes = 7;
+                layers.host_repack_bytes = 30;
+            }
+            request
+        };
+        // Full offload: the copy is on the GPU (100 + 50 + 7), RAM is the base alone.
+        let shapes = full_fit_shapes(&tied(None), 1).expect("valid");
+        assert_eq!(bytes_of(&shapes[0]), (157, vec![157]));
+        assert_eq!(shapes[0].ram_bytes, 1000);
+        // CPU only: blocks, host compute and the repacked copies, no second embedding.
+        let shapes = full_fit_shapes(&tied(Some(0)), 1).expect("valid");
+        assert_eq!(shapes[0].ram_bytes, 1000 + 50 + 50 + 30);
     }
 
     #[test]

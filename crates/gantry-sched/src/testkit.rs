@@ -128,6 +128,7 @@ pub(crate) fn layered_request(
             host_embedding_bytes: base_ram / 2,
             host_logits_bytes: base_ram / 8,
             host_repack_bytes: 0,
+            tied_output_bytes: 0,
             fixed_gpu_layers: None,
         }),
     };

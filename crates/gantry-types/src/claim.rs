@@ -80,6 +80,13 @@ pub struct LayerBreakdown {
     /// in RAM on anything but full offload. Zero in claims recorded before it was counted.
     #[serde(default)]
     pub host_repack_bytes: u64,
+    /// The part of [`Self::output_bytes`] that is a copy of the token embedding, which
+    /// llama.cpp makes for a model that ties its output to the embedding only when the
+    /// output layer is on a GPU: on the host the two are one tensor, already counted in
+    /// [`ResourceClaim::base_ram_bytes`]. Zero for an untied model and in claims recorded
+    /// before it was kept apart.
+    #[serde(default)]
+    pub tied_output_bytes: u64,
     /// `--n-gpu-layers` from the user's arguments, when given; `None` lets the scheduler choose
     /// (full offload when it fits, else partial offload where allowed).
     pub fixed_gpu_layers: Option<u32>,
@@ -89,6 +96,12 @@ impl LayerBreakdown {
     /// Number of transformer blocks.
     pub fn block_count(&self) -> u32 {
         u32::try_from(self.block_bytes.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes of the output layer when it stays on the host: without the tied copy of the
+    /// embedding (see [`Self::tied_output_bytes`]).
+    pub fn host_output_bytes(&self) -> u64 {
+        self.output_bytes.saturating_sub(self.tied_output_bytes)
     }
 
     /// Sum of all block bytes.

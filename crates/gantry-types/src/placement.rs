@@ -211,6 +211,7 @@ mod tests {
                         host_embedding_bytes: 1,
                         host_logits_bytes: 0,
                         host_repack_bytes: 0,
+                        tied_output_bytes: 0,
                         fixed_gpu_layers: None,
                     }),
                 },

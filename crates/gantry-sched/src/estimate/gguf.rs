@@ -404,6 +404,7 @@ pub fn estimate_llama_cpp(
             host_embedding_bytes: facts.input_weight_bytes,
             host_logits_bytes: output_buffer,
             host_repack_bytes: facts.host_repack_bytes,
+            tied_output_bytes: facts.tied_output_bytes,
             fixed_gpu_layers: options.gpu_layers,
         }),
     };

@@ -297,6 +297,7 @@ fn claim_of(model: &Model) -> (ResourceClaim, &'static str, Option<u32>) {
                     host_embedding_bytes: base_ram_gib * GIB / 2,
                     host_logits_bytes: base_ram_gib * GIB / 16,
                     host_repack_bytes: 0,
+                    tied_output_bytes: 0,
                     fixed_gpu_layers,
                 }),
             },
