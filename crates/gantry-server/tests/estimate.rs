@@ -10,7 +10,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_raw_error, expect_error, model, simulated_worker, user, TestServer, GIB};
+use common::{
+    assert_raw_error, expect_error, huge_safetensors_dir, model, simulated_worker, user,
+    TestServer, GIB,
+};
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::{
     BackendKind, ErrorCode, InstanceState, ModelCreate, ModelEstimate, ModelMemory, ModelQuery,
@@ -37,23 +40,6 @@ fn tiny(path: &Path, replicas: u32, cpu_offload: bool) -> ModelCreate {
     let mut create = model("tiny", &path.display().to_string(), replicas);
     create.cpu_offload = cpu_offload;
     create
-}
-
-/// A vLLM model directory whose one safetensors header claims 500 GB of BF16 weights.
-fn huge_safetensors_dir(server: &TestServer) -> PathBuf {
-    let dir = server.data_dir.path().join("huge-model");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        r#"{"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
-            "num_key_value_heads": 8, "max_position_embeddings": 8192}"#,
-    )
-    .unwrap();
-    let header = r#"{"w": {"dtype": "BF16", "shape": [250000, 1000000], "data_offsets": [0, 500000000000]}}"#;
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
-    dir
 }
 
 /// Every GPU's parts and RAM's parts add up to exactly the bytes `placement` reserves.

@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{labels, model, simulated_worker, Options, TestServer};
+use common::{huge_safetensors_dir, labels, model, simulated_worker, Options, TestServer};
 use gantry_client::Client;
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::{
@@ -52,24 +52,6 @@ fn tiny_gguf(server: &TestServer) -> PathBuf {
     let path = server.data_dir.path().join("tiny.gguf");
     gantry_gguf::write_tiny_llama(&path).unwrap();
     path
-}
-
-/// A model directory whose one safetensors header claims 500 GB of BF16 weights; only the
-/// header is written.
-fn huge_safetensors_dir(server: &TestServer) -> PathBuf {
-    let dir = server.data_dir.path().join("huge-model");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        r#"{"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
-            "num_key_value_heads": 8, "max_position_embeddings": 8192}"#,
-    )
-    .unwrap();
-    let header = r#"{"w": {"dtype": "BF16", "shape": [250000, 1000000], "data_offsets": [0, 500000000000]}}"#;
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
-    dir
 }
 
 async fn create_model(server: &TestServer, body: &ModelCreate) -> i64 {

@@ -421,3 +421,21 @@ pub fn api_key(name: &str) -> gantry_types::ApiKeyCreate {
         expires_in_days: None,
     }
 }
+
+/// A model directory whose one safetensors header claims 500 GB of BF16 weights; only the
+/// header is written.
+pub fn huge_safetensors_dir(server: &TestServer) -> std::path::PathBuf {
+    let dir = server.data_dir.path().join("huge-model");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "max_position_embeddings": 8192}"#,
+    )
+    .unwrap();
+    let header = r#"{"w": {"dtype": "BF16", "shape": [250000, 1000000], "data_offsets": [0, 500000000000]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    dir
+}
