@@ -5,8 +5,11 @@
 //!
 //! * at once when leadership is gained (a new term starts from the store alone:
 //!   [`Reconcile::new_term`] drops what the last term remembered);
-//! * after a store change that can make a difference ([`super::triggers`]), gathering
-//!   further changes for [`LoopConfig::debounce`];
+//! * after a store change that can make a difference ([`super::triggers`]): at once while
+//!   the pass budget lasts ([`LoopConfig::burst`] passes, refilled at that many per
+//!   [`LoopConfig::debounce`]), so a model created on a quiet cluster is scheduled in
+//!   milliseconds; past the budget a burst of changes is gathered until the next pass is
+//!   due, so a flood of changes costs at most `burst` passes per `debounce`;
 //! * when the last pass asked for it ([`Action::RequeueAt`]: a backoff or a retry falls
 //!   due), and at least every [`LoopConfig::period`];
 //! * [`LoopConfig::error_retry`] after a pass that failed on the store.
@@ -68,10 +71,58 @@ pub trait Reconcile: Send {
 pub struct LoopConfig {
     /// A pass runs at least this often, changes or not.
     pub period: Duration,
-    /// How long to gather further changes after the first one before a pass.
+    /// The window of the pass budget: changes trigger at most [`Self::burst`] passes per
+    /// `debounce`; past that they are gathered.
     pub debounce: Duration,
+    /// Passes a change may trigger at once, back to back, before changes are gathered.
+    pub burst: u32,
     /// Back-off after a pass failed on the store.
     pub error_retry: Duration,
+}
+
+/// A token bucket of change-triggered passes: `burst` tokens, refilled at `burst` per
+/// window. A pass taken while the bucket is empty runs when its token would have come, and
+/// whatever changed meanwhile is gathered into it.
+#[derive(Debug)]
+struct PassBudget {
+    capacity: f64,
+    per_second: f64,
+    /// Tokens left; below zero while passes are booked ahead.
+    tokens: f64,
+    updated: Instant,
+}
+
+impl PassBudget {
+    fn new(config: &LoopConfig, now: Instant) -> Self {
+        let capacity = f64::from(config.burst.max(1));
+        let window = config.debounce.as_secs_f64();
+        PassBudget {
+            capacity,
+            per_second: if window > 0.0 {
+                capacity / window
+            } else {
+                f64::INFINITY
+            },
+            tokens: capacity,
+            updated: now,
+        }
+    }
+
+    /// Books a pass for a change seen at `now`: how long to wait before it runs (zero: at
+    /// once).
+    fn take(&mut self, now: Instant) -> Duration {
+        if self.per_second.is_infinite() {
+            return Duration::ZERO;
+        }
+        let refill = now.saturating_duration_since(self.updated).as_secs_f64() * self.per_second;
+        self.tokens = (self.tokens + refill).min(self.capacity) - 1.0;
+        self.updated = now;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.per_second)
+        }
+    }
 }
 
 /// Runs passes of `reconciler` as described in the module documentation until `shutdown`.
@@ -85,6 +136,7 @@ pub async fn run<R: Reconcile>(
     let mut leadership = coordinator.watch();
     let mut filter = TriggerFilter::default();
     let mut was_leader = false;
+    let mut budget = PassBudget::new(&config, Instant::now());
     loop {
         if !coordinator.is_leader() {
             if was_leader {
@@ -130,9 +182,12 @@ pub async fn run<R: Reconcile>(
             () = tokio::time::sleep_until(wake) => {}
             _ = leadership.changed() => {}
             () = filter.next_trigger(&mut changes) => {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(config.debounce) => {}
+                let wait = budget.take(Instant::now());
+                if !wait.is_zero() {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(wait) => {}
+                    }
                 }
                 filter.drain(&mut changes);
             }
@@ -193,6 +248,7 @@ mod tests {
     const CONFIG: LoopConfig = LoopConfig {
         period: Duration::from_secs(10),
         debounce: Duration::from_millis(100),
+        burst: 4,
         error_retry: Duration::from_secs(1),
     };
 
@@ -261,7 +317,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_change_that_matters_runs_a_pass_after_the_debounce() {
+    async fn a_change_runs_a_pass_at_once_and_a_flood_is_gathered_past_the_budget() {
         let h = start(true);
         settle().await;
         assert_eq!(h.recorder.runs(), 1);
@@ -271,17 +327,35 @@ mod tests {
             .unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(h.recorder.runs(), 1);
-        // A pending instance does, once the debounce has gathered what follows it.
-        h.changes
-            .send(instance_change(InstanceState::Pending))
-            .unwrap();
-        h.changes
-            .send(instance_change(InstanceState::Pending))
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(99)).await;
-        assert_eq!(h.recorder.runs(), 1);
+        // A pending instance does, at once: 4 changes one after the other, 4 passes.
+        for pass in 2..=5 {
+            h.changes
+                .send(instance_change(InstanceState::Pending))
+                .unwrap();
+            settle().await;
+            assert_eq!(h.recorder.runs(), pass, "no waiting while the budget lasts");
+        }
+        // The budget (4 per 100 ms) is spent: the next change waits for a token (25 ms)
+        // and the changes that come meanwhile ride along.
+        for _ in 0..3 {
+            h.changes
+                .send(instance_change(InstanceState::Pending))
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(24)).await;
+        assert_eq!(h.recorder.runs(), 5);
         tokio::time::sleep(Duration::from_millis(2)).await;
-        assert_eq!(h.recorder.runs(), 2, "two changes, one pass");
+        settle().await;
+        assert_eq!(h.recorder.runs(), 6, "three changes, one pass");
+        // After a quiet spell the whole budget is back.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for pass in 7..=10 {
+            h.changes
+                .send(instance_change(InstanceState::Pending))
+                .unwrap();
+            settle().await;
+            assert_eq!(h.recorder.runs(), pass);
+        }
         h.shutdown.cancel();
         h.task.await.unwrap();
     }
