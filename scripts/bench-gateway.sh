@@ -16,20 +16,23 @@
 #      the API, creates a model and reports its one instance running at the responder's
 #      address, so the gateway routes to it;
 #   6. at concurrency 64 and 8, non-streaming and streaming, runs wrk against the
-#      responder directly, through nginx and through the gateway, and prints requests/s,
-#      the ratio to direct, and the p50/p99 latency each proxy adds.
+#      responder directly, through nginx and through the gateway (taking turns, 3 times
+#      each), and prints the medians of requests/s, the ratio to direct, the p50/p99
+#      latency each proxy adds and the CPU time each target spends per request.
 #
 # Everything runs on this machine, so the proxies share the CPUs with wrk and the
 # responder; compare the proxies with each other, not with other machines.
 #
 # Environment: BENCH_DURATION (seconds per run, default 10), BENCH_CONCURRENCY (default
-# "64 8"), BENCH_THREADS (wrk threads, default 2), CARGO_TARGET_DIR (as for cargo).
+# "64 8"), BENCH_THREADS (wrk threads, default 2), BENCH_REPEAT (runs per target, taking
+# turns; the medians are printed; default 3), CARGO_TARGET_DIR (as for cargo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION="${BENCH_DURATION:-10}"
 CONCURRENCY="${BENCH_CONCURRENCY:-64 8}"
 WRK_THREADS="${BENCH_THREADS:-2}"
+REPEAT="${BENCH_REPEAT:-3}"
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 
 log() { echo "bench-gateway: $*" >&2; }
@@ -208,7 +211,7 @@ run() { # run MODE CONCURRENCY URL PID... -> "rps p50 p99 cpu-us-per-request err
 
 NGINX_WORKERS=($(pgrep -P "${PIDS[1]}")) || die "no nginx worker processes"
 GANTRY_PID="${PIDS[2]}"
-log "measuring: ${DURATION}s per run, wrk with $WRK_THREADS threads, $(nproc) CPUs"
+log "measuring: ${DURATION}s per run, $REPEAT repetitions (medians shown), wrk with $WRK_THREADS threads, $(nproc) CPUs"
 log "cpu us/req: user+system CPU time of the target (responder, nginx workers, gantry) per request"
 printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' errors
 for conc in $CONCURRENCY; do
@@ -217,21 +220,30 @@ for conc in $CONCURRENCY; do
     for url in "http://127.0.0.1:$RESPONDER_PORT" "http://127.0.0.1:$NGINX_PORT" "$BASE"; do
       wrk -t1 -c"$conc" -d1s -s "$WORK/$mode.lua" "$url/v1/chat/completions" >/dev/null
     done
-    read -r d_rps d_p50 d_p99 d_cpu d_err <<<"$(run "$mode" "$conc" "http://127.0.0.1:$RESPONDER_PORT" "${PIDS[0]}")"
-    printf '%-7s %5s %-8s %11.0f %7s %9.3f %9.3f %9s %9s %11s %s\n' "$mode" "$conc" direct "$d_rps" 1.00 "$d_p50" "$d_p99" - - "$d_cpu" "$d_err"
-    for target in nginx gateway; do
-      if [[ $target == nginx ]]; then
-        read -r rps p50 p99 cpu err <<<"$(run "$mode" "$conc" "http://127.0.0.1:$NGINX_PORT" "${NGINX_WORKERS[@]}")"
-      else
-        read -r rps p50 p99 cpu err <<<"$(run "$mode" "$conc" "$BASE" "$GANTRY_PID")"
-      fi
-      python3 - "$mode" "$conc" "$target" "$rps" "$d_rps" "$p50" "$p99" "$d_p50" "$d_p99" "$cpu" "$err" <<'EOF'
-import sys
-mode, conc, target, rps, d_rps, p50, p99, d_p50, d_p99, cpu, err = sys.argv[1:]
-rps, d_rps, p50, p99, d_p50, d_p99 = map(float, (rps, d_rps, p50, p99, d_p50, d_p99))
-print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11} {err}")
-EOF
+    # The three targets take turns, REPEAT times, so a slow spell of the machine hits
+    # them alike; each line below is the median of its target's runs.
+    : >"$WORK/runs"
+    for _ in $(seq "$REPEAT"); do
+      echo "direct $(run "$mode" "$conc" "http://127.0.0.1:$RESPONDER_PORT" "${PIDS[0]}")" >>"$WORK/runs"
+      echo "nginx $(run "$mode" "$conc" "http://127.0.0.1:$NGINX_PORT" "${NGINX_WORKERS[@]}")" >>"$WORK/runs"
+      echo "gateway $(run "$mode" "$conc" "$BASE" "$GANTRY_PID")" >>"$WORK/runs"
     done
+    python3 - "$mode" "$conc" "$WORK/runs" <<'EOF'
+import statistics, sys
+mode, conc, path = sys.argv[1:]
+runs = {}
+for line in open(path):
+    target, rps, p50, p99, cpu, err = line.split()
+    runs.setdefault(target, []).append((float(rps), float(p50), float(p99), float(cpu), err))
+med = {t: [statistics.median(r[i] for r in rs) for i in range(4)] + [",".join(sorted({r[4] for r in rs}))]
+       for t, rs in runs.items()}
+d_rps, d_p50, d_p99, d_cpu, d_err = med["direct"]
+print(f"{mode:<7} {conc:>5} {'direct':<8} {d_rps:>11.0f} {1:>7.2f} {d_p50:>9.3f} {d_p99:>9.3f} {'-':>9} {'-':>9} {d_cpu:>11.1f} {d_err}")
+for target in ("nginx", "gateway"):
+    rps, p50, p99, cpu, err = med[target]
+    print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11.1f} {err}")
+print(f"{mode:<7} {conc:>5} gateway/nginx: throughput {med['gateway'][0] / med['nginx'][0]:.2f}, cpu per request {med['gateway'][3] / max(med['nginx'][3], 0.1):.2f}")
+EOF
   done
 done
 log "gateway counters after the run:"
