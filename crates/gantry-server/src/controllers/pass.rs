@@ -38,11 +38,8 @@ pub const EVERYTHING: Page = Page {
 pub struct ControllerConfig {
     /// A pass runs at least this often, changes or not.
     pub period: Duration,
-    /// The window of the pass budget: changes trigger at most `burst` passes per
-    /// `debounce`, at once; past that they are gathered.
+    /// The longest a change waits for its pass while the loop rests after a long one.
     pub debounce: Duration,
-    /// Passes changes may trigger at once per `debounce`.
-    pub burst: u32,
     /// The wait before the first reschedule of a lost instance; doubled per reschedule.
     pub reschedule_base: Duration,
     /// The longest wait before a reschedule.
@@ -57,15 +54,14 @@ pub struct ControllerConfig {
 }
 
 impl ControllerConfig {
-    /// The timing for a server: a 10 s period, up to 4 change-triggered passes at once per
-    /// 100 ms, and a reschedule delay of
+    /// The timing for a server: a 10 s period, a change waiting at most 100 ms for its pass,
+    /// and a reschedule delay of
     /// a third of `server_timeout` (a lost worker has already been silent that long), at
     /// most 10 s, doubling up to 5 minutes.
     pub fn from_server_config(config: &ServerConfig) -> Self {
         ControllerConfig {
             period: Duration::from_secs(10),
             debounce: Duration::from_millis(100),
-            burst: 4,
             reschedule_base: (config.server_timeout / 3)
                 .clamp(Duration::from_millis(100), Duration::from_secs(10)),
             reschedule_cap: Duration::from_secs(300),
@@ -82,7 +78,6 @@ impl ControllerConfig {
         LoopConfig {
             period: self.period,
             debounce: self.debounce,
-            burst: self.burst,
             error_retry: self.error_retry,
         }
     }

@@ -5,11 +5,12 @@
 //!
 //! * at once when leadership is gained (a new term starts from the store alone:
 //!   [`Reconcile::new_term`] drops what the last term remembered);
-//! * after a store change that can make a difference ([`super::triggers`]): at once while
-//!   the pass budget lasts ([`LoopConfig::burst`] passes, refilled at that many per
-//!   [`LoopConfig::debounce`]), so a model created on a quiet cluster is scheduled in
-//!   milliseconds; past the budget a burst of changes is gathered until the next pass is
-//!   due, so a flood of changes costs at most `burst` passes per `debounce`;
+//! * after a store change that can make a difference ([`super::triggers`]): at once when
+//!   the loop has been idle at least as long as its last pass took, else once it has (at
+//!   most [`LoopConfig::debounce`] later), gathering whatever else changes meanwhile. A
+//!   model created on a quiet cluster is scheduled in milliseconds, and a flood of changes
+//!   keeps the loop busy at most about half the time, each pass taking in everything that
+//!   came during the one before;
 //! * when the last pass asked for it ([`Action::RequeueAt`]: a backoff or a retry falls
 //!   due), and at least every [`LoopConfig::period`];
 //! * [`LoopConfig::error_retry`] after a pass that failed on the store.
@@ -71,57 +72,26 @@ pub trait Reconcile: Send {
 pub struct LoopConfig {
     /// A pass runs at least this often, changes or not.
     pub period: Duration,
-    /// The window of the pass budget: changes trigger at most [`Self::burst`] passes per
-    /// `debounce`; past that they are gathered.
+    /// The longest a change waits for its pass (while the loop rests after a long pass).
     pub debounce: Duration,
-    /// Passes a change may trigger at once, back to back, before changes are gathered.
-    pub burst: u32,
     /// Back-off after a pass failed on the store.
     pub error_retry: Duration,
 }
 
-/// A token bucket of change-triggered passes: `burst` tokens, refilled at `burst` per
-/// window. A pass taken while the bucket is empty runs when its token would have come, and
-/// whatever changed meanwhile is gathered into it.
-#[derive(Debug)]
-struct PassBudget {
-    capacity: f64,
-    per_second: f64,
-    /// Tokens left; below zero while passes are booked ahead.
-    tokens: f64,
-    updated: Instant,
+/// When the last pass ended and how long it took.
+#[derive(Debug, Clone, Copy)]
+struct LastPass {
+    ended: Instant,
+    took: Duration,
 }
 
-impl PassBudget {
-    fn new(config: &LoopConfig, now: Instant) -> Self {
-        let capacity = f64::from(config.burst.max(1));
-        let window = config.debounce.as_secs_f64();
-        PassBudget {
-            capacity,
-            per_second: if window > 0.0 {
-                capacity / window
-            } else {
-                f64::INFINITY
-            },
-            tokens: capacity,
-            updated: now,
-        }
-    }
-
-    /// Books a pass for a change seen at `now`: how long to wait before it runs (zero: at
-    /// once).
-    fn take(&mut self, now: Instant) -> Duration {
-        if self.per_second.is_infinite() {
-            return Duration::ZERO;
-        }
-        let refill = now.saturating_duration_since(self.updated).as_secs_f64() * self.per_second;
-        self.tokens = (self.tokens + refill).min(self.capacity) - 1.0;
-        self.updated = now;
-        if self.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-self.tokens / self.per_second)
-        }
+impl LastPass {
+    /// How long a change seen at `now` waits for its pass: until the loop has rested as
+    /// long as the last pass took, at most `cap`.
+    fn rest(&self, now: Instant, cap: Duration) -> Duration {
+        self.took
+            .saturating_sub(now.saturating_duration_since(self.ended))
+            .min(cap)
     }
 }
 
@@ -136,7 +106,6 @@ pub async fn run<R: Reconcile>(
     let mut leadership = coordinator.watch();
     let mut filter = TriggerFilter::default();
     let mut was_leader = false;
-    let mut budget = PassBudget::new(&config, Instant::now());
     loop {
         if !coordinator.is_leader() {
             if was_leader {
@@ -169,6 +138,11 @@ pub async fn run<R: Reconcile>(
             () = shutdown.cancelled() => return,
             outcome = reconciler.pass() => outcome,
         };
+        let ended = Instant::now();
+        let last_pass = LastPass {
+            ended,
+            took: ended.saturating_duration_since(now),
+        };
         match outcome {
             Ok(Action::RequeueAt(due)) => wake = wake.min(due),
             Ok(Action::AwaitChange) => {}
@@ -182,7 +156,7 @@ pub async fn run<R: Reconcile>(
             () = tokio::time::sleep_until(wake) => {}
             _ = leadership.changed() => {}
             () = filter.next_trigger(&mut changes) => {
-                let wait = budget.take(Instant::now());
+                let wait = last_pass.rest(Instant::now(), config.debounce);
                 if !wait.is_zero() {
                     tokio::select! {
                         () = shutdown.cancelled() => return,
@@ -218,6 +192,8 @@ mod tests {
         runs: Arc<Mutex<Vec<Instant>>>,
         terms: Arc<Mutex<u32>>,
         next: Arc<Mutex<Vec<Outcome>>>,
+        /// How long each pass takes (in the paused clock).
+        pass_time: Arc<Mutex<Duration>>,
     }
 
     impl Recorder {
@@ -237,6 +213,10 @@ mod tests {
 
         async fn pass(&mut self) -> Result<Action, StoreError> {
             self.runs.lock().unwrap().push(Instant::now());
+            let took = *self.pass_time.lock().unwrap();
+            if !took.is_zero() {
+                tokio::time::sleep(took).await;
+            }
             match self.next.lock().unwrap().pop() {
                 None => Ok(Action::AwaitChange),
                 Some(Outcome::RequeueAfter(delay)) => Ok(Action::requeue_after(delay)),
@@ -248,7 +228,6 @@ mod tests {
     const CONFIG: LoopConfig = LoopConfig {
         period: Duration::from_secs(10),
         debounce: Duration::from_millis(100),
-        burst: 4,
         error_retry: Duration::from_secs(1),
     };
 
@@ -317,7 +296,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_change_runs_a_pass_at_once_and_a_flood_is_gathered_past_the_budget() {
+    async fn a_change_runs_a_pass_at_once_and_changes_during_a_long_pass_are_gathered() {
         let h = start(true);
         settle().await;
         assert_eq!(h.recorder.runs(), 1);
@@ -327,35 +306,37 @@ mod tests {
             .unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(h.recorder.runs(), 1);
-        // A pending instance does, at once: 4 changes one after the other, 4 passes.
+        // A pending instance does, at once; passes that take no time never wait.
         for pass in 2..=5 {
             h.changes
                 .send(instance_change(InstanceState::Pending))
                 .unwrap();
             settle().await;
-            assert_eq!(h.recorder.runs(), pass, "no waiting while the budget lasts");
+            assert_eq!(h.recorder.runs(), pass, "no waiting after quick passes");
         }
-        // The budget (4 per 100 ms) is spent: the next change waits for a token (25 ms)
-        // and the changes that come meanwhile ride along.
+        // A pass that takes 30 ms: the loop rests 30 ms after it, and the changes that
+        // come meanwhile make one pass.
+        *h.recorder.pass_time.lock().unwrap() = Duration::from_millis(30);
+        h.changes
+            .send(instance_change(InstanceState::Pending))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(31)).await;
+        assert_eq!(h.recorder.runs(), 6);
+        *h.recorder.pass_time.lock().unwrap() = Duration::ZERO;
         for _ in 0..3 {
             h.changes
                 .send(instance_change(InstanceState::Pending))
                 .unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(24)).await;
-        assert_eq!(h.recorder.runs(), 5);
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(28)).await;
+        assert_eq!(
+            h.recorder.runs(),
+            6,
+            "resting as long as the last pass took"
+        );
+        tokio::time::sleep(Duration::from_millis(3)).await;
         settle().await;
-        assert_eq!(h.recorder.runs(), 6, "three changes, one pass");
-        // After a quiet spell the whole budget is back.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        for pass in 7..=10 {
-            h.changes
-                .send(instance_change(InstanceState::Pending))
-                .unwrap();
-            settle().await;
-            assert_eq!(h.recorder.runs(), pass);
-        }
+        assert_eq!(h.recorder.runs(), 7, "three changes, one pass");
         h.shutdown.cancel();
         h.task.await.unwrap();
     }
