@@ -345,7 +345,17 @@ async fn a_frozen_backend_is_found_unhealthy_taken_out_of_routing_and_restarted(
         failures.len()
     );
     assert!(answered > 20, "{answered} answered");
-    assert!(failures.is_empty(), "failed requests: {failures:?}");
+    // A response already under way when the backend froze is cut when the frozen process
+    // is killed: its head was sent, so the gateway cannot retry it. At most one per load
+    // connection can be caught like that; every other request must succeed.
+    let (cut, other): (Vec<_>, Vec<_>) = failures
+        .iter()
+        .partition(|f| f.contains("error decoding response body"));
+    assert!(other.is_empty(), "failed requests: {failures:?}");
+    assert!(
+        cut.len() <= 4,
+        "more responses cut than requests in flight: {cut:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
