@@ -185,6 +185,53 @@ impl Summary {
 }
 
 /// A target: `met` or `MISSED`, for the summary.
+/// Times `requests` reads of the pages of a list of `total` items, `per_page` a page,
+/// cycling over the pages; `read` reads one page. Returns the page count and the times.
+async fn time_pages<F, Fut>(
+    total: u64,
+    per_page: u32,
+    requests: usize,
+    mut read: F,
+) -> anyhow::Result<(u64, Latencies)>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let pages = total.div_ceil(u64::from(per_page)).max(1);
+    let mut latencies = Latencies::default();
+    for i in 0..requests {
+        let page = u32::try_from(i as u64 % pages + 1).expect("pages fit u32");
+        let started = Instant::now();
+        read(page).await?;
+        latencies.push(started.elapsed());
+    }
+    Ok((pages, latencies))
+}
+
+/// The figure of one list endpoint's page reads, against the 20 ms p99 target.
+fn list_figure(
+    summary: &mut Summary,
+    resource: &str,
+    pages: u64,
+    per_page: u32,
+    total: u64,
+    latencies: &Latencies,
+) {
+    let met = latencies
+        .percentile(99.0)
+        .is_some_and(|p| p <= Duration::from_millis(20));
+    summary.figure(
+        "c",
+        format!(
+            "GET /api/v1/{resource}?page=1..{pages}&per_page={per_page} ({total} {}): {}; \
+             target p99 ≤ 20 ms {}",
+            resource.trim_start_matches("model-"),
+            latencies.summary(),
+            verdict(met)
+        ),
+    );
+}
+
 fn verdict(met: bool) -> &'static str {
     if met {
         "met"
@@ -829,7 +876,6 @@ async fn lists(bench: Bench<'_>, summary: &mut Summary) -> anyhow::Result<()> {
     } = bench;
     const PER_PAGE: u32 = 100;
     let from = mark(server, load);
-    let mut workers = Latencies::default();
     let worker_total = admin
         .list_workers(&WorkerQuery {
             per_page: Some(1),
@@ -839,30 +885,32 @@ async fn lists(bench: Bench<'_>, summary: &mut Summary) -> anyhow::Result<()> {
         .context("count workers")?
         .pagination
         .total;
-    let worker_pages = worker_total.div_ceil(u64::from(PER_PAGE)).max(1);
-    for i in 0..config.list_requests {
-        let page = u32::try_from(i as u64 % worker_pages + 1).expect("pages fit u32");
-        let query = WorkerQuery {
-            page: Some(page),
-            per_page: Some(PER_PAGE),
-            ..WorkerQuery::default()
-        };
-        let started = Instant::now();
-        let listed = admin.list_workers(&query).await.context("list workers")?;
-        workers.push(started.elapsed());
-        if listed.items.is_empty() {
-            bail!("page {page} of the workers is empty");
-        }
-    }
-    summary.figure(
-        "c",
-        format!(
-            "GET /api/v1/workers?page=1..{worker_pages}&per_page={PER_PAGE} ({worker_total} workers): {}; target p99 ≤ 20 ms {}",
-            workers.summary(),
-            verdict(workers.percentile(99.0).is_some_and(|p| p <= Duration::from_millis(20)))
-        ),
+    let (worker_pages, workers) = time_pages(
+        worker_total,
+        PER_PAGE,
+        config.list_requests,
+        |page| async move {
+            let query = WorkerQuery {
+                page: Some(page),
+                per_page: Some(PER_PAGE),
+                ..WorkerQuery::default()
+            };
+            let listed = admin.list_workers(&query).await.context("list workers")?;
+            if listed.items.is_empty() {
+                bail!("page {page} of the workers is empty");
+            }
+            Ok(())
+        },
+    )
+    .await?;
+    list_figure(
+        summary,
+        "workers",
+        worker_pages,
+        PER_PAGE,
+        worker_total,
+        &workers,
     );
-    let mut instances = Latencies::default();
     let instance_total = admin
         .list_instances(&InstanceQuery {
             per_page: Some(1),
@@ -872,29 +920,32 @@ async fn lists(bench: Bench<'_>, summary: &mut Summary) -> anyhow::Result<()> {
         .context("count instances")?
         .pagination
         .total;
-    let instance_pages = instance_total.div_ceil(u64::from(PER_PAGE)).max(1);
-    for i in 0..config.list_requests {
-        let page = u32::try_from(i as u64 % instance_pages + 1).expect("pages fit u32");
-        let query = InstanceQuery {
-            page: Some(page),
-            per_page: Some(PER_PAGE),
-            ..InstanceQuery::default()
-        };
-        let started = Instant::now();
-        admin
-            .list_instances(&query)
-            .await
-            .context("list instances")?;
-        instances.push(started.elapsed());
-    }
+    let (instance_pages, instances) = time_pages(
+        instance_total,
+        PER_PAGE,
+        config.list_requests,
+        |page| async move {
+            let query = InstanceQuery {
+                page: Some(page),
+                per_page: Some(PER_PAGE),
+                ..InstanceQuery::default()
+            };
+            admin
+                .list_instances(&query)
+                .await
+                .context("list instances")?;
+            Ok(())
+        },
+    )
+    .await?;
     let to = mark(server, load);
-    summary.figure(
-        "c",
-        format!(
-            "GET /api/v1/model-instances?page=1..{instance_pages}&per_page={PER_PAGE} ({instance_total} instances): {}; target p99 ≤ 20 ms {}",
-            instances.summary(),
-            verdict(instances.percentile(99.0).is_some_and(|p| p <= Duration::from_millis(20)))
-        ),
+    list_figure(
+        summary,
+        "model-instances",
+        instance_pages,
+        PER_PAGE,
+        instance_total,
+        &instances,
     );
     summary.figure(
         "c",
