@@ -12,6 +12,7 @@
 //! response is the client's: nothing interrupts it.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body as AxumBody;
@@ -22,8 +23,8 @@ use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use gantry_auth::Principal;
-use gantry_store::StoreError;
-use gantry_types::units;
+use gantry_store::{InstanceFilter, Page, StoreError};
+use gantry_types::{units, InstanceState};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -33,7 +34,7 @@ use crate::body::{Completion, Inspector, ObservedBody};
 use crate::eject::EjectionPolicy;
 use crate::error::OpenAiError;
 use crate::metrics::{ErrorKind, ModelMetrics};
-use crate::routing::Backend;
+use crate::routing::{Backend, ModelRoute};
 use crate::upstream::{ConnectError, UpstreamConnection};
 use crate::usage::Caller;
 use crate::Gateway;
@@ -300,32 +301,15 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         );
     };
 
-    let Some(route) = gateway.routes.get(model) else {
-        if gateway.routes.knows(model) {
-            let metrics = gateway.metrics.model(model);
-            metrics.count_error(ErrorKind::NoRunningInstance);
-            return reject(&metrics, started, OpenAiError::no_running_instance(model));
-        }
-        // Not among the models this server has seen: ask the store, in case the model
-        // was created a moment ago (elsewhere) and the change has not arrived yet.
-        return match gateway.store.get_model_by_name(model).await {
-            Ok(_) => {
-                let metrics = gateway.metrics.model(model);
-                metrics.count_error(ErrorKind::NoRunningInstance);
-                reject(&metrics, started, OpenAiError::no_running_instance(model))
+    let route = match gateway.routes.get(model) {
+        Some(route) => route,
+        None => match route_after_miss(&gateway, model).await {
+            Ok(route) => route,
+            Err((metrics, error)) => {
+                let metrics = metrics.unwrap_or(unrouted);
+                return reject(&metrics, started, error);
             }
-            Err(StoreError::NotFound { .. }) => {
-                reject(&unrouted, started, OpenAiError::model_not_found(model))
-            }
-            Err(e) => {
-                tracing::error!(error = %e, model, "look up a model for the gateway");
-                reject(
-                    &unrouted,
-                    started,
-                    OpenAiError::internal("the database failed to answer; see the server log"),
-                )
-            }
-        };
+        },
     };
     let metrics = gateway.metrics.model(&route.name);
 
@@ -608,6 +592,68 @@ enum TryError {
     FirstByteTimeout(Duration),
     /// The routing table dropped the instance while the try waited for its head.
     LeftRouting,
+}
+
+/// How long a request for a model that the store says is running waits for this
+/// server's routing table to hear of it.
+const ROUTE_CATCH_UP: Duration = Duration::from_secs(2);
+
+/// A model with no route in this server's table: the store may know better, since a
+/// change made through another server (a model created, an instance reported running)
+/// reaches this table a moment later. Waits for the route when the store has a running
+/// instance; otherwise answers 503 (the model exists, nothing runs) or 404 (no such model),
+/// with the model's counters when it exists.
+async fn route_after_miss(
+    gateway: &Gateway,
+    model: &str,
+) -> Result<Arc<ModelRoute>, (Option<Arc<ModelMetrics>>, OpenAiError)> {
+    let not_running = || {
+        let metrics = gateway.metrics.model(model);
+        metrics.count_error(ErrorKind::NoRunningInstance);
+        (Some(metrics), OpenAiError::no_running_instance(model))
+    };
+    if gateway.routes.knows(model) && gateway.routes.recently_missed(model) {
+        return Err(not_running());
+    }
+    let internal = |e: StoreError| {
+        tracing::error!(error = %e, model, "look up a model for the gateway");
+        (
+            None,
+            OpenAiError::internal("the database failed to answer; see the server log"),
+        )
+    };
+    let found = match gateway.store.get_model_by_name(model).await {
+        Ok(found) => found,
+        Err(StoreError::NotFound { .. }) => {
+            return Err((None, OpenAiError::model_not_found(model)))
+        }
+        Err(e) => return Err(internal(e)),
+    };
+    let running = InstanceFilter {
+        model_id: Some(found.id),
+        worker_id: None,
+        state: Some(InstanceState::Running),
+    };
+    let (_, count) = gateway
+        .store
+        .list_instances(
+            &running,
+            Page {
+                page: 1,
+                per_page: 1,
+            },
+        )
+        .await
+        .map_err(internal)?;
+    let route = if count > 0 {
+        gateway.routes.wait_for(model, ROUTE_CATCH_UP).await
+    } else {
+        None
+    };
+    route.ok_or_else(|| {
+        gateway.routes.missed(model);
+        not_running()
+    })
 }
 
 /// [`send_to`], given up when the instance leaves routing or, with a first-byte

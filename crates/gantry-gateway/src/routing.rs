@@ -343,7 +343,16 @@ impl ModelRoute {
 #[derive(Debug, Default)]
 pub struct RoutingTable {
     inner: RwLock<Tables>,
+    /// Woken whenever a route is set, for requests that wait for one to arrive.
+    changed: tokio::sync::Notify,
+    /// When the store last said a model (by name) had no running instance: requests
+    /// for a model that is not up yet ask the store at most once per
+    /// [`MISS_RECHECK`], not once each. Only names of existing models go in.
+    misses: Mutex<HashMap<Arc<str>, Instant>>,
 }
+
+/// How long "the store has no running instance of this model" is believed.
+const MISS_RECHECK: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Default)]
 struct Tables {
@@ -358,6 +367,44 @@ impl RoutingTable {
     pub fn get(&self, model: &str) -> Option<Arc<ModelRoute>> {
         let tables = self.inner.read().unwrap_or_else(|e| e.into_inner());
         tables.routes.get(model).cloned()
+    }
+
+    /// The route of `model` once it has one, waiting at most `within` for the change
+    /// that brings it: the store may already say an instance runs (a worker reported it
+    /// to another server) a moment before this server's table hears of it.
+    pub async fn wait_for(&self, model: &str, within: Duration) -> Option<Arc<ModelRoute>> {
+        let deadline = Instant::now() + within;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(route) = self.get(model) {
+                return Some(route);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.get(model);
+            }
+        }
+    }
+
+    /// Whether the store said, less than [`MISS_RECHECK`] ago, that `model` has no
+    /// running instance.
+    pub fn recently_missed(&self, model: &str) -> bool {
+        let misses = self.misses.lock().unwrap_or_else(|e| e.into_inner());
+        misses
+            .get(model)
+            .is_some_and(|at| at.elapsed() < MISS_RECHECK)
+    }
+
+    /// Remembers that the store has no running instance of `model` (an existing model).
+    pub fn missed(&self, model: &str) {
+        let mut misses = self.misses.lock().unwrap_or_else(|e| e.into_inner());
+        match misses.get_mut(model) {
+            Some(at) => *at = Instant::now(),
+            None => {
+                misses.insert(Arc::from(model), Instant::now());
+            }
+        }
     }
 
     /// Whether a model of that name exists (as of the last change seen).
@@ -377,6 +424,8 @@ impl RoutingTable {
     fn replace_all(&self, routes: HashMap<Arc<str>, Arc<ModelRoute>>, known: HashSet<Arc<str>>) {
         let mut tables = self.inner.write().unwrap_or_else(|e| e.into_inner());
         *tables = Tables { routes, known };
+        drop(tables);
+        self.changed.notify_waiters();
     }
 
     fn set(&self, name: Arc<str>, route: Option<Arc<ModelRoute>>) {
@@ -385,6 +434,8 @@ impl RoutingTable {
             Some(route) => tables.routes.insert(name, route),
             None => tables.routes.remove(&name),
         };
+        drop(tables);
+        self.changed.notify_waiters();
     }
 
     fn set_known(&self, name: Arc<str>, exists: bool) {
@@ -725,6 +776,46 @@ mod tests {
         assert_eq!(route.pick(&[2]).unwrap().instance_id, 2);
         second.leave_routing();
         assert!(route.pick(&[]).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_for_a_route_that_is_on_its_way_and_no_longer() {
+        let table = Arc::new(RoutingTable::default());
+        let name: Arc<str> = Arc::from("tiny");
+        // Nothing comes: the wait ends at its limit with no route.
+        let began = Instant::now();
+        assert!(table
+            .wait_for("tiny", Duration::from_millis(50))
+            .await
+            .is_none());
+        assert!(began.elapsed() >= Duration::from_millis(50));
+
+        // The route arrives while the request waits (the change reached this server
+        // after the store already said the instance runs).
+        let setter = Arc::clone(&table);
+        let set_name = Arc::clone(&name);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            // Another model's route first: the waiter must keep waiting for its own.
+            setter.set(
+                Arc::from("other"),
+                Some(Arc::new(route_of(&[&backend(9, 9009)]))),
+            );
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            setter.set(set_name, Some(Arc::new(route_of(&[&backend(1, 9001)]))));
+        });
+        let route = table
+            .wait_for("tiny", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(route.backends[0].instance_id, 1);
+
+        // A miss is remembered briefly, then forgotten.
+        assert!(!table.recently_missed("gone"));
+        table.missed("gone");
+        assert!(table.recently_missed("gone"));
+        tokio::time::sleep(MISS_RECHECK).await;
+        assert!(!table.recently_missed("gone"));
     }
 
     #[tokio::test]
