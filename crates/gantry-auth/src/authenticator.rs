@@ -199,7 +199,7 @@ impl Authenticator {
         let this = Arc::downgrade(self);
         self.store.on_change(Arc::new(move |change| {
             if let Some(this) = this.upgrade() {
-                this.apply(change);
+                this.apply(change.as_ref());
             }
         }));
 

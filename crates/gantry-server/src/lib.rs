@@ -14,6 +14,7 @@ pub mod config;
 pub mod controllers;
 pub mod error;
 pub mod extract;
+pub mod feeds;
 pub mod service;
 pub mod staging;
 pub mod state;
@@ -78,17 +79,37 @@ impl RunningServer {
             }
         }
         if state.cluster.mode == config::SchedulingMode::Distributed {
+            tracing::info!(notice = ?DRAIN_NOTICE, "shutting down: telling clients to move to another server before this one stops accepting");
             tokio::time::sleep(DRAIN_NOTICE).await;
         }
         state.shutdown.cancel();
         state.tasks.close();
-        if tokio::time::timeout(state.config.shutdown_grace, state.tasks.wait())
+        let wait = async {
+            // Say what the exit waits for while it waits, so a slow stop explains itself.
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+            every.tick().await;
+            let wait = state.tasks.wait();
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    () = &mut wait => break,
+                    _ = every.tick() => tracing::info!(
+                        in_flight = self.gateway.metrics.in_flight(),
+                        tasks = state.tasks.len(),
+                        "shutting down: still waiting for requests in flight and background tasks"
+                    ),
+                }
+            }
+        };
+        if tokio::time::timeout(state.config.shutdown_grace, wait)
             .await
             .is_err()
         {
             tracing::warn!(grace = ?state.config.shutdown_grace, in_flight = self.gateway.metrics.in_flight(),
+                tasks = state.tasks.len(),
                 "requests still in flight after the shutdown grace; stopping anyway");
         }
+        tracing::info!("shutting down: closing the database connections");
         state.store.close().await;
     }
 }
@@ -188,6 +209,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         config.upload_max_size,
     ));
     let sources = state::model_sources(&config, &store, &staging);
+    let assignment_feeds = feeds::AssignmentFeeds::attach(&store);
     let state = AppState::new(Shared {
         store,
         config,
@@ -199,6 +221,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         cluster,
         staging,
         sources,
+        assignment_feeds,
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);

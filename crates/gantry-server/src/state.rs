@@ -39,6 +39,8 @@ pub struct Shared {
     /// Reads the headers of remote models: for the scheduler's analysis and for estimates
     /// asked through the API (see [`model_sources`]).
     pub sources: gantry_source::Sources,
+    /// Instance changes routed to the assignment streams of the workers they concern.
+    pub assignment_feeds: Arc<crate::feeds::AssignmentFeeds>,
 }
 
 /// The client of model sources a server analyses models with: the configured hubs, and

@@ -81,6 +81,7 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
         staging: Arc::clone(&staging),
         sources: gantry_server::state::model_sources(&config, &store, &staging),
         config,
+        assignment_feeds: gantry_server::feeds::AssignmentFeeds::attach(&store),
     });
     gantry_server::controllers::spawn(&state);
 

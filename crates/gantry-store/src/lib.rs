@@ -119,7 +119,7 @@ impl std::fmt::Debug for Store {
 }
 
 /// A function called inline with every change a store publishes.
-pub type ChangeListener = Arc<dyn Fn(&Change) + Send + Sync>;
+pub type ChangeListener = Arc<dyn Fn(&Arc<Change>) + Send + Sync>;
 
 /// How many unread changes a slow watcher may fall behind before it is cut off.
 const CHANGE_CHANNEL_CAPACITY: usize = 4096;
@@ -254,6 +254,7 @@ impl Store {
 
     /// Publishes a change on this server only.
     fn publish_local(&self, change: Change) {
+        let change = Arc::new(change);
         for listener in self
             .listeners
             .read()
@@ -263,7 +264,7 @@ impl Store {
             listener(&change);
         }
         // No receiver is fine: nobody is watching.
-        let _ = self.changes.send(Arc::new(change));
+        let _ = self.changes.send(change);
     }
 
     /// Stops listening to other servers and closes the pool, waiting for connections

@@ -147,28 +147,35 @@ pub async fn assignments(
     if query.watch != Some(true) {
         return Ok(Json(state.store.worker_assignments(worker_id).await?).into_response());
     }
-    let changes = state.store.subscribe();
+    // Subscribed before the list is read, so no change between the two is lost.
+    let feed = state.assignment_feeds.subscribe(worker_id);
     let initial = state.store.worker_assignments(worker_id).await?;
     // Instances sent on this stream: lets it say DELETED when one moves away.
     let mut sent: BTreeSet<i64> = initial.iter().map(|instance| instance.id).collect();
-    Ok(watch::respond(&state, changes, initial, move |change| {
-        let Change::Instance(kind, instance) = change else {
-            return None;
-        };
-        let here = instance.worker_id == Some(worker_id) && *kind != ChangeKind::Deleted;
-        if here {
-            let kind = if sent.insert(instance.id) {
-                ChangeKind::Created
-            } else {
-                ChangeKind::Updated
+    feed.settle(sent.iter().copied());
+    Ok(watch::respond(
+        &state,
+        watch::Changes::Routed(feed),
+        initial,
+        move |change| {
+            let Change::Instance(kind, instance) = change else {
+                return None;
             };
-            Some((kind, instance.clone()))
-        } else if sent.remove(&instance.id) {
-            Some((ChangeKind::Deleted, instance.clone()))
-        } else {
-            None
-        }
-    }))
+            let here = instance.worker_id == Some(worker_id) && *kind != ChangeKind::Deleted;
+            if here {
+                let kind = if sent.insert(instance.id) {
+                    ChangeKind::Created
+                } else {
+                    ChangeKind::Updated
+                };
+                Some((kind, instance.clone()))
+            } else if sent.remove(&instance.id) {
+                Some((ChangeKind::Deleted, instance.clone()))
+            } else {
+                None
+            }
+        },
+    ))
 }
 
 /// The calling worker reports an instance's state.

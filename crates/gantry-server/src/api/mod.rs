@@ -224,10 +224,15 @@ where
         // Subscribe before reading, so no change between the two is lost.
         let changes = state.store.subscribe();
         let initial = watch_all(|page| filter.list(&state.store, page)).await?;
-        return Ok(watch::respond(state, changes, initial, move |change| {
-            let (kind, item) = of(change)?;
-            filter.matches(item).then(|| (kind, item.clone()))
-        }));
+        return Ok(watch::respond(
+            state,
+            watch::Changes::All(changes),
+            initial,
+            move |change| {
+                let (kind, item) = of(change)?;
+                filter.matches(item).then(|| (kind, item.clone()))
+            },
+        ));
     }
     let (page, per_page) = query.paging();
     let page = page_of(page, per_page);

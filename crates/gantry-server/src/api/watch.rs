@@ -23,6 +23,7 @@ use serde::Serialize;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::feeds::{Feed, FeedEnd, FEED_CAPACITY};
 use crate::state::AppState;
 
 fn line<T: Serialize>(event: &WatchEvent<T>) -> Bytes {
@@ -31,15 +32,40 @@ fn line<T: Serialize>(event: &WatchEvent<T>) -> Bytes {
     Bytes::from(bytes)
 }
 
+/// Where a watch stream's changes come from.
+pub enum Changes {
+    /// Every change of the server (the store's broadcast channel).
+    All(broadcast::Receiver<Arc<Change>>),
+    /// Only the changes routed to one worker's assignment stream.
+    Routed(Feed),
+}
+
+/// Why a change source gave no change.
+enum Missed {
+    /// The stream fell behind (by this many changes, when known).
+    Lagged(Option<u64>),
+    Closed,
+}
+
+impl Changes {
+    async fn recv(&mut self) -> Result<Arc<Change>, Missed> {
+        match self {
+            Changes::All(receiver) => receiver.recv().await.map_err(|e| match e {
+                broadcast::error::RecvError::Lagged(missed) => Missed::Lagged(Some(missed)),
+                broadcast::error::RecvError::Closed => Missed::Closed,
+            }),
+            Changes::Routed(feed) => feed.recv().await.map_err(|e| match e {
+                FeedEnd::Lagged => Missed::Lagged(None),
+                FeedEnd::Closed => Missed::Closed,
+            }),
+        }
+    }
+}
+
 /// Starts a watch stream. `select` picks the changes this watcher cares about (the
 /// resource and the list's filters) and returns the event's kind and object; it may keep
 /// state between changes (the assignment stream remembers what it sent).
-pub fn respond<T, F>(
-    state: &AppState,
-    changes: broadcast::Receiver<Arc<Change>>,
-    initial: Vec<T>,
-    mut select: F,
-) -> Response
+pub fn respond<T, F>(state: &AppState, changes: Changes, initial: Vec<T>, mut select: F) -> Response
 where
     T: Serialize + Send + 'static,
     F: FnMut(&Change) -> Option<(ChangeKind, T)> + Send + 'static,
@@ -78,20 +104,24 @@ where
                         heartbeat.reset();
                         line(&WatchEvent::of(kind, object))
                     }
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        tracing::warn!(missed, "watch stream fell behind; closing it");
+                    Err(Missed::Lagged(missed)) => {
+                        let behind = missed.map_or_else(
+                            || format!("more than {FEED_CAPACITY}"),
+                            |n| n.to_string(),
+                        );
+                        tracing::warn!(missed = %behind, "watch stream fell behind; closing it");
                         let error = WatchEvent::<T>::Error {
                             error: ErrorDetail {
                                 code: ErrorCode::WatchLagged,
                                 message: format!(
-                                    "the stream fell {missed} events behind; list again and re-watch"
+                                    "the stream fell {behind} events behind; list again and re-watch"
                                 ),
                             },
                         };
                         send(line(&error)).await;
                         return;
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    Err(Missed::Closed) => return,
                 },
             };
             if !send(next).await {

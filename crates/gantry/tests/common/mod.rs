@@ -113,6 +113,37 @@ impl Process {
         );
     }
 
+    /// Copies the whole log of a process whose test failed to `GANTRY_TEST_KEEP_LOGS`
+    /// (default `target/failed-test-logs`), since the test's own directory is removed: a
+    /// failure message carries only a tail.
+    fn keep_log(&self) {
+        let dir = std::env::var_os("GANTRY_TEST_KEEP_LOGS").map_or_else(
+            || {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../target/failed-test-logs")
+            },
+            PathBuf::from,
+        );
+        let name = format!(
+            "{}-{}-{}.log",
+            std::thread::current()
+                .name()
+                .unwrap_or("test")
+                .replace("::", "-"),
+            self.name.replace(' ', "-"),
+            self.child.as_ref().map_or(0, std::process::Child::id)
+        );
+        if std::fs::create_dir_all(&dir).is_ok()
+            && std::fs::copy(&self.log, dir.join(&name)).is_ok()
+        {
+            eprintln!(
+                "kept the log of {} in {}",
+                self.name,
+                dir.join(name).display()
+            );
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -133,6 +164,9 @@ impl Process {
 
 impl Drop for Process {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.keep_log();
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
