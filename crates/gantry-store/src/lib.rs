@@ -66,7 +66,7 @@ pub use placement_record::{undecodable_placement_records, StoredPlacement};
 pub use query::{Listed, Page};
 // The list filters are the API's own: the store reads them as SQL, a watch as a predicate.
 pub use gantry_types::{ApiKeyFilter, InstanceFilter, ModelFilter, UserFilter, WorkerFilter};
-pub use scheduling::{NewPlacement, PlacedInstanceClaim};
+pub use scheduling::{NewPlacement, PendingReason, PlacedInstanceClaim};
 pub use servers::{RegistryConflict, ServerRecord, ServerRegistration};
 pub use settings::REGISTRATION_TOKEN_DIGEST;
 pub use uploads::UploadDone;

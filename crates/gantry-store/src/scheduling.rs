@@ -8,8 +8,17 @@
 //!
 //! These are the leader-only writes: each carries a [`Fence`] (the leader's token, or the
 //! scheduling lock's) and applies only while it is current; a write stopped by a stale
-//! fence fails with `StoreError::Fenced` (see `fence.rs`). A write that changes nothing publishes nothing, so a scheduler
-//! pass that finds nothing to do does not wake anyone, itself included.
+//! fence fails with `StoreError::Fenced` (see `fence.rs`). A write that changes nothing
+//! publishes nothing, so a scheduler pass that finds nothing to do does not wake anyone,
+//! itself included.
+//!
+//! A pass's placements and pending reasons are written in batches
+//! ([`Store::record_placements`], [`Store::set_pending_reasons`]): one transaction that
+//! checks the fence once and holds it to the commit, then conditional `UPDATE … FROM
+//! (VALUES …)` statements of many rows, whose conditions judge each row on its own;
+//! changes are published after the commit.
+
+use std::collections::{HashMap, HashSet};
 
 use gantry_types::{InstanceState, ModelInstance, PlacementRecord, Timestamp};
 
@@ -31,7 +40,14 @@ pub struct PlacedInstanceClaim {
     pub placement: StoredPlacement,
 }
 
-/// A placement to record: see [`Store::record_placement`].
+/// How many instances one multi-row `UPDATE` writes; its parameters (six per placement)
+/// stay far below both engines' limits (SQLite 32,766, PostgreSQL 65,535).
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// One conditional statement of a batch of instance writes.
+type InstanceWrite<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+/// A placement to record: see [`Store::record_placements`].
 #[derive(Debug, Clone)]
 pub struct NewPlacement<'a> {
     pub instance_id: i64,
@@ -43,8 +59,14 @@ pub struct NewPlacement<'a> {
     pub state_message: &'a str,
     /// What the worker runs and what the scheduler reserved.
     pub record: &'a PlacementRecord,
-    /// What entitles the scheduler to place.
-    pub fence: &'a Fence,
+}
+
+/// Why an unplaced instance stays `pending`: see [`Store::set_pending_reasons`].
+#[derive(Debug, Clone, Copy)]
+pub struct PendingReason<'a> {
+    pub instance_id: i64,
+    /// The scheduler's reason, shown as the instance's `state_message`.
+    pub message: &'a str,
 }
 
 impl Store {
@@ -110,57 +132,111 @@ impl Store {
         Ok(changed)
     }
 
-    /// Leaves an unplaced instance `pending` with `message` (why it is not placed). Only
-    /// from `pending` or `analyzing` with no worker, and only when something changes:
-    /// `None` when the instance is gone, placed meanwhile, or already says `message`.
-    pub async fn set_pending_reason(
+    /// Leaves unplaced instances `pending` with the scheduler's reason each is not
+    /// placed, in one transaction under `fence`. Each applies only from `pending` or
+    /// `analyzing` with no worker, and only when something changes. Returns, per input in
+    /// order, the instance as written and published, or `None` when it is gone, was placed
+    /// meanwhile, or already says its message. A stale fence writes nothing and fails with
+    /// `StoreError::Fenced`.
+    pub async fn set_pending_reasons(
         &self,
-        id: i64,
-        message: &str,
+        reasons: &[PendingReason<'_>],
         fence: &Fence,
-    ) -> Result<Option<ModelInstance>, StoreError> {
-        let sql = format!(
-            "UPDATE model_instances SET state = 'pending', state_message = $2, updated_at = $3 \
-             WHERE id = $1 AND worker_id IS NULL AND state IN ('pending', 'analyzing') \
-             AND NOT (state = 'pending' AND state_message = $2){}",
-            fence.clause(self.engine, 4)
-        );
-        let statement = sqlx::query(&sql)
-            .bind(id)
-            .bind(message)
-            .bind(Timestamp::now().as_millis());
-        self.conditional_instance_write(id, fence, fence.bind(statement))
+    ) -> Result<Vec<Option<ModelInstance>>, StoreError> {
+        let unique = first_of_each(reasons, |reason| reason.instance_id);
+        let chunks: Vec<&[&PendingReason<'_>]> = unique.chunks(ROWS_PER_STATEMENT).collect();
+        // No fence clause: the transaction's fence check holds the fence until commit.
+        let sqls: Vec<String> = chunks
+            .iter()
+            .map(|chunk| {
+                format!(
+                    "UPDATE model_instances SET state = 'pending', state_message = v.column2, \
+                     updated_at = $1 FROM (VALUES {}) AS v \
+                     WHERE model_instances.id = v.column1 AND model_instances.worker_id IS NULL \
+                     AND model_instances.state IN ('pending', 'analyzing') \
+                     AND NOT (model_instances.state = 'pending' \
+                              AND model_instances.state_message = v.column2) \
+                     RETURNING id",
+                    values_rows(chunk.len(), &["BIGINT", "TEXT"], 2)
+                )
+            })
+            .collect();
+        let now = Timestamp::now().as_millis();
+        let statements = chunks.iter().zip(&sqls).map(|(chunk, sql)| {
+            chunk
+                .iter()
+                .fold(sqlx::query(sql).bind(now), |query, reason| {
+                    query.bind(reason.instance_id).bind(reason.message)
+                })
+        });
+        let ids: Vec<i64> = reasons.iter().map(|reason| reason.instance_id).collect();
+        self.instance_writes_in_one_transaction(fence, &ids, statements)
             .await
     }
 
-    /// Records the scheduler's placement in one statement: worker, GPUs, state
-    /// `scheduled`, message and claim. Applies only while the instance is still unplaced
-    /// (`pending` or `analyzing`, no worker), its model is still the version the claim was
-    /// computed for, and the worker still exists and is `ready`; `None` otherwise.
-    pub async fn record_placement(
+    /// Records the scheduler's placements in one transaction under `fence`: for each,
+    /// worker, GPUs, state `scheduled`, message and claim. Each applies only while its
+    /// instance is still unplaced (`pending` or `analyzing`, no worker), its model is
+    /// still the version the claim was computed for, and the worker still exists and is
+    /// `ready`. Returns, per input in order, the instance as written and published, or
+    /// `None` when that placement did not apply (a second placement of one instance in a
+    /// call never does). A stale fence writes nothing and fails with `StoreError::Fenced`.
+    ///
+    /// The whole input is one transaction, whatever its length (the caller picks the
+    /// batch size), of one `UPDATE … FROM (VALUES …)` per `ROWS_PER_STATEMENT`
+    /// placements: a batch costs a handful of round trips and one commit, where each
+    /// placement on its own cost two round trips and a commit.
+    pub async fn record_placements(
         &self,
-        placement: &NewPlacement<'_>,
-    ) -> Result<Option<ModelInstance>, StoreError> {
-        let fence = placement.fence;
-        let sql = format!(
-            "UPDATE model_instances SET worker_id = $2, gpu_indexes = $3, port = NULL, \
-             address = NULL, state = 'scheduled', state_message = $4, placement = $5, \
-             restart_count = 0, updated_at = $6 \
-             WHERE id = $1 AND worker_id IS NULL AND state IN ('pending', 'analyzing') \
-             AND EXISTS (SELECT 1 FROM models m WHERE m.id = model_instances.model_id \
-                         AND m.updated_at = $7) \
-             AND EXISTS (SELECT 1 FROM workers w WHERE w.id = $2 AND w.state = 'ready'){}",
-            fence.clause(self.engine, 8)
-        );
-        let statement = sqlx::query(&sql)
-            .bind(placement.instance_id)
-            .bind(placement.worker_id)
-            .bind(to_json(&placement.gpu_indexes))
-            .bind(placement.state_message)
-            .bind(to_json(placement.record))
-            .bind(Timestamp::now().as_millis())
-            .bind(placement.model_updated_at.as_millis());
-        self.conditional_instance_write(placement.instance_id, fence, fence.bind(statement))
+        placements: &[NewPlacement<'_>],
+        fence: &Fence,
+    ) -> Result<Vec<Option<ModelInstance>>, StoreError> {
+        let unique = first_of_each(placements, |placement| placement.instance_id);
+        let chunks: Vec<&[&NewPlacement<'_>]> = unique.chunks(ROWS_PER_STATEMENT).collect();
+        // Each row: instance, worker, GPUs, message, record, model version. No fence
+        // clause: the transaction's fence check holds the fence until commit.
+        let sqls: Vec<String> = chunks
+            .iter()
+            .map(|chunk| {
+                format!(
+                    "UPDATE model_instances SET worker_id = v.column2, gpu_indexes = v.column3, \
+                     port = NULL, address = NULL, state = 'scheduled', \
+                     state_message = v.column4, placement = v.column5, restart_count = 0, \
+                     updated_at = $1 FROM (VALUES {}) AS v \
+                     WHERE model_instances.id = v.column1 AND model_instances.worker_id IS NULL \
+                     AND model_instances.state IN ('pending', 'analyzing') \
+                     AND EXISTS (SELECT 1 FROM models m WHERE m.id = model_instances.model_id \
+                                 AND m.updated_at = v.column6) \
+                     AND EXISTS (SELECT 1 FROM workers w WHERE w.id = v.column2 \
+                                 AND w.state = 'ready') \
+                     RETURNING id",
+                    values_rows(
+                        chunk.len(),
+                        &["BIGINT", "BIGINT", "TEXT", "TEXT", "TEXT", "BIGINT"],
+                        2
+                    )
+                )
+            })
+            .collect();
+        let now = Timestamp::now().as_millis();
+        let statements = chunks.iter().zip(&sqls).map(|(chunk, sql)| {
+            chunk
+                .iter()
+                .fold(sqlx::query(sql).bind(now), |query, placement| {
+                    query
+                        .bind(placement.instance_id)
+                        .bind(placement.worker_id)
+                        .bind(to_json(&placement.gpu_indexes))
+                        .bind(placement.state_message)
+                        .bind(to_json(placement.record))
+                        .bind(placement.model_updated_at.as_millis())
+                })
+        });
+        let ids: Vec<i64> = placements
+            .iter()
+            .map(|placement| placement.instance_id)
+            .collect();
+        self.instance_writes_in_one_transaction(fence, &ids, statements)
             .await
     }
 
@@ -225,7 +301,7 @@ impl Store {
         &self,
         id: i64,
         fence: &Fence,
-        statement: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+        statement: InstanceWrite<'q>,
     ) -> Result<Option<ModelInstance>, StoreError> {
         let started = Timestamp::now();
         let affected = statement.execute(&self.pool).await?.rows_affected();
@@ -233,6 +309,42 @@ impl Store {
             return Ok(None);
         }
         self.publish_instance_update(id).await
+    }
+
+    /// Runs conditional `UPDATE … RETURNING id` statements of instances in one transaction
+    /// that first checks `fence` (and on PostgreSQL holds it until commit, so a leader that
+    /// lost its lease meanwhile writes nothing). Reads the written instances back inside
+    /// the transaction, commits, and only then publishes them. `ids` are the instances the
+    /// caller asked to write, in its order; returns, for each, the instance as written,
+    /// or `None` when no statement wrote it (and for every occurrence after its first).
+    async fn instance_writes_in_one_transaction<'q>(
+        &self,
+        fence: &Fence,
+        ids: &[i64],
+        statements: impl Iterator<Item = InstanceWrite<'q>>,
+    ) -> Result<Vec<Option<ModelInstance>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut written_ids = Vec::new();
+        let mut tx = self.pool.begin().await?;
+        self.check_fence_in(&mut tx, fence).await?;
+        for statement in statements {
+            for row in statement.fetch_all(&mut *tx).await? {
+                written_ids.push(int(&row, "model_instances", "id")?);
+            }
+        }
+        let written = crate::instances::by_ids(&mut tx, &written_ids).await?;
+        tx.commit().await?;
+
+        let mut written: HashMap<i64, ModelInstance> =
+            written.into_iter().map(|i| (i.id, i)).collect();
+        let outcomes: Vec<Option<ModelInstance>> =
+            ids.iter().map(|id| written.remove(id)).collect();
+        for instance in outcomes.iter().flatten() {
+            self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
+        }
+        Ok(outcomes)
     }
 
     /// Re-reads an instance after a write and publishes it; `None` when it was deleted in
@@ -247,4 +359,31 @@ impl Store {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The rows of a `VALUES` list: `rows` tuples of `types.len()` parameters each, numbered
+/// from `$first`, each cast to its column's SQL type (both engines name the columns
+/// `column1`, `column2`, …; the casts give PostgreSQL their types).
+fn values_rows(rows: usize, types: &[&str], first: usize) -> String {
+    (0..rows)
+        .map(|row| {
+            let columns = types
+                .iter()
+                .enumerate()
+                .map(|(column, ty)| {
+                    format!("CAST(${} AS {ty})", first + row * types.len() + column)
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!("({columns})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The first occurrence of each instance among `items`, in order: one write per instance
+/// per call (a later duplicate reads as not written).
+fn first_of_each<T>(items: &[T], id: impl Fn(&T) -> i64) -> Vec<&T> {
+    let mut seen = HashSet::new();
+    items.iter().filter(|item| seen.insert(id(item))).collect()
 }

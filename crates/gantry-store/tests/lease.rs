@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use gantry_store::{Fence, StoreError};
+use gantry_store::{Fence, NewPlacement, StoreError};
 use gantry_testkit::{TestDatabase, TestEngine};
 use gantry_types::ModelCreate;
 use sqlx::Connection;
@@ -200,4 +200,73 @@ async fn a_fenced_write_waits_for_a_takeover_in_progress_and_then_fails() {
         matches!(outcome, Err(StoreError::Fenced { .. })),
         "{outcome:?}"
     );
+}
+
+#[tokio::test]
+async fn a_batch_of_placements_from_a_replaced_leader_waits_for_the_takeover_and_writes_nothing() {
+    // The batch checks the fence once, first in its transaction: it waits for a take-over
+    // in progress (FOR SHARE), then fails whole; none of its placements lands.
+    let db = TestDatabase::new(TestEngine::Postgres).await;
+    let store = db.open().await;
+    let mut a = store.leader_session().await.unwrap();
+    let old = a.acquire("a", TTL, false).await.unwrap().unwrap();
+    let model = store.create_model(&model_create("m")).await.unwrap();
+    let created = store
+        .create_instances(&model, &[0, 1], &Fence::Leader(old))
+        .await
+        .unwrap();
+    let worker = store
+        .create_worker(
+            "w1",
+            &std::collections::BTreeMap::new(),
+            "127.0.0.1:1",
+            &gantry_types::fixtures::worker_status("w1", 2),
+            "cred",
+        )
+        .await
+        .unwrap();
+    let record = gantry_types::PlacementRecord::by_hand(&model);
+
+    let mut raw = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut tx = raw.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE leader_lease SET fencing_token = fencing_token + 1, holder = 'b' WHERE id = 1",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let writer = {
+        let store = store.clone();
+        let ids: Vec<i64> = created.iter().map(|i| i.id).collect();
+        let model_updated_at = model.updated_at;
+        tokio::spawn(async move {
+            let placements: Vec<NewPlacement<'_>> = ids
+                .iter()
+                .map(|&instance_id| NewPlacement {
+                    instance_id,
+                    model_updated_at,
+                    worker_id: worker.id,
+                    gpu_indexes: &[0],
+                    state_message: "scheduled on w1",
+                    record: &record,
+                })
+                .collect();
+            store
+                .record_placements(&placements, &Fence::Leader(old))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!writer.is_finished(), "the batch waits for the take-over");
+    tx.commit().await.unwrap();
+    let outcome = writer.await.unwrap();
+    assert!(
+        matches!(outcome, Err(StoreError::Fenced { .. })),
+        "{outcome:?}"
+    );
+    for instance in &created {
+        let now = store.get_instance(instance.id).await.unwrap();
+        assert_eq!(now.worker_id, None, "nothing placed");
+        assert_eq!(now.updated_at, instance.updated_at);
+    }
 }
