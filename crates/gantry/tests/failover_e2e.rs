@@ -136,8 +136,18 @@ async fn worker_moves_to_another_server_within_heartbeats_without_restarting_ins
         "moved {gap} ms after the kill, more than two heartbeats; worker log:\n{}",
         tail(&worker.log_text(), 20)
     );
-    let now_on = switched_to(&worker.log_text())
-        .unwrap_or_else(|| panic!("no switch logged:\n{}", tail(&worker.log_text(), 20)));
+    // The server wrote the heartbeat before it answered; the worker logs the switch when
+    // the answer arrives, a moment after the test may have seen the heartbeat.
+    let mut now_on = None;
+    for _ in 0..100 {
+        now_on = switched_to(&worker.log_text());
+        if now_on.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let now_on =
+        now_on.unwrap_or_else(|| panic!("no switch logged:\n{}", tail(&worker.log_text(), 20)));
     let current = servers
         .iter()
         .position(|s| s.base == now_on)
