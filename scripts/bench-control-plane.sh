@@ -66,8 +66,9 @@ fi
 
 log "building gantry and control-plane-load (profile $PROFILE)"
 cargo build -q --profile "$PROFILE" --bin gantry --bin control-plane-load
-dir=target/$PROFILE
-[[ "$PROFILE" = dev ]] && dir=target/debug
+target_dir="${CARGO_TARGET_DIR:-target}"
+dir=$target_dir/$PROFILE
+[[ "$PROFILE" = dev ]] && dir=$target_dir/debug
 GANTRY="$dir/gantry"
 LOAD="$dir/control-plane-load"
 [[ -x "$GANTRY" && -x "$LOAD" ]] || die "binaries not found under $dir"
