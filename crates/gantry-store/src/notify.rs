@@ -28,6 +28,8 @@ const MAX_PAYLOAD: usize = 7900;
 
 /// How many changes may wait to be sent before new ones are dropped (with a warning).
 const QUEUE: usize = 4096;
+/// Most changes sent in one statement.
+const BATCH: usize = 64;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Envelope {
@@ -146,27 +148,38 @@ pub(crate) async fn start(
     );
     let (queue, mut outgoing) = mpsc::channel::<String>(QUEUE);
 
-    // One sender, so notifications leave in the order the changes were committed.
+    // One sender, so notifications leave in the order the changes were committed. What
+    // queued up meanwhile leaves together, up to BATCH in one statement: one round trip
+    // per burst instead of one per change, so a burst of writes (a scheduler pass placing
+    // hundreds of instances) does not overflow the queue.
     let pool = store.pool.clone();
     let send_cancel = cancel.clone();
     tokio::spawn(async move {
+        let mut batch: Vec<String> = Vec::with_capacity(BATCH);
         loop {
-            let payload = tokio::select! {
+            batch.clear();
+            tokio::select! {
                 () = send_cancel.cancelled() => return,
-                payload = outgoing.recv() => match payload {
-                    Some(payload) => payload,
-                    None => return,
+                received = outgoing.recv_many(&mut batch, BATCH) => if received == 0 {
+                    return;
                 },
-            };
+            }
             // pg_notify returns void, which the Any driver cannot describe: count it.
-            if let Err(e) =
-                sqlx::query("SELECT COUNT(*) AS n FROM (SELECT pg_notify($1, $2)) AS sent")
-                    .bind(CHANNEL)
-                    .bind(&payload)
-                    .execute(&pool)
-                    .await
-            {
-                tracing::warn!(error = %e, "could not notify other servers of a change");
+            // Rows of VALUES are notified in their order.
+            let rows: Vec<String> = (0..batch.len())
+                .map(|i| format!("(${}::text)", i + 2))
+                .collect();
+            let sql = format!(
+                "SELECT COUNT(*) AS n FROM (SELECT pg_notify($1, t.payload) \
+                 FROM (VALUES {}) AS t(payload)) AS sent",
+                rows.join(", ")
+            );
+            let mut query = sqlx::query(&sql).bind(CHANNEL);
+            for payload in &batch {
+                query = query.bind(payload);
+            }
+            if let Err(e) = query.execute(&pool).await {
+                tracing::warn!(error = %e, changes = batch.len(), "could not notify other servers of changes");
             }
         }
     });

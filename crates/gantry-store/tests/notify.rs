@@ -81,3 +81,32 @@ async fn changes_made_through_one_store_reach_the_other() {
         "model created, instance created, model updated, instance and model deleted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_changes_reaches_the_other_store_whole_and_in_order() {
+    let db = TestDatabase::new(TestEngine::Postgres).await;
+    let a = db.open().await;
+    let b = db.open().await;
+    let mut seen_by_b = b.subscribe();
+
+    // 300 instances in one write: 300 changes queued at once, sent in batches.
+    let created = a.create_model(&model("burst")).await.unwrap();
+    let replicas: Vec<u32> = (0..300).collect();
+    let instances = a
+        .create_instances(&created, &replicas, &Fence::Unfenced)
+        .await
+        .unwrap();
+    match &*next(&mut seen_by_b).await {
+        Change::Model(ChangeKind::Created, m) => assert_eq!(m.id, created.id),
+        other => panic!("unexpected {other:?}"),
+    }
+    let mut received = Vec::new();
+    for _ in 0..instances.len() {
+        match &*next(&mut seen_by_b).await {
+            Change::Instance(ChangeKind::Created, i) => received.push(i.id),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let sent: Vec<i64> = instances.iter().map(|i| i.id).collect();
+    assert_eq!(received, sent, "every change, in the order it was made");
+}
