@@ -166,13 +166,10 @@ pub(crate) async fn start(
             }
             // pg_notify returns void, which the Any driver cannot describe: count it.
             // Rows of VALUES are notified in their order.
-            let rows: Vec<String> = (0..batch.len())
-                .map(|i| format!("(${}::text)", i + 2))
-                .collect();
             let sql = format!(
                 "SELECT COUNT(*) AS n FROM (SELECT pg_notify($1, t.payload) \
                  FROM (VALUES {}) AS t(payload)) AS sent",
-                rows.join(", ")
+                crate::scheduling::values_rows(batch.len(), &["TEXT"], 2)
             );
             let mut query = sqlx::query(&sql).bind(CHANNEL);
             for payload in &batch {

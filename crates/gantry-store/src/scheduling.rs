@@ -364,7 +364,7 @@ impl Store {
 /// The rows of a `VALUES` list: `rows` tuples of `types.len()` parameters each, numbered
 /// from `$first`, each cast to its column's SQL type (both engines name the columns
 /// `column1`, `column2`, …; the casts give PostgreSQL their types).
-fn values_rows(rows: usize, types: &[&str], first: usize) -> String {
+pub(crate) fn values_rows(rows: usize, types: &[&str], first: usize) -> String {
     (0..rows)
         .map(|row| {
             let columns = types
