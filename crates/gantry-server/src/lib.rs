@@ -15,6 +15,7 @@ pub mod controllers;
 pub mod error;
 pub mod extract;
 pub mod feeds;
+mod http_server;
 pub mod service;
 pub mod staging;
 pub mod state;
@@ -25,7 +26,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use gantry_auth::jwt::JwtKeys;
 use gantry_auth::{AuthConfig, Authenticator};
 use gantry_gateway::eject::EjectionPolicy;
@@ -112,23 +112,6 @@ impl RunningServer {
         tracing::info!("shutting down: closing the database connections");
         state.store.close().await;
     }
-}
-
-/// While the server drains, every response closes its connection, so clients holding a
-/// keep-alive connection move to another server before this one stops accepting.
-async fn close_while_draining(
-    axum::extract::State(draining): axum::extract::State<CancellationToken>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let mut response = next.run(request).await;
-    if draining.is_cancelled() {
-        response.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-    }
-    response
 }
 
 /// Opens the store, bootstraps first-start state and starts serving. Returns once the
@@ -251,26 +234,17 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     state
         .cluster
         .set_inflight_source(move || u64::try_from(metrics.in_flight()).unwrap_or(0));
-    let app = api::router(state.clone())
-        .merge(gantry_gateway::router(&gateway))
-        .layer(axum::middleware::from_fn_with_state(
-            state.draining.clone(),
-            close_while_draining,
-        ));
-    let shutdown = state.shutdown.clone();
-    // Small writes (gateway SSE chunks, watch-stream lines) must leave at once: with
-    // Nagle's algorithm on, each waits for the client's delayed ACK (about 40 ms).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
-        }
-    });
-    state.tasks.spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "HTTP server stopped with an error");
-        }
-    });
+    let dispatch = http_server::Dispatch {
+        router: api::router(state.clone()).merge(gantry_gateway::router(&gateway)),
+        gateway: gateway.clone(),
+        draining: state.draining.clone(),
+    };
+    state.tasks.spawn(http_server::serve(
+        listener,
+        dispatch,
+        state.shutdown.clone(),
+        state.tasks.clone(),
+    ));
     tracing::info!(
         server_id = %state.config.server_id,
         %addr,

@@ -1,0 +1,177 @@
+//! The server's HTTP/1.1 front: one accept loop on one port for the management API, the
+//! console and the gateway.
+//!
+//! The gateway's hot routes (`POST /v1/chat/completions`, `/v1/completions`,
+//! `/v1/embeddings`) are matched on method and path here and go straight to
+//! [`gantry_gateway::proxy::forward`], skipping the router's matching and its middleware;
+//! every other request falls through to the axum router. Either way, while the server
+//! drains, responses carry `Connection: close` so that clients move to another server.
+//!
+//! Connections are served by hyper directly (as `axum::serve` does, without its generic
+//! layers), with `TCP_NODELAY` so that small writes (SSE chunks, watch lines) leave at
+//! once. On shutdown the loop stops accepting and every connection finishes the request
+//! it is answering, then closes; the connections are tasks of the server's
+//! [`TaskTracker`], which shutdown waits for.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, Method, Request, Response};
+use axum::Router;
+use gantry_gateway::proxy::{self, Endpoint};
+use gantry_gateway::Gateway;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::Service;
+
+/// The gateway endpoint a request is for, when it is one of the hot routes.
+fn hot_route(method: &Method, path: &str) -> Option<Endpoint> {
+    if method != Method::POST {
+        return None;
+    }
+    match path {
+        "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+        "/v1/completions" => Some(Endpoint::Completions),
+        "/v1/embeddings" => Some(Endpoint::Embeddings),
+        _ => None,
+    }
+}
+
+/// Routes one request: a hot route to the proxy, anything else to the router.
+#[derive(Clone)]
+pub(crate) struct Dispatch {
+    pub router: Router,
+    pub gateway: Gateway,
+    /// Cancelled once the server drains.
+    pub draining: CancellationToken,
+}
+
+type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for Dispatch {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let draining = self.draining.clone();
+        match hot_route(request.method(), request.uri().path()) {
+            Some(endpoint) => {
+                let gateway = self.gateway.clone();
+                Box::pin(async move {
+                    let response = proxy::forward(gateway, endpoint, request.map(Body::new)).await;
+                    Ok(close_while_draining(&draining, response))
+                })
+            }
+            None => {
+                let mut router = self.router.clone();
+                Box::pin(async move {
+                    let response = match router.call(request).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    };
+                    Ok(close_while_draining(&draining, response))
+                })
+            }
+        }
+    }
+}
+
+/// While the server drains, tells the client to close the connection after this response.
+pub(crate) fn close_while_draining(
+    draining: &CancellationToken,
+    mut response: Response<Body>,
+) -> Response<Body> {
+    if draining.is_cancelled() {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// Accepts connections on `listener` and serves them with `dispatch` until `shutdown`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    dispatch: Dispatch,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors or a connection reset before accept: wait a
+                // moment rather than spin, as hyper's and axum's loops do.
+                tracing::warn!(error = %e, "accepting a connection failed; retrying in 100 ms");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, %peer, "could not set TCP_NODELAY on an accepted connection");
+        }
+        let service = dispatch.clone();
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .with_upgrades();
+            tokio::pin!(connection);
+            let outcome = tokio::select! {
+                outcome = connection.as_mut() => outcome,
+                () = shutdown.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = outcome {
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_posts_to_the_three_openai_endpoints_are_hot() {
+        assert_eq!(
+            hot_route(&Method::POST, "/v1/chat/completions"),
+            Some(Endpoint::ChatCompletions)
+        );
+        assert_eq!(
+            hot_route(&Method::POST, "/v1/completions"),
+            Some(Endpoint::Completions)
+        );
+        assert_eq!(
+            hot_route(&Method::POST, "/v1/embeddings"),
+            Some(Endpoint::Embeddings)
+        );
+        assert_eq!(hot_route(&Method::GET, "/v1/chat/completions"), None);
+        assert_eq!(hot_route(&Method::POST, "/v1/models"), None);
+        assert_eq!(hot_route(&Method::POST, "/v1/chat/completions/"), None);
+        assert_eq!(hot_route(&Method::POST, "/api/v1/models"), None);
+    }
+
+    #[test]
+    fn draining_closes_connections() {
+        let draining = CancellationToken::new();
+        let response = close_while_draining(&draining, Response::new(Body::empty()));
+        assert!(response.headers().get(header::CONNECTION).is_none());
+        draining.cancel();
+        let response = close_while_draining(&draining, Response::new(Body::empty()));
+        assert_eq!(response.headers()[header::CONNECTION], "close");
+    }
+}
