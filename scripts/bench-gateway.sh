@@ -25,7 +25,9 @@
 #
 # Environment: BENCH_DURATION (seconds per run, default 10), BENCH_CONCURRENCY (default
 # "64 8"), BENCH_THREADS (wrk threads, default 2), BENCH_REPEAT (runs per target, taking
-# turns; the medians are printed; default 3), CARGO_TARGET_DIR (as for cargo).
+# turns; the medians are printed; default 3), CARGO_TARGET_DIR (as for cargo),
+# BENCH_PERF (a directory: instead of the comparison, profile the gateway and nginx with
+# `perf record -g` under each load and write each profile and its top symbols there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -211,6 +213,26 @@ run() { # run MODE CONCURRENCY URL PID... -> "rps p50 p99 cpu-us-per-request err
 
 NGINX_WORKERS=($(pgrep -P "${PIDS[1]}")) || die "no nginx worker processes"
 GANTRY_PID="${PIDS[2]}"
+if [[ -n "${BENCH_PERF:-}" ]]; then
+  command -v perf >/dev/null 2>&1 || die "BENCH_PERF needs perf (apt-get install linux-perf)"
+  mkdir -p "$BENCH_PERF"
+  for conc in $CONCURRENCY; do
+    for mode in plain stream; do
+      for target in gateway nginx; do
+        if [[ $target == gateway ]]; then url=$BASE; pids=$GANTRY_PID; else url="http://127.0.0.1:$NGINX_PORT"; pids=$(IFS=,; echo "${NGINX_WORKERS[*]}"); fi
+        wrk -t1 -c"$conc" -d1s -s "$WORK/$mode.lua" "$url/v1/chat/completions" >/dev/null
+        data="$BENCH_PERF/$target-$mode-$conc.data"
+        perf record -q -F 1999 -g -p "$pids" -o "$data" -- sleep "$DURATION" 2>/dev/null &
+        perf_pid=$!
+        out=$(wrk -t"$WRK_THREADS" -c"$conc" -d"${DURATION}s" -s "$WORK/$mode.lua" "$url/v1/chat/completions")
+        wait "$perf_pid" || true
+        perf report -i "$data" --no-children --sort dso,symbol --stdio 2>/dev/null | grep -v '^#' | grep -E '^ +[0-9]' | head -60 >"${data%.data}.top.txt" || true
+        log "$target $mode c$conc: $(awk '/^Requests\/sec:/ {print $2}' <<<"$out") req/s; profile $data, top symbols ${data%.data}.top.txt"
+      done
+    done
+  done
+  exit 0
+fi
 log "measuring: ${DURATION}s per run, $REPEAT repetitions (medians shown), wrk with $WRK_THREADS threads, $(nproc) CPUs"
 log "cpu us/req: user+system CPU time of the target (responder, nginx workers, gantry) per request"
 printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' errors

@@ -26,6 +26,30 @@ use gantry_testkit::{TestDatabase, TestEngine};
 use gantry_types::InstanceState;
 use serde_json::json;
 
+/// Where the sockets and the backends' threads stood, appended to
+/// `/tmp/rolling-restart-logs/sockets.txt`: taken when a request times out or a server
+/// takes long to stop, to find where a stuck request waits.
+fn snapshot_sockets(why: &str) {
+    let dir = std::path::Path::new("/tmp/rolling-restart-logs");
+    let _ = std::fs::create_dir_all(dir);
+    let mut text = format!("=== {why}\n");
+    for (program, args) in [
+        ("ss", &["-tnpioe"][..]),
+        ("ps", &["-eLo", "pid,tid,stat,wchan:32,comm,args"][..]),
+    ] {
+        match std::process::Command::new(program).args(args).output() {
+            Ok(out) => text.push_str(&String::from_utf8_lossy(&out.stdout)),
+            Err(e) => text.push_str(&format!("{program}: {e}\n")),
+        }
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("sockets.txt"))
+        .unwrap();
+    std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
+}
+
 /// What the load generator saw.
 #[derive(Default)]
 struct Tally {
@@ -58,13 +82,20 @@ async fn one_request(
     let response = match response {
         Ok(response) => response,
         Err(e) if e.is_connect() => return Err(None),
-        Err(e) => return Err(Some(format!("{base} (stream {stream}): {e:?}"))),
+        Err(e) => {
+            if e.is_timeout() {
+                snapshot_sockets(&format!("request to {base} (stream {stream}) timed out"));
+            }
+            return Err(Some(format!("{base} (stream {stream}): {e:?}")));
+        }
     };
     let status = response.status();
-    let body = response
-        .text()
-        .await
-        .map_err(|e| Some(format!("{base} (stream {stream}): body: {e:?}")))?;
+    let body = response.text().await.map_err(|e| {
+        if e.is_timeout() {
+            snapshot_sockets(&format!("body from {base} (stream {stream}) timed out"));
+        }
+        Some(format!("{base} (stream {stream}): body: {e:?}"))
+    })?;
     if !status.is_success() {
         return Err(Some(format!("{base} (stream {stream}): {status}: {body}")));
     }
@@ -203,7 +234,13 @@ async fn gateway_requests_keep_succeeding_through_a_rolling_restart() {
     for (i, server) in servers.iter_mut().enumerate() {
         let before = tally.ok.load(Ordering::Relaxed);
         let asked = began.elapsed();
+        let base = server.base.clone();
+        let slow_stop = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            snapshot_sockets(&format!("{base} still stopping 15 s after SIGTERM"));
+        });
         server.restart(Duration::from_secs(20)).await;
+        slow_stop.abort();
         println!(
             "server {i} ({}) restarted ({asked:?} to {:?} after the load began); {} requests \
              succeeded meanwhile",
