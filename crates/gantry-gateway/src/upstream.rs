@@ -59,9 +59,11 @@ pub enum ConnectError {
 /// One HTTP/1.1 connection to an instance.
 pub struct UpstreamConnection {
     sender: SendRequest<Full<Bytes>>,
-    driver: Connection<TokioIo<TcpStream>, Full<Bytes>>,
-    /// The driver has finished (the connection is closed); it must not be polled again.
-    closed: bool,
+    /// The connection's IO; `None` once it has finished (the connection is closed).
+    /// It is dropped then, not kept: a request queued on a connection that closed before
+    /// writing it is answered with a "canceled" error only when the driver is dropped,
+    /// and would otherwise wait forever.
+    driver: Option<Connection<TokioIo<TcpStream>, Full<Bytes>>>,
     /// It carried an earlier request (and may have been closed by the instance since).
     pub reused: bool,
 }
@@ -69,7 +71,7 @@ pub struct UpstreamConnection {
 impl std::fmt::Debug for UpstreamConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamConnection")
-            .field("closed", &self.closed)
+            .field("closed", &self.driver.is_none())
             .field("reused", &self.reused)
             .finish_non_exhaustive()
     }
@@ -103,8 +105,7 @@ impl UpstreamConnection {
             })?;
         Ok(Self {
             sender,
-            driver,
-            closed: false,
+            driver: Some(driver),
             reused: false,
         })
     }
@@ -112,14 +113,15 @@ impl UpstreamConnection {
     /// Polls the connection's IO: writes the request, reads the response into the
     /// response body. Call it whenever the task using the connection is polled.
     pub fn drive(&mut self, cx: &mut Context<'_>) {
-        if self.closed {
+        let Some(driver) = self.driver.as_mut() else {
             return;
-        }
-        if let Poll::Ready(result) = Pin::new(&mut self.driver).poll(cx) {
+        };
+        if let Poll::Ready(result) = Pin::new(driver).poll(cx) {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "connection to an instance ended with an error");
             }
-            self.closed = true;
+            // Cancels a request still queued on it (see `driver`).
+            self.driver = None;
         }
     }
 
@@ -128,7 +130,7 @@ impl UpstreamConnection {
     fn settle(&mut self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
         self.drive(&mut cx);
-        !self.closed && self.sender.is_ready()
+        self.driver.is_some() && self.sender.is_ready()
     }
 
     /// Sends a request (origin-form URI, `Host` set) and waits for the response head,
@@ -215,5 +217,86 @@ impl ConnectionPool {
 
     pub fn idle_count(&self) -> usize {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use hyper::body::Body as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn request() -> Request<Full<Bytes>> {
+        Request::builder()
+            .uri("/v1/chat/completions")
+            .header(hyper::header::HOST, "instance")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    }
+
+    /// Reads a response body to its end, driving the connection meanwhile.
+    async fn read_body(connection: &mut UpstreamConnection, response: Response<Incoming>) {
+        let mut body = response.into_body();
+        loop {
+            let frame = poll_fn(|cx| {
+                connection.drive(cx);
+                Pin::new(&mut body).poll_frame(cx)
+            })
+            .await;
+            match frame {
+                Some(frame) => drop(frame.unwrap()),
+                None => return,
+            }
+        }
+    }
+
+    /// An instance that answers one request on a keep-alive connection and closes it
+    /// when told to.
+    async fn one_answer_then_close() -> (String, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (close, closed) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = vec![0u8; 4096];
+            let mut read = Vec::new();
+            while !read.windows(6).any(|w| w == b"\r\n\r\n{}") {
+                let n = socket.read(&mut buffer).await.unwrap();
+                read.extend_from_slice(&buffer[..n]);
+            }
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            let _ = closed.await;
+            drop(socket);
+        });
+        (address, close)
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_closed_before_it_was_written_fails_instead_of_waiting() {
+        let (address, close) = one_answer_then_close().await;
+        let mut connection = UpstreamConnection::connect(&address).await.unwrap();
+        let response = connection.send(request()).await.unwrap();
+        read_body(&mut connection, response).await;
+        let pool = ConnectionPool::default();
+        pool.give_back(connection);
+        // Taken while still open; the instance closes it before the next request goes.
+        let mut connection = pool.take().expect("the connection is open and idle");
+        assert!(connection.reused);
+        close.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let outcome = tokio::time::timeout(Duration::from_secs(5), connection.send(request()))
+            .await
+            .expect("the request fails at once rather than waiting for a closed connection");
+        let e = outcome.expect_err("the connection is closed");
+        assert!(
+            e.is_canceled() || e.is_incomplete_message(),
+            "a retryable error: {e:?}"
+        );
     }
 }

@@ -114,10 +114,6 @@ async fn one_request(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "flaky since 2026-11-23: fails about 2 runs in 5 (a streaming gateway request \
-            times out after 30 s, or a server does not exit within 20 s of SIGTERM); neither \
-            the new pass loop nor mimalloc is the cause (reverting either still fails); \
-            run it with --run-ignored all while investigating"]
 async fn gateway_requests_keep_succeeding_through_a_rolling_restart() {
     let db = TestDatabase::new(TestEngine::Postgres).await;
     let shared = common::ha_server_args(&db.url);

@@ -61,7 +61,12 @@ impl Process {
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .stdin(Stdio::null())
-            .env("GANTRY_LOG_LEVEL", "info");
+            // GANTRY_TEST_LOG_LEVEL (a filter, e.g. `info,gantry_gateway=debug`) while
+            // investigating a test.
+            .env(
+                "GANTRY_LOG_LEVEL",
+                std::env::var("GANTRY_TEST_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            );
         for (k, v) in env {
             command.env(k, v);
         }
