@@ -65,7 +65,9 @@ if [[ " $DATABASES " == *" postgres "* && -z "${GANTRY_TEST_POSTGRES_URL:-}" ]];
 fi
 
 log "building gantry and control-plane-load (profile $PROFILE)"
-cargo build -q --profile "$PROFILE" --bin gantry --bin control-plane-load
+# The same packages as the other bench scripts build, so that switching between them
+# does not rebuild (and re-link with fat LTO) what another one built.
+cargo build -q --profile "$PROFILE" -p gantry -p gantry-bench -p gantry-gguf --bins --example write-tiny-model
 target_dir="${CARGO_TARGET_DIR:-target}"
 dir=$target_dir/$PROFILE
 [[ "$PROFILE" = dev ]] && dir=$target_dir/debug

@@ -19,7 +19,9 @@ PROFILE="${BENCH_PROFILE:-release}"
 log() { echo "bench-scheduling: $*" >&2; }
 
 log "building gantry and scheduling-latency (profile $PROFILE)"
-cargo build -q --profile "$PROFILE" --bin gantry --bin scheduling-latency
+# The same packages as the other bench scripts build, so that switching between them
+# does not rebuild (and re-link with fat LTO) what another one built.
+cargo build -q --profile "$PROFILE" -p gantry -p gantry-bench -p gantry-gguf --bins --example write-tiny-model
 dir=target/$PROFILE
 [[ "$PROFILE" = dev ]] && dir=target/debug
 

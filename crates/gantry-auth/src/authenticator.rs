@@ -4,7 +4,8 @@
 //! - API keys `gantry_<access>_<secret>`: through the one [`CredentialCache`]; a key is
 //!   verified with argon2 once, then found by digest. Each use is recorded for the
 //!   last-used batcher; nothing is written on the request path.
-//! - Worker credentials `gantryw_…`: found by digest in the store.
+//! - Worker credentials `gantryw_…`: found by digest in the store, then kept in a
+//!   [`WorkerCredentialCache`] until the worker changes (or a minute has passed).
 //! - Server credentials `gantrys_…`: checked against the cluster's secret, no store read.
 //! - Anything else is a session token: signature and expiry, then the user's session
 //!   version in the store (a logout or password change ends older sessions at once).
@@ -27,6 +28,7 @@ use crate::last_used::{LastUsedBatcher, LAST_USED_FLUSH_INTERVAL};
 use crate::password;
 use crate::principal::Principal;
 use crate::secrets::{parse_api_key, SecretDigest, WORKER_CREDENTIAL_PREFIX};
+use crate::worker_cache::{KnownWorker, WorkerCredentialCache};
 
 /// How the authenticator caches and batches.
 #[derive(Debug, Clone)]
@@ -51,6 +53,7 @@ pub struct Authenticator {
     store: Store,
     jwt: JwtKeys,
     api_keys: CredentialCache,
+    workers: WorkerCredentialCache,
     last_used: LastUsedBatcher,
     last_used_flush_interval: std::time::Duration,
 }
@@ -61,6 +64,7 @@ impl Authenticator {
             store,
             jwt,
             api_keys: CredentialCache::new(config.api_keys),
+            workers: WorkerCredentialCache::default(),
             last_used: LastUsedBatcher::default(),
             last_used_flush_interval: config.last_used_flush_interval,
         }
@@ -87,15 +91,7 @@ impl Authenticator {
             return self.authenticate_api_key(token, secret).await;
         }
         if token.starts_with(WORKER_CREDENTIAL_PREFIX) {
-            let digest = SecretDigest::of(token).to_hex();
-            return match self.store.worker_by_credential(&digest).await {
-                Ok(worker) => Ok(Principal::Worker {
-                    worker_id: worker.id,
-                    worker_name: worker.name,
-                }),
-                Err(StoreError::NotFound { .. }) => Err(AuthError::UnknownWorkerCredential),
-                Err(e) => Err(e.into()),
-            };
+            return self.authenticate_worker(token).await;
         }
         if token.starts_with(SERVER_CREDENTIAL_PREFIX) {
             return self
@@ -120,6 +116,32 @@ impl Authenticator {
             user: Arc::new(record.user),
             api_key_id: None,
         })
+    }
+
+    async fn authenticate_worker(&self, token: &str) -> Result<Principal, AuthError> {
+        let digest = SecretDigest::of(token);
+        if let Some(known) = self.workers.get(&digest) {
+            return Ok(Principal::Worker {
+                worker_id: known.worker_id,
+                worker_name: known.worker_name.to_string(),
+            });
+        }
+        let began = self.workers.begin_lookup();
+        match self.store.worker_by_credential(&digest.to_hex()).await {
+            Ok(worker) => {
+                let known = KnownWorker {
+                    worker_id: worker.id,
+                    worker_name: Arc::from(worker.name.as_str()),
+                };
+                self.workers.store(began, digest, known);
+                Ok(Principal::Worker {
+                    worker_id: worker.id,
+                    worker_name: worker.name,
+                })
+            }
+            Err(StoreError::NotFound { .. }) => Err(AuthError::UnknownWorkerCredential),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn authenticate_api_key(
@@ -184,6 +206,7 @@ impl Authenticator {
     /// Applies a committed change to the cache.
     pub fn apply(&self, change: &Change) {
         self.api_keys.apply(change);
+        self.workers.apply(change);
     }
 
     /// Writes the pending API-key last-used times.

@@ -22,6 +22,7 @@ pub mod last_used;
 pub mod password;
 pub mod principal;
 pub mod secrets;
+pub mod worker_cache;
 
 pub use authenticator::{AuthConfig, Authenticator};
 pub use error::AuthError;

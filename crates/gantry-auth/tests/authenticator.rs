@@ -168,6 +168,40 @@ async fn a_deleted_key_is_refused_once_the_change_arrives(engine: TestEngine) {
     fx.stop().await;
 }
 
+async fn a_deleted_workers_credential_is_refused_by_the_next_request(engine: TestEngine) {
+    let fx = Fixture::new(engine).await;
+    let credential = generate_worker_credential();
+    let worker = fx
+        .store
+        .create_worker(
+            "w1",
+            &Default::default(),
+            "127.0.0.1:1",
+            &Default::default(),
+            &digest(&credential),
+        )
+        .await
+        .unwrap();
+    // The second call is served from the worker credential cache.
+    for _ in 0..2 {
+        let Principal::Worker {
+            worker_id,
+            worker_name,
+        } = fx.authenticator.authenticate(&credential).await.unwrap()
+        else {
+            panic!("a worker credential is a worker");
+        };
+        assert_eq!((worker_id, worker_name.as_str()), (worker.id, "w1"));
+    }
+    fx.store.delete_worker(worker.id).await.unwrap();
+    // The store's change reaches the cache inline, before the delete returns.
+    assert!(matches!(
+        fx.authenticator.authenticate(&credential).await,
+        Err(AuthError::UnknownWorkerCredential)
+    ));
+    fx.stop().await;
+}
+
 async fn last_used_times_are_written_by_the_flusher_not_the_request(engine: TestEngine) {
     let fx = Fixture::new(engine).await;
     let (key, record) = fx.api_key("k", None).await;
@@ -193,5 +227,6 @@ async fn last_used_times_are_written_by_the_flusher_not_the_request(engine: Test
 test_both_engines!(
     credentials_resolve_to_their_principal,
     a_deleted_key_is_refused_once_the_change_arrives,
+    a_deleted_workers_credential_is_refused_by_the_next_request,
     last_used_times_are_written_by_the_flusher_not_the_request,
 );

@@ -142,6 +142,15 @@ async fn silent_workers_become_not_ready_then_unreachable_and_recover(engine: Te
 
     let back = worker.heartbeat().await.unwrap();
     assert_eq!(back.state, WorkerState::Ready);
+    // A ready worker's heartbeat (the one-statement path) moves only its time.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let again = worker.heartbeat().await.unwrap();
+    assert_eq!(again.state, WorkerState::Ready);
+    assert_eq!(again.state_message, back.state_message);
+    assert!(
+        again.last_heartbeat_at > back.last_heartbeat_at,
+        "{again:?} after {back:?}"
+    );
 
     // Goodbye marks it not_ready at once.
     worker.goodbye().await.unwrap();

@@ -225,6 +225,20 @@ impl Store {
         self.write_worker(statement, moves).await
     }
 
+    /// Records a heartbeat of a worker that is `ready` and stays so: one statement, no
+    /// change published. `None` when the worker is not `ready` (or does not exist); the
+    /// caller then decides its state with [`Store::record_heartbeat`].
+    pub async fn record_heartbeat_of_ready(&self, id: i64) -> Result<Option<Worker>, StoreError> {
+        let sql = format!(
+            "UPDATE workers SET last_heartbeat_at = $2 WHERE id = $1 AND state = 'ready' \
+             RETURNING {COLUMNS}"
+        );
+        let statement = sqlx::query(&sql)
+            .bind(id)
+            .bind(Timestamp::now().as_millis());
+        self.write_worker(statement, false).await
+    }
+
     /// Stores a worker's hardware report.
     pub async fn set_worker_status(
         &self,

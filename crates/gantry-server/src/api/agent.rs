@@ -83,7 +83,8 @@ pub async fn heartbeat(
 }
 
 /// The active servers a worker may call, lowest load score first: a worker keeps its list
-/// of servers fresh from this and (re)connects to the least loaded.
+/// of servers fresh from this and (re)connects to the least loaded. Read at most every
+/// [`crate::cluster::DIRECTORY_FRESH_FOR`] per server.
 #[utoipa::path(get, path = "/api/v1/worker/servers", tag = "worker-agent", security(("bearer" = [])),
     responses((status = 200, body = gantry_types::ServerDirectory), (status = 401, body = gantry_types::ErrorBody)))]
 pub async fn servers(
@@ -91,6 +92,9 @@ pub async fn servers(
     Auth(principal): Auth,
 ) -> ApiResult<Json<gantry_types::ServerDirectory>> {
     calling_worker(&principal)?;
+    if let Some(servers) = state.cluster.fresh_directory() {
+        return Ok(Json(gantry_types::ServerDirectory { servers }));
+    }
     let mut servers: Vec<gantry_types::ServerInfo> = super::coordinator::servers_of(&state)
         .await?
         .into_iter()
@@ -101,6 +105,7 @@ pub async fn servers(
             .total_cmp(&b.load_score)
             .then_with(|| a.server_id.cmp(&b.server_id))
     });
+    state.cluster.keep_directory(&servers);
     Ok(Json(gantry_types::ServerDirectory { servers }))
 }
 

@@ -1,6 +1,7 @@
 //! This server's place among the servers sharing a database: its scheduling mode, the
 //! coordinator that says whether it leads (and with which fencing token), the registry
-//! row it keeps fresh (`registry.rs`), and the workers whose heartbeats reach it.
+//! row it keeps fresh (`registry.rs`), the workers whose heartbeats reach it, and the
+//! server directory it gives them.
 //!
 //! The rules of who may write what:
 //!
@@ -20,9 +21,14 @@ use std::time::{Duration, Instant};
 
 use gantry_coord::Coordinator;
 use gantry_store::{Fence, StoreError};
-use gantry_types::{ServerLoad, ServerRole};
+use gantry_types::{ServerInfo, ServerLoad, ServerRole};
 
 use crate::config::SchedulingMode;
+
+/// How long the server directory given to workers is reused: every worker asks for it
+/// every heartbeat interval (thousands a second in a large cluster), and it changes
+/// only when a server comes, goes or reports its load.
+pub const DIRECTORY_FRESH_FOR: Duration = Duration::from_millis(250);
 
 /// The name of the lock a server holds while it places (distributed scheduling).
 pub const SCHEDULING_LOCK: &str = "scheduler:placement";
@@ -43,6 +49,8 @@ pub struct Cluster {
     connected: Mutex<HashMap<i64, Instant>>,
     /// Gateway requests in flight here (set once the gateway runs).
     inflight: OnceLock<Box<dyn Fn() -> u64 + Send + Sync>>,
+    /// The active servers as last given to a worker, with when they were read.
+    directory: Mutex<Option<(Instant, Vec<ServerInfo>)>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -70,11 +78,27 @@ impl Cluster {
             url,
             connected: Mutex::default(),
             inflight: OnceLock::new(),
+            directory: Mutex::default(),
         }
     }
 
     pub fn server_id(&self) -> &str {
         self.coordinator.server_id()
+    }
+
+    /// The server directory read less than [`DIRECTORY_FRESH_FOR`] ago, if any.
+    pub fn fresh_directory(&self) -> Option<Vec<ServerInfo>> {
+        let directory = self.directory.lock().unwrap_or_else(|e| e.into_inner());
+        directory
+            .as_ref()
+            .filter(|(read_at, _)| read_at.elapsed() < DIRECTORY_FRESH_FOR)
+            .map(|(_, servers)| servers.clone())
+    }
+
+    /// Keeps a directory just read for [`Cluster::fresh_directory`].
+    pub fn keep_directory(&self, servers: &[ServerInfo]) {
+        *self.directory.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((Instant::now(), servers.to_vec()));
     }
 
     /// The fence of a leader-only write now: `None` when this server does not lead.

@@ -131,6 +131,10 @@ pub async fn register(
 
 /// Records a heartbeat of a worker; returns it with the state it had before.
 pub async fn heartbeat(store: &Store, worker_id: i64) -> ApiResult<(Worker, WorkerState)> {
+    // Almost every heartbeat is of a ready worker that stays ready: one write.
+    if let Some(worker) = store.record_heartbeat_of_ready(worker_id).await? {
+        return Ok((worker, WorkerState::Ready));
+    }
     let mut current = store.get_worker(worker_id).await?;
     let before = current.state;
     for _ in 0..STATE_WRITE_ATTEMPTS {
