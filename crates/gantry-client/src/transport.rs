@@ -130,11 +130,27 @@ impl Client {
     /// A client of several servers of one cluster: it uses one and moves to the next when
     /// that one fails. `urls` must not be empty.
     pub fn with_servers(urls: Vec<String>) -> Self {
-        assert!(!urls.is_empty(), "a client needs at least one server URL");
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .build()
             .expect("a reqwest client without TLS settings builds");
+        Self::over(urls, http)
+    }
+
+    /// Like [`Client::with_servers`], trusting the certificates in `ca_pem` (PEM, one or
+    /// more) as well as the system's roots: for `https://` servers whose certificate a
+    /// private CA issued, or a self-signed one (`server_ca_file`). Fails when `ca_pem`
+    /// holds no usable certificate.
+    pub fn with_servers_trusting(urls: Vec<String>, ca_pem: &[u8]) -> Result<Self, reqwest::Error> {
+        let mut builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        for certificate in reqwest::Certificate::from_pem_bundle(ca_pem)? {
+            builder = builder.add_root_certificate(certificate);
+        }
+        Ok(Self::over(urls, builder.build()?))
+    }
+
+    fn over(urls: Vec<String>, http: reqwest::Client) -> Self {
+        assert!(!urls.is_empty(), "a client needs at least one server URL");
         Client {
             inner: Arc::new(Inner {
                 servers: RwLock::new(Servers {
@@ -277,7 +293,7 @@ impl Client {
                     self.switch_to(base);
                     return Err(error);
                 }
-                Err(e) => last = format!("{url}: {e}"),
+                Err(e) => last = format!("{url}: {}", with_causes(&e)),
             }
         }
         Err(ClientError::Unreachable {
@@ -361,5 +377,65 @@ async fn error_of(url: String, response: Response) -> ClientError {
     match serde_json::from_str::<ErrorBody>(&body) {
         Ok(ErrorBody { error }) => ClientError::Api { url, status, error },
         Err(_) => ClientError::Status { url, status, body },
+    }
+}
+
+/// An error with every cause under it (`a: b: c`): reqwest's own message names only the
+/// URL, and the reason — refused, timed out, a certificate not trusted — is in the
+/// causes. A cause whose message its parent already includes is left out.
+fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let message = e.to_string();
+        if !text.contains(&message) {
+            text.push_str(": ");
+            text.push_str(&message);
+        }
+        cause = e.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1
+                .as_deref()
+                .map(|e| e as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    #[test]
+    fn an_error_is_shown_with_its_causes_once_each() {
+        let error = Layer(
+            "error sending request",
+            Some(Box::new(Layer(
+                "client error (Connect)",
+                Some(Box::new(Layer(
+                    "Connect",
+                    Some(Box::new(Layer(
+                        "invalid peer certificate: UnknownIssuer",
+                        None,
+                    ))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            with_causes(&error),
+            "error sending request: client error (Connect): invalid peer certificate: UnknownIssuer"
+        );
     }
 }

@@ -71,6 +71,8 @@ pub struct ServerConfig {
     /// How other servers, workers and the console reach this server; `None` derives it
     /// from the bound address (see [`ServerConfig::advertised_url`]).
     pub advertise_url: Option<String>,
+    /// Serve HTTPS with this certificate and key (`tls_cert_file`, `tls_key_file`).
+    pub tls: Option<crate::tls::TlsFiles>,
     /// How scheduling is shared between servers.
     pub scheduling_mode: SchedulingMode,
     /// The leader lease's TTL and renewal interval (distributed mode).
@@ -136,6 +138,7 @@ impl ServerConfig {
             bootstrap_password: None,
             server_id: DEFAULT_SERVER_ID.to_string(),
             advertise_url: None,
+            tls: None,
             scheduling_mode: SchedulingMode::Auto,
             lease_ttl: DEFAULT_LEASE_TTL,
             lease_renew_interval: DEFAULT_LEASE_RENEW_INTERVAL,
@@ -184,8 +187,9 @@ impl ServerConfig {
         }
     }
 
-    /// The URL this server is reached at: `advertise_url`, else `http://host:port` of the
-    /// bound address, with the machine's hostname for a wildcard host.
+    /// The URL this server is reached at: `advertise_url`, else `http://host:port` (or
+    /// `https://` with TLS) of the bound address, with the machine's hostname for a
+    /// wildcard host.
     pub fn advertised_url(&self, bound: std::net::SocketAddr) -> String {
         if let Some(url) = &self.advertise_url {
             return url.trim_end_matches('/').to_string();
@@ -202,6 +206,7 @@ impl ServerConfig {
                 ip => ip.to_string(),
             }
         };
-        format!("http://{host}:{}", bound.port())
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{host}:{}", bound.port())
     }
 }

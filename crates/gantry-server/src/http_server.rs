@@ -9,7 +9,8 @@
 //!
 //! Connections are served by hyper directly (as `axum::serve` does, without its generic
 //! layers), with `TCP_NODELAY` so that small writes (SSE chunks, watch lines) leave at
-//! once. On shutdown the loop stops accepting and every connection finishes the request
+//! once, and through TLS when the server has a certificate (`tls.rs`; the handshake runs
+//! in the connection's task, never in the accept loop). On shutdown the loop stops accepting and every connection finishes the request
 //! it is answering, then closes; the connections are tasks of the server's
 //! [`TaskTracker`], which shutdown waits for.
 
@@ -24,7 +25,9 @@ use gantry_gateway::proxy::{self, Endpoint};
 use gantry_gateway::Gateway;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::Service;
@@ -95,9 +98,11 @@ pub(crate) fn close_while_draining(
     response
 }
 
-/// Accepts connections on `listener` and serves them with `dispatch` until `shutdown`.
+/// Accepts connections on `listener` and serves them with `dispatch` (through TLS with
+/// `tls`) until `shutdown`.
 pub(crate) async fn serve(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     dispatch: Dispatch,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -122,22 +127,49 @@ pub(crate) async fn serve(
         }
         let service = dispatch.clone();
         let shutdown = shutdown.clone();
+        let tls = tls.clone();
         tasks.spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tcp), service)
-                .with_upgrades();
-            tokio::pin!(connection);
-            let outcome = tokio::select! {
-                outcome = connection.as_mut() => outcome,
-                () = shutdown.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
+            let Some(tls) = tls else {
+                return serve_connection(tcp, service, shutdown, peer).await;
             };
-            if let Err(e) = outcome {
-                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            let handshake = tokio::select! {
+                () = shutdown.cancelled() => return,
+                handshake = tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, tls.accept(tcp)) => handshake,
+            };
+            match handshake {
+                Ok(Ok(stream)) => serve_connection(stream, service, shutdown, peer).await,
+                // A client speaking plain HTTP to the TLS port, or one that distrusts the
+                // certificate, ends here; only its side can say more.
+                Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake did not finish in time"),
             }
         });
+    }
+}
+
+/// Serves one connection (plain TCP or TLS) until it closes, finishing the request in
+/// progress at `shutdown`.
+async fn serve_connection<I>(
+    io: I,
+    service: Dispatch,
+    shutdown: CancellationToken,
+    peer: std::net::SocketAddr,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    tokio::pin!(connection);
+    let outcome = tokio::select! {
+        outcome = connection.as_mut() => outcome,
+        () = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = outcome {
+        tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
 }
 

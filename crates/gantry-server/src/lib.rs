@@ -19,6 +19,7 @@ mod http_server;
 pub mod service;
 pub mod staging;
 pub mod state;
+pub mod tls;
 pub mod ui;
 
 use std::net::SocketAddr;
@@ -137,6 +138,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
              database_url or use scheduling_mode auto"
         );
     }
+    let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let bind = format!("{}:{}", config.host, config.port);
     let listener = TcpListener::bind(&bind)
         .await
@@ -239,8 +241,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         gateway: gateway.clone(),
         draining: state.draining.clone(),
     };
+    let tls_on = tls.is_some();
     state.tasks.spawn(http_server::serve(
         listener,
+        tls,
         dispatch,
         state.shutdown.clone(),
         state.tasks.clone(),
@@ -251,6 +255,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         url = %state.cluster.url,
         database = %gantry_store::redact_url(&url),
         scheduling_mode = state.cluster.mode_name(),
+        tls = tls_on,
         "server listening"
     );
     Ok(RunningServer {

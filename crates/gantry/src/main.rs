@@ -180,6 +180,13 @@ fn server_config(config: &Config) -> ServerConfig {
         bootstrap_password: config.bootstrap_password.clone(),
         server_id: config.server_id.clone(),
         advertise_url: config.advertise_url.clone(),
+        tls: match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(cert), Some(key)) => Some(gantry_server::tls::TlsFiles {
+                cert: std::path::PathBuf::from(cert),
+                key: std::path::PathBuf::from(key),
+            }),
+            _ => None,
+        },
         scheduling_mode: config.scheduling_mode,
         lease_ttl: config.lease_ttl,
         lease_renew_interval: config.lease_renew_interval,
@@ -291,13 +298,27 @@ fn worker_config(config: &Config, role: Role, server_port: Option<u16>) -> Worke
                 .map(|t| t.trim().to_string())
                 .ok()
                 .or_else(|| config.token.clone());
-            (vec![format!("http://127.0.0.1:{port}")], token)
+            // With TLS, the advertised name (which the certificate covers) when there
+            // is one, else loopback (a certificate made for 127.0.0.1).
+            let url = match (&config.tls_cert_file, &config.advertise_url) {
+                (None, _) => format!("http://127.0.0.1:{port}"),
+                (Some(_), Some(advertised)) => advertised.trim_end_matches('/').to_string(),
+                (Some(_), None) => format!("https://127.0.0.1:{port}"),
+            };
+            (vec![url], token)
         }
         _ => (config.server_urls.clone(), config.token.clone()),
     };
+    // `gantry start` trusts its own server's certificate (it may be self-signed).
+    let server_ca_file = config.server_ca_file.clone().or_else(|| {
+        (role == Role::Both)
+            .then(|| config.tls_cert_file.clone())
+            .flatten()
+    });
     WorkerConfig {
         name: config.worker_name.clone(),
         server_urls,
+        server_ca_file: server_ca_file.map(std::path::PathBuf::from),
         registration_token,
         data_dir,
         labels: config.labels.clone(),

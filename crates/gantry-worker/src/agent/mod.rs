@@ -34,6 +34,9 @@ pub struct WorkerConfig {
     pub name: String,
     /// Every server's base URL; the worker uses one and moves on when it fails.
     pub server_urls: Vec<String>,
+    /// PEM certificates to trust for `https://` servers besides the system's roots
+    /// (`server_ca_file`).
+    pub server_ca_file: Option<PathBuf>,
     /// Needed for the first registration; later the saved credential is used.
     pub registration_token: Option<String>,
     /// Holds the credential, backend logs and other worker state.
@@ -141,7 +144,19 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     let found_backends = available_backends(&config.supervisor);
     let has_gpus = config.simulate_gpus.is_some() || !gpus.devices().is_empty();
     let backends = runnable_backends(&found_backends, &config, has_gpus);
-    let client = Client::with_servers(config.server_urls.clone());
+    let client = match &config.server_ca_file {
+        None => Client::with_servers(config.server_urls.clone()),
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("read server_ca_file {}", path.display()))?;
+            Client::with_servers_trusting(config.server_urls.clone(), &pem).with_context(|| {
+                format!(
+                    "server_ca_file {}: no usable PEM certificate (-----BEGIN CERTIFICATE-----)",
+                    path.display()
+                )
+            })?
+        }
+    };
     if let Some(cache) = &config.supervisor.model_cache {
         cache
             .sources()

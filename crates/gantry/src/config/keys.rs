@@ -77,6 +77,11 @@ config_table! {
         /// The URL other servers, workers and the console use to reach this server.
         advertise_url: Optional<Text> = None,
             shown "`http://<host>:<port>` (the hostname when `host` is `0.0.0.0`)";
+        /// PEM certificate chain (the server's certificate first) to serve HTTPS with on
+        /// `port`; needs `tls_key_file`.
+        tls_cert_file: Optional<Text> = None, shown "none (plain HTTP)";
+        /// PEM private key of `tls_cert_file`.
+        tls_key_file: Optional<Text> = None;
         /// How scheduling is shared between servers: `local` (this server alone; refused
         /// on PostgreSQL while another server is active), `distributed` (a leader elected
         /// through PostgreSQL runs the controllers) or `auto` (distributed on PostgreSQL,
@@ -122,6 +127,10 @@ config_table! {
         /// for the first registration only.
         token: Optional<Text> = None,
             shown "none (`gantry start` reads its server's token file)";
+        /// PEM certificates a worker trusts for `https://` servers besides the system's
+        /// roots: a private CA's, or a self-signed server certificate.
+        server_ca_file: Optional<Text> = None,
+            shown "none (`gantry start`: its `tls_cert_file`)";
         /// This worker's name, unique in the cluster.
         worker_name: WorkerName = default_worker_name(), shown "the hostname", also "name";
         /// Labels `k=v`, comma-separated or repeated.

@@ -334,6 +334,15 @@ impl Config {
                  set database_url or use scheduling_mode auto"
             );
         }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => bail!(
+                "tls_cert_file is set without tls_key_file; give both (or neither, for plain HTTP)"
+            ),
+            (None, Some(_)) => bail!(
+                "tls_key_file is set without tls_cert_file; give both (or neither, for plain HTTP)"
+            ),
+            _ => {}
+        }
         Ok(())
     }
 }
