@@ -106,3 +106,21 @@ where
         Ok(Self(value))
     }
 }
+
+/// The client's IP address, from its connection (`None` for a request that did not come
+/// through the server's accept loop, such as a test calling the router directly).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddress(pub Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientAddress {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|info| info.0.ip().to_canonical()),
+        ))
+    }
+}

@@ -52,6 +52,9 @@ pub(crate) struct Dispatch {
     pub gateway: Gateway,
     /// Cancelled once the server drains.
     pub draining: CancellationToken,
+    /// The client's address, set per connection; handlers read it as axum's
+    /// `ConnectInfo<SocketAddr>` (failed-login limits).
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
@@ -73,6 +76,12 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
             }
             None => {
                 let mut router = self.router.clone();
+                let mut request = request;
+                if let Some(peer) = self.peer {
+                    request
+                        .extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                }
                 Box::pin(async move {
                     let response = match router.call(request).await {
                         Ok(response) => response,
@@ -125,7 +134,10 @@ pub(crate) async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, %peer, "could not set TCP_NODELAY on an accepted connection");
         }
-        let service = dispatch.clone();
+        let service = Dispatch {
+            peer: Some(peer),
+            ..dispatch.clone()
+        };
         let shutdown = shutdown.clone();
         let tls = tls.clone();
         tasks.spawn(async move {

@@ -16,6 +16,7 @@ pub mod error;
 pub mod extract;
 pub mod feeds;
 mod http_server;
+pub mod login_limit;
 pub mod service;
 pub mod staging;
 pub mod state;
@@ -207,6 +208,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         staging,
         sources,
         assignment_feeds,
+        logins: login_limit::LoginLimiter::default(),
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);
@@ -240,6 +242,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         router: api::router(state.clone()).merge(gantry_gateway::router(&gateway)),
         gateway: gateway.clone(),
         draining: state.draining.clone(),
+        peer: None,
     };
     let tls_on = tls.is_some();
     state.tasks.spawn(http_server::serve(

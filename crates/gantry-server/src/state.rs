@@ -41,6 +41,8 @@ pub struct Shared {
     pub sources: gantry_source::Sources,
     /// Instance changes routed to the assignment streams of the workers they concern.
     pub assignment_feeds: Arc<crate::feeds::AssignmentFeeds>,
+    /// Failed logins per (username, address) and per address.
+    pub logins: crate::login_limit::LoginLimiter,
 }
 
 /// The client of model sources a server analyses models with: the configured hubs, and

@@ -647,6 +647,54 @@ async fn probes_and_openapi_are_served(engine: TestEngine) {
     server.shutdown().await;
 }
 
+async fn failed_logins_are_limited_per_address_and_username(engine: TestEngine) {
+    let server = TestServer::start(engine).await;
+    let login = |http: reqwest::Client, username: &'static str, password: &'static str| {
+        let url = format!("{}/auth/login", server.base);
+        async move {
+            http.post(url)
+                .json(&json!({"username": username, "password": password}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let here = reqwest::Client::new();
+    for _ in 0..gantry_server::login_limit::PER_USER_AND_ADDRESS {
+        let response = login(here.clone(), "admin", "wrong-password").await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+    // Refused without checking the password, even the right one.
+    let response = login(here.clone(), "admin", ADMIN_PASSWORD).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_requests", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("try again in"),
+        "{body}"
+    );
+    // Another username from this address is still checked.
+    let response = login(here.clone(), "nobody", "wrong-password").await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    // The flood from 127.0.0.1 does not lock the account for another address.
+    let elsewhere = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    let response = login(elsewhere, "admin", ADMIN_PASSWORD).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    server.shutdown().await;
+}
+
 test_both_engines!(
     tour_login_keys_users_models_instances,
     generated_admin_password_must_be_changed_at_first_login,
@@ -657,4 +705,5 @@ test_both_engines!(
     expired_api_keys_are_refused,
     watch_streams_send_existing_then_live_events,
     probes_and_openapi_are_served,
+    failed_logins_are_limited_per_address_and_username,
 );

@@ -82,6 +82,7 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
         sources: gantry_server::state::model_sources(&config, &store, &staging),
         config,
         assignment_feeds: gantry_server::feeds::AssignmentFeeds::attach(&store),
+        logins: Default::default(),
     });
     gantry_server::controllers::spawn(&state);
 

@@ -44,6 +44,8 @@ pub enum ErrorCode {
     UnsupportedMediaType,
     /// 422: the body is JSON of the right shape, but a field's value is not acceptable.
     ValidationFailed,
+    /// 429: too many attempts (failed logins); `Retry-After` says when to try again.
+    TooManyRequests,
     /// 500: the server failed (its log says why).
     Internal,
     /// 502: the worker holding the object could not be reached.
@@ -58,7 +60,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -69,6 +71,7 @@ impl ErrorCode {
         ErrorCode::PayloadTooLarge,
         ErrorCode::UnsupportedMediaType,
         ErrorCode::ValidationFailed,
+        ErrorCode::TooManyRequests,
         ErrorCode::Internal,
         ErrorCode::WorkerUnreachable,
         ErrorCode::WorkerError,
@@ -88,6 +91,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::ValidationFailed => 422,
+            ErrorCode::TooManyRequests => 429,
             ErrorCode::Internal => 500,
             ErrorCode::WorkerUnreachable | ErrorCode::WorkerError => 502,
             ErrorCode::Unavailable => 503,
@@ -110,6 +114,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::ValidationFailed => "validation_failed",
+            ErrorCode::TooManyRequests => "too_many_requests",
             ErrorCode::Internal => "internal",
             ErrorCode::WorkerUnreachable => "worker_unreachable",
             ErrorCode::WorkerError => "worker_error",

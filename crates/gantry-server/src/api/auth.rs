@@ -6,12 +6,12 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gantry_store::StoreError;
-use gantry_types::{ChangePasswordRequest, LoginRequest, LoginResponse, User};
+use gantry_types::{ChangePasswordRequest, ErrorCode, LoginRequest, LoginResponse, User};
 
 use crate::auth::principal::SESSION_COOKIE;
 use crate::auth::{password, AuthAllowingPasswordChange, Principal};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::ApiJson;
+use crate::extract::{ApiJson, ClientAddress};
 use crate::state::AppState;
 
 fn session_cookie(token: &str, max_age_secs: u64) -> HeaderValue {
@@ -47,25 +47,53 @@ fn issue(state: &AppState, user: User, session_version: i64) -> ApiResult<LoginR
 }
 
 /// Exchanges a username and password for a session token (also set as a cookie).
+/// Failed logins are limited per (username, client address) and per client address
+/// (`login_limit.rs`): past the limit the answer is 429 with `Retry-After`, and the
+/// password is not checked.
 #[utoipa::path(post, path = "/auth/login", tag = "auth", request_body = LoginRequest,
-    responses((status = 200, body = LoginResponse), (status = 401, body = gantry_types::ErrorBody)))]
+    responses((status = 200, body = LoginResponse), (status = 401, body = gantry_types::ErrorBody),
+        (status = 429, body = gantry_types::ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until this address may try again")))))]
 pub async fn login(
     State(state): State<AppState>,
+    ClientAddress(address): ClientAddress,
     ApiJson(request): ApiJson<LoginRequest>,
 ) -> ApiResult<Response> {
-    let invalid = || ApiError::unauthorized("invalid username or password");
+    if let Some(address) = address {
+        if let Some(wait) = state.logins.wait(&request.username, address) {
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            tracing::warn!(username = %request.username, %address, retry_after_s = seconds, "login refused: too many failed attempts from this address");
+            let mut response = ApiError::new(
+                ErrorCode::TooManyRequests,
+                format!("too many failed logins from this address; try again in {seconds} s"),
+            )
+            .into_response();
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(seconds));
+            return Ok(response);
+        }
+    }
+    let failed = |why: &str| {
+        if let Some(address) = address {
+            state.logins.failed(&request.username, address);
+        }
+        tracing::info!(username = %request.username, address = ?address, "login failed: {why}");
+        ApiError::unauthorized("invalid username or password")
+    };
     let record = match state.store.user_record_by_name(&request.username).await {
         Ok(record) => record,
         Err(StoreError::NotFound { .. }) => {
             password::dummy_verify(request.password).await;
-            tracing::info!(username = %request.username, "login failed: no such user");
-            return Err(invalid());
+            return Err(failed("no such user"));
         }
         Err(e) => return Err(e.into()),
     };
     if !password::verify(request.password, record.password_hash.clone()).await {
-        tracing::info!(username = %request.username, "login failed: wrong password");
-        return Err(invalid());
+        return Err(failed("wrong password"));
+    }
+    if let Some(address) = address {
+        state.logins.succeeded(&request.username, address);
     }
     tracing::info!(username = %record.user.username, user_id = record.user.id, "logged in");
     let login = issue(&state, record.user, record.session_version)?;
