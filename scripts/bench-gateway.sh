@@ -27,7 +27,12 @@
 # "64 8"), BENCH_THREADS (wrk threads, default 2), BENCH_REPEAT (runs per target, taking
 # turns; the medians are printed; default 3), CARGO_TARGET_DIR (as for cargo),
 # BENCH_PERF (a directory: instead of the comparison, profile the gateway and nginx with
-# `perf record -g` under each load and write each profile and its top symbols there).
+# `perf record -g` under each load and write each profile and its top symbols there),
+# BENCH_STREAMS (a number N: instead of the comparison, open N streaming requests through
+# the gateway at once — the responder pausing BENCH_CHUNK_MS, default 200, before each
+# event — with `stream-load`, which prints failed streams and the server's RSS before,
+# at its peak and BENCH_SETTLE seconds, default 10, after, for BENCH_ROUNDS rounds,
+# default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,8 +85,14 @@ wait_http() { # wait_http URL
   die "$1 did not answer"
 }
 
+CHUNK_MS=0
+if [[ -n "${BENCH_STREAMS:-}" ]]; then
+  CHUNK_MS="${BENCH_CHUNK_MS:-200}"
+  # A descriptor per client connection and per upstream connection, in every process.
+  ulimit -n "$(ulimit -Hn)"
+fi
 RESPONDER_PORT=$(free_port)
-"$RESPONDER" --port "$RESPONDER_PORT" --threads 2 2>"$WORK/responder.log" &
+"$RESPONDER" --port "$RESPONDER_PORT" --threads 2 --chunk-interval-ms "$CHUNK_MS" 2>"$WORK/responder.log" &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$RESPONDER_PORT/health"
 
@@ -213,6 +224,13 @@ run() { # run MODE CONCURRENCY URL PID... -> "rps p50 p99 cpu-us-per-request err
 
 NGINX_WORKERS=($(pgrep -P "${PIDS[1]}")) || die "no nginx worker processes"
 GANTRY_PID="${PIDS[2]}"
+if [[ -n "${BENCH_STREAMS:-}" ]]; then
+  log "opening $BENCH_STREAMS streams at once through the gateway (responder pauses ${CHUNK_MS} ms before each event)"
+  "$TARGET_DIR/release/stream-load" --url "$BASE" --key "$KEY" --model bench \
+    --streams "$BENCH_STREAMS" --server-pid "$GANTRY_PID" --settle-s "${BENCH_SETTLE:-10}" \
+    --rounds "${BENCH_ROUNDS:-3}"
+  exit $?
+fi
 if [[ -n "${BENCH_PERF:-}" ]]; then
   command -v perf >/dev/null 2>&1 || die "BENCH_PERF needs perf (apt-get install linux-perf)"
   mkdir -p "$BENCH_PERF"

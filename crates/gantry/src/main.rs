@@ -67,11 +67,29 @@ fn run(invocation: Invocation) -> anyhow::Result<()> {
     };
     let config = Layers::gather(config_file, flags)?.resolve()?;
     init_logging(&config)?;
+    raise_open_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
     runtime.block_on(run_role(config, role))
+}
+
+/// Raises the soft limit of open files to the hard limit: every client connection,
+/// every watch stream and every upstream connection of the gateway is a descriptor, and
+/// the usual soft limit (1,024) is reached by a few hundred concurrent streams.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the open-file limit"),
+            Err(e) => {
+                tracing::warn!(soft, hard, error = %e, "cannot raise the open-file limit; many connections may fail")
+            }
+        },
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "cannot read the open-file limit"),
+    }
 }
 
 /// The backend installer the worker's keys describe (`backend_cache_dir`).

@@ -7,13 +7,15 @@
 //!   request has `"include_usage": true`, then `data: [DONE]`;
 //! - `GET /health`: `{"status":"ok"}`.
 //!
-//! Usage: `openai-responder --port 18001 [--host 127.0.0.1] [--threads 2]`
+//! Usage: `openai-responder --port 18001 [--host 127.0.0.1] [--threads 2]
+//! [--chunk-interval-ms 0]` — with an interval, each SSE event waits that long before it
+//! goes, so that many streams are open at once (`BENCH_STREAMS` in bench-gateway.sh).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use futures_util::stream;
+use futures_util::{stream, StreamExt};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -42,16 +44,28 @@ fn full(status: StatusCode, content_type: &'static str, body: &'static str) -> R
     response
 }
 
+/// The pause before each SSE event (`--chunk-interval-ms`), set once at start.
+static CHUNK_INTERVAL: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+
 fn events(include_usage: bool) -> Response<Body> {
     let mut frames: Vec<&'static str> = vec![CHUNK, CHUNK, CHUNK, CHUNK, FINISH];
     if include_usage {
         frames.push(USAGE);
     }
     frames.push(DONE);
-    let body = StreamBody::new(stream::iter(frames.into_iter().map(|event| {
-        Ok::<_, Infallible>(Frame::data(Bytes::from_static(event.as_bytes())))
-    })));
-    let mut response = Response::new(body.boxed_unsync());
+    let interval = CHUNK_INTERVAL.get().copied().unwrap_or_default();
+    let mut response = if interval.is_zero() {
+        let body = StreamBody::new(stream::iter(frames.into_iter().map(|event| {
+            Ok::<_, Infallible>(Frame::data(Bytes::from_static(event.as_bytes())))
+        })));
+        Response::new(body.boxed_unsync())
+    } else {
+        let body = StreamBody::new(stream::iter(frames).then(move |event| async move {
+            tokio::time::sleep(interval).await;
+            Ok::<_, Infallible>(Frame::data(Bytes::from_static(event.as_bytes())))
+        }));
+        Response::new(body.boxed_unsync())
+    };
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -101,6 +115,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(n) => n.parse()?,
         None => 2,
     };
+    if let Some(ms) = argument(&args, "--chunk-interval-ms") {
+        let _ = CHUNK_INTERVAL.set(std::time::Duration::from_millis(ms.parse()?));
+    }
     let address: SocketAddr = format!("{host}:{port}").parse()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
