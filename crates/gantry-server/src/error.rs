@@ -74,6 +74,10 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound { .. } => Self::not_found(e.to_string()),
             StoreError::Conflict { .. } | StoreError::InUse { .. } => Self::conflict(e.to_string()),
             StoreError::Invalid(message) => Self::validation(message),
+            unavailable if unavailable.is_unavailable() => {
+                tracing::warn!(error = %unavailable, "the database is not answering");
+                Self::unavailable("the database is not answering; try again shortly")
+            }
             other => {
                 // Logged here, where it is turned into a response; the client gets a
                 // message without database internals.
@@ -116,9 +120,37 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if self.code == ErrorCode::Unavailable {
+            // A 503 says when to come back.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_UNAVAILABLE_AFTER_S),
+            );
+        }
+        response
     }
 }
 
+/// The `Retry-After` of a 503 (seconds): a database that went away, a server shutting down.
+pub const RETRY_UNAVAILABLE_AFTER_S: &str = "5";
+
 /// Handler result type.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_is_a_503_with_retry_after_and_a_broken_query_a_500() {
+        let response =
+            ApiError::from(StoreError::Database(sqlx::Error::PoolTimedOut)).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], RETRY_UNAVAILABLE_AFTER_S);
+        let response =
+            ApiError::from(StoreError::Database(sqlx::Error::RowNotFound)).into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(response.headers().get("retry-after").is_none());
+    }
+}

@@ -34,6 +34,22 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The database could not be reached (connection refused or lost, no pooled
+    /// connection within the acquire timeout): worth trying again later, unlike an error
+    /// in what was asked.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(
+                sqlx::Error::Io(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::WorkerCrashed
+                    | sqlx::Error::Tls(_)
+            )
+        )
+    }
+
     pub(crate) fn not_found(resource: &'static str, key: impl ToString) -> Self {
         Self::NotFound {
             resource,
