@@ -381,7 +381,22 @@ impl Cluster {
         self.worker_for(&self.base, name, extra)
     }
 
+    /// [`Cluster::worker`] with extra environment variables for the process.
+    pub fn worker_with_env(&self, name: &str, extra: &[&str], env: &[(&str, String)]) -> Process {
+        self.worker_spawn(&self.base, name, extra, env)
+    }
+
     pub fn worker_for(&self, server_urls: &str, name: &str, extra: &[&str]) -> Process {
+        self.worker_spawn(server_urls, name, extra, &[])
+    }
+
+    fn worker_spawn(
+        &self,
+        server_urls: &str,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Process {
         let mut args: Vec<String> = vec![
             "worker".into(),
             "--data-dir".into(),
@@ -418,7 +433,7 @@ impl Cluster {
             &format!("worker {name}"),
             &args,
             &self.dir.path().join(format!("{name}.log")),
-            &[],
+            env,
         )
     }
 
