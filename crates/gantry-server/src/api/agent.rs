@@ -47,14 +47,9 @@ fn calling_worker(principal: &Principal) -> ApiResult<(i64, &str)> {
         (status = 401, body = gantry_types::ErrorBody), (status = 409, body = gantry_types::ErrorBody)))]
 pub async fn register(
     State(state): State<AppState>,
-    parts: Parts,
+    RegistrationCredential(token): RegistrationCredential,
     ApiJson(request): ApiJson<WorkerRegister>,
 ) -> ApiResult<Response> {
-    let token = credential_of(&parts).ok_or_else(|| {
-        ApiError::unauthorized(
-            "send the registration token (or this worker's credential) as Authorization: Bearer",
-        )
-    })?;
     let registration = service::workers::register(&state.store, &token, &request).await?;
     let worker = &registration.registered.worker;
     if registration.created {
@@ -210,4 +205,20 @@ pub async fn goodbye(
     service::workers::goodbye(&state.store, worker_id).await?;
     tracing::info!(worker_id, worker = %worker_name, "worker said goodbye");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The registration token or worker credential a registration carries: 401 when there
+/// is none, before the body is read.
+pub struct RegistrationCredential(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RegistrationCredential {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        credential_of(parts).map(Self).ok_or_else(|| {
+            ApiError::unauthorized(
+                "send the registration token (or this worker's credential) as Authorization: Bearer",
+            )
+        })
+    }
 }

@@ -11,6 +11,7 @@ use gantry_types::{
 
 use super::created;
 use crate::auth::secrets::{digest, GeneratedApiKey};
+use crate::auth::UserAuth;
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -48,7 +49,7 @@ pub async fn list(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    UserAuth(principal): UserAuth,
     ApiJson(request): ApiJson<ApiKeyCreate>,
 ) -> ApiResult<Response> {
     let user = principal.require_user()?;

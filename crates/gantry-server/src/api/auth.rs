@@ -9,6 +9,7 @@ use gantry_store::StoreError;
 use gantry_types::{ChangePasswordRequest, ErrorCode, LoginRequest, LoginResponse, User};
 
 use crate::auth::principal::SESSION_COOKIE;
+use crate::auth::UserAllowingPasswordChange;
 use crate::auth::{password, AuthAllowingPasswordChange, Principal};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ClientAddress};
@@ -122,7 +123,7 @@ pub async fn logout(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn change_password(
     State(state): State<AppState>,
-    AuthAllowingPasswordChange(principal): AuthAllowingPasswordChange,
+    UserAllowingPasswordChange(principal): UserAllowingPasswordChange,
     ApiJson(request): ApiJson<ChangePasswordRequest>,
 ) -> ApiResult<Response> {
     let user = principal.require_user()?;

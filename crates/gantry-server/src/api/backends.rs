@@ -8,6 +8,7 @@ use axum::Json;
 use gantry_types::{InferenceBackend, InferenceBackendCreate, InferenceBackendUpdate};
 
 use super::created;
+use crate::auth::AdminAuth;
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath};
@@ -35,7 +36,7 @@ pub async fn list(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiJson(request): ApiJson<InferenceBackendCreate>,
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;
@@ -67,7 +68,7 @@ pub async fn get(
         (status = 409, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn update(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiPath(name): ApiPath<String>,
     ApiJson(request): ApiJson<InferenceBackendUpdate>,
 ) -> ApiResult<Json<InferenceBackend>> {

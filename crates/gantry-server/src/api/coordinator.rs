@@ -15,6 +15,7 @@ use gantry_types::{
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::auth::AdminOrServerAuth;
 use crate::auth::{Auth, Principal};
 use crate::cluster::registry;
 use crate::error::{ApiError, ApiResult};
@@ -94,7 +95,7 @@ pub async fn servers(
         (status = 422, body = gantry_types::ErrorBody), (status = 401, body = gantry_types::ErrorBody)))]
 pub async fn register(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminOrServerAuth(principal): AdminOrServerAuth,
     ApiJson(body): ApiJson<ServerRegister>,
 ) -> ApiResult<(StatusCode, Json<ServerInfo>)> {
     let caller = caller_for_server(&principal, &body.server_id)?;
@@ -157,7 +158,7 @@ pub async fn unregister(
         (status = 422, body = gantry_types::ErrorBody), (status = 401, body = gantry_types::ErrorBody)))]
 pub async fn heartbeat(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminOrServerAuth(principal): AdminOrServerAuth,
     ApiJson(body): ApiJson<ServerHeartbeat>,
 ) -> ApiResult<Json<ServerInfo>> {
     caller_for_server(&principal, &body.server_id)?;
@@ -217,7 +218,7 @@ pub async fn cluster(
         (status = 422, body = gantry_types::ErrorBody), (status = 401, body = gantry_types::ErrorBody)))]
 pub async fn acquire_lock(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminOrServerAuth(principal): AdminOrServerAuth,
     ApiJson(body): ApiJson<LockAcquire>,
 ) -> ApiResult<Json<LockInfo>> {
     coordinator_caller(&principal)?;
@@ -244,7 +245,7 @@ pub async fn acquire_lock(
         (status = 422, body = gantry_types::ErrorBody), (status = 401, body = gantry_types::ErrorBody)))]
 pub async fn release_lock(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminOrServerAuth(principal): AdminOrServerAuth,
     ApiJson(body): ApiJson<LockRelease>,
 ) -> ApiResult<StatusCode> {
     coordinator_caller(&principal)?;

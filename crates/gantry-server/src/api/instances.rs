@@ -11,6 +11,7 @@ use gantry_types::{
     ErrorCode, InstancePatch, InstanceQuery, ListResponse, LogQuery, ModelInstance,
 };
 
+use crate::auth::AdminAuth;
 use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -49,7 +50,7 @@ pub async fn get(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn update(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiPath(id): ApiPath<i64>,
     ApiJson(request): ApiJson<InstancePatch>,
 ) -> ApiResult<Json<ModelInstance>> {

@@ -9,6 +9,7 @@ use gantry_store::Change;
 use gantry_types::{ListResponse, Model, ModelCreate, ModelEstimate, ModelQuery, ModelUpdate};
 
 use super::created;
+use crate::auth::AdminAuth;
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -33,7 +34,7 @@ pub async fn list(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiJson(request): ApiJson<ModelCreate>,
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;
@@ -54,7 +55,7 @@ pub async fn create(
         (status = 403, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn estimate(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiJson(request): ApiJson<ModelCreate>,
 ) -> ApiResult<Json<ModelEstimate>> {
     let admin = principal.require_admin()?;
@@ -87,7 +88,7 @@ pub async fn get(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn update(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiPath(id): ApiPath<i64>,
     ApiJson(request): ApiJson<ModelUpdate>,
 ) -> ApiResult<Json<Model>> {

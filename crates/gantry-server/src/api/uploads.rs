@@ -25,6 +25,7 @@ use tokio::io::AsyncWriteExt;
 use tower::ServiceExt;
 use utoipa::IntoParams;
 
+use crate::auth::AdminAuth;
 use crate::auth::{Auth, Principal};
 use crate::controllers::pass::EVERYTHING;
 use crate::error::{ApiError, ApiResult};
@@ -67,7 +68,7 @@ async fn to_holder(state: &AppState, upload: &Upload, request_uri: &str) -> ApiR
         (status = 413, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiJson(request): ApiJson<UploadCreate>,
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;

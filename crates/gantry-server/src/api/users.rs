@@ -8,6 +8,7 @@ use gantry_store::{Change, NewUser};
 use gantry_types::{ListResponse, User, UserCreate, UserQuery, UserUpdate};
 
 use super::created;
+use crate::auth::AdminAuth;
 use crate::auth::{password, Auth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -32,7 +33,7 @@ pub async fn list(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiJson(request): ApiJson<UserCreate>,
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;
@@ -81,7 +82,7 @@ pub async fn get(
         (status = 409, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn update(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiPath(id): ApiPath<i64>,
     ApiJson(request): ApiJson<UserUpdate>,
 ) -> ApiResult<Json<User>> {

@@ -7,6 +7,7 @@ use axum::Json;
 use gantry_store::Change;
 use gantry_types::{ListResponse, Worker, WorkerLabelsUpdate, WorkerQuery};
 
+use crate::auth::AdminAuth;
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
@@ -59,7 +60,7 @@ pub async fn delete(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn set_labels(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    AdminAuth(principal): AdminAuth,
     ApiPath(id): ApiPath<i64>,
     ApiJson(request): ApiJson<WorkerLabelsUpdate>,
 ) -> ApiResult<Json<Worker>> {

@@ -7,4 +7,7 @@
 pub mod principal;
 
 pub use gantry_auth::{jwt, password, secrets, Principal};
-pub use principal::{Auth, AuthAllowingPasswordChange};
+pub use principal::{
+    AdminAuth, AdminOrServerAuth, Auth, AuthAllowingPasswordChange, UserAllowingPasswordChange,
+    UserAuth,
+};

@@ -52,6 +52,65 @@ impl FromRequestParts<AppState> for AuthAllowingPasswordChange {
     }
 }
 
+/// The caller when they are an admin. Refused with 403 at extraction, so that an
+/// endpoint's role is checked before its request body is read.
+#[derive(Debug, Clone)]
+pub struct AdminAuth(pub Principal);
+
+/// The caller when they are a user (a session or an API key), not a worker's or a
+/// server's credential; refused with 403 before the body is read.
+#[derive(Debug, Clone)]
+pub struct UserAuth(pub Principal);
+
+/// [`UserAuth`], also when the user must change their password first.
+#[derive(Debug, Clone)]
+pub struct UserAllowingPasswordChange(pub Principal);
+
+/// The caller when an admin or a server credential (the coordinator API); refused with
+/// 403 before the body is read.
+#[derive(Debug, Clone)]
+pub struct AdminOrServerAuth(pub Principal);
+
+impl FromRequestParts<AppState> for AdminAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Auth(principal) = Auth::from_request_parts(parts, state).await?;
+        principal.require_admin()?;
+        Ok(Self(principal))
+    }
+}
+
+impl FromRequestParts<AppState> for UserAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Auth(principal) = Auth::from_request_parts(parts, state).await?;
+        principal.require_user()?;
+        Ok(Self(principal))
+    }
+}
+
+impl FromRequestParts<AppState> for UserAllowingPasswordChange {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let principal = authenticate(parts, state).await?;
+        principal.require_user()?;
+        Ok(Self(principal))
+    }
+}
+
+impl FromRequestParts<AppState> for AdminOrServerAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Auth(principal) = Auth::from_request_parts(parts, state).await?;
+        principal.require_admin_or_server()?;
+        Ok(Self(principal))
+    }
+}
+
 /// The bearer token, or the session cookie.
 pub fn credential_of(parts: &Parts) -> Option<String> {
     if let Some(value) = parts.headers.get(AUTHORIZATION) {
