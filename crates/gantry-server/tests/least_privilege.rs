@@ -1,7 +1,8 @@
 //! Least privilege, walked over the whole OpenAPI spec of a running server: every
 //! operation the spec marks as needing credentials answers 401 without them, and 403 to a
 //! worker's credential unless it is one of the worker agent's own operations; every
-//! operation of an admin-only tag answers 403 to a user's session.
+//! operation of an admin-only tag answers 403 to a user's session; and a user sees and
+//! deletes only their own API keys.
 //!
 //! Path parameters are `1`, bodies `{}`: the point is that the credential is refused
 //! before anything else is looked at.
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use common::{simulated_worker, user, TestServer};
 use gantry_testkit::{test_both_engines, TestEngine};
+use gantry_types::{ApiKeyCreate, ApiKeyQuery};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
@@ -156,7 +158,41 @@ async fn every_secured_operation_refuses_the_wrong_credentials(engine: TestEngin
         wrong.len(),
         wrong.join("\n")
     );
+
+    // A user sees and deletes only their own API keys.
+    let admin_key = server
+        .client()
+        .create_api_key(&api_key("admins"))
+        .await
+        .unwrap();
+    let alice = server.client_for(&user_token);
+    let own = alice.create_api_key(&api_key("alices")).await.unwrap();
+    let listed = alice.list_api_keys(&ApiKeyQuery::default()).await.unwrap();
+    assert_eq!(
+        listed.items.iter().map(|k| k.id).collect::<Vec<_>>(),
+        vec![own.api_key.id],
+        "a user lists only their own keys"
+    );
+    let refused = alice
+        .delete_api_key(admin_key.api_key.id)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused.status(), Some(403 | 404)),
+        "deleting another user's key: {refused}"
+    );
+    let still = server.client_for(&admin_key.key);
+    still.list_api_keys(&ApiKeyQuery::default()).await.unwrap();
+    alice.delete_api_key(own.api_key.id).await.unwrap();
     server.shutdown().await;
 }
 
 test_both_engines!(every_secured_operation_refuses_the_wrong_credentials);
+
+fn api_key(name: &str) -> ApiKeyCreate {
+    ApiKeyCreate {
+        name: name.into(),
+        description: String::new(),
+        expires_in_days: None,
+    }
+}
