@@ -109,7 +109,7 @@ pub async fn servers(
     request_body = WorkerStatus, responses((status = 200, body = Worker)))]
 pub async fn status(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    WorkerAuth(principal): WorkerAuth,
     ApiJson(status): ApiJson<WorkerStatus>,
 ) -> ApiResult<Json<Worker>> {
     let (worker_id, _) = calling_worker(&principal)?;
@@ -184,7 +184,7 @@ pub async fn assignments(
     responses((status = 200, body = ModelInstance), (status = 404, body = gantry_types::ErrorBody)))]
 pub async fn report_state(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    WorkerAuth(principal): WorkerAuth,
     ApiPath(id): ApiPath<i64>,
     ApiJson(report): ApiJson<InstanceStateReport>,
 ) -> ApiResult<Json<ModelInstance>> {
@@ -220,5 +220,18 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RegistrationCredenti
                 "send the registration token (or this worker's credential) as Authorization: Bearer",
             )
         })
+    }
+}
+
+/// The caller when it is a worker agent: refused with 403 before the body is read.
+pub struct WorkerAuth(Principal);
+
+impl axum::extract::FromRequestParts<AppState> for WorkerAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Auth(principal) = Auth::from_request_parts(parts, state).await?;
+        calling_worker(&principal)?;
+        Ok(Self(principal))
     }
 }
