@@ -294,6 +294,35 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+impl Store {
+    /// Writes a consistent copy of an SQLite database to `out` while it is in use
+    /// (`VACUUM INTO`: one read transaction, so the copy is a single point in time, and
+    /// writers go on meanwhile). `out` must not exist. PostgreSQL has `pg_dump` for this.
+    pub async fn backup_to(&self, out: &std::path::Path) -> Result<(), StoreError> {
+        if self.engine != Engine::Sqlite {
+            return Err(StoreError::Config(
+                "gantry backup copies the embedded SQLite database; back up PostgreSQL with \
+                 pg_dump (see the README)"
+                    .into(),
+            ));
+        }
+        if out.exists() {
+            return Err(StoreError::Config(format!(
+                "{} exists already; give a new file (a backup never overwrites)",
+                out.display()
+            )));
+        }
+        let target = out
+            .to_str()
+            .ok_or_else(|| StoreError::Config(format!("{} is not a UTF-8 path", out.display())))?;
+        sqlx::query("VACUUM INTO $1")
+            .bind(target)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::redact_url;

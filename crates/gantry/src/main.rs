@@ -3,6 +3,7 @@
 //! logging and wires the crates together; the keys and their parsing live in `config/`,
 //! behaviour in the library crates.
 
+mod backup;
 mod config;
 
 /// mimalloc instead of glibc's malloc: the gateway allocates per request, and glibc's
@@ -45,6 +46,32 @@ fn run(invocation: Invocation) -> anyhow::Result<()> {
         Invocation::Version => {
             println!("gantry {}", env!("CARGO_PKG_VERSION"));
             return Ok(());
+        }
+        Invocation::Backup {
+            out,
+            config_file,
+            flags,
+        } => {
+            let config = Layers::gather(config_file, flags)?.resolve()?;
+            init_logging(&config)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("start the async runtime")?;
+            return runtime.block_on(backup::backup(&server_config(&config), &out));
+        }
+        Invocation::Restore {
+            from,
+            config_file,
+            flags,
+        } => {
+            let config = Layers::gather(config_file, flags)?.resolve()?;
+            init_logging(&config)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("start the async runtime")?;
+            return runtime.block_on(backup::restore(&server_config(&config), &from));
         }
         Invocation::BackendInstall {
             target,

@@ -71,6 +71,20 @@ pub enum Invocation {
         config_file: Option<PathBuf>,
         flags: BTreeMap<&'static str, String>,
     },
+    /// `gantry backup --out FILE`: a consistent copy of the SQLite database, taken while
+    /// the server runs (the server's keys apply).
+    Backup {
+        out: PathBuf,
+        config_file: Option<PathBuf>,
+        flags: BTreeMap<&'static str, String>,
+    },
+    /// `gantry restore --from FILE`: puts a backup in place of the SQLite database, with
+    /// the server stopped.
+    Restore {
+        from: PathBuf,
+        config_file: Option<PathBuf>,
+        flags: BTreeMap<&'static str, String>,
+    },
     /// `gantry server`, `worker` or `start`.
     Run {
         role: Role,
@@ -114,6 +128,42 @@ pub fn command() -> Command {
             root.subcommand(command)
         })
         .subcommand(Command::new("version").about("Print the version."))
+        .subcommand(
+            KEYS.iter().filter(|key| key.scope == Scope::Server).fold(
+                Command::new("backup")
+                    .about(
+                        "Write a consistent copy of the embedded SQLite database to a new \
+                         file, while the server runs (PostgreSQL: use pg_dump).",
+                    )
+                    .arg(
+                        Arg::new("out")
+                            .long("out")
+                            .required(true)
+                            .value_name("FILE")
+                            .value_parser(clap::value_parser!(PathBuf))
+                            .help("The backup file to write; it must not exist"),
+                    ),
+                |command, key| command.arg(flag(key)),
+            ),
+        )
+        .subcommand(
+            KEYS.iter().filter(|key| key.scope == Scope::Server).fold(
+                Command::new("restore")
+                    .about(
+                        "Put a backup from `gantry backup` in place of the SQLite database; the \
+                         server must be stopped. The database it replaces is kept beside it.",
+                    )
+                    .arg(
+                        Arg::new("from")
+                            .long("from")
+                            .required(true)
+                            .value_name("FILE")
+                            .value_parser(clap::value_parser!(PathBuf))
+                            .help("The backup file to restore"),
+                    ),
+                |command, key| command.arg(flag(key)),
+            ),
+        )
         .subcommand(
             Command::new("backend")
                 .about("Manage the inference backends installed on this machine.")
@@ -197,6 +247,24 @@ where
     let (name, matches) = matches
         .subcommand()
         .expect("clap requires a command (subcommand_required)");
+    if name == "backup" || name == "restore" {
+        let file = |arg: &str| matches.get_one::<PathBuf>(arg).cloned().unwrap_or_default();
+        let config_file = matches.get_one::<PathBuf>(CONFIG).cloned();
+        let flags = flags_of(matches, Role::Server);
+        return Ok(if name == "backup" {
+            Invocation::Backup {
+                out: file("out"),
+                config_file,
+                flags,
+            }
+        } else {
+            Invocation::Restore {
+                from: file("from"),
+                config_file,
+                flags,
+            }
+        });
+    }
     if name == "backend" {
         let (_, install) = matches
             .subcommand()

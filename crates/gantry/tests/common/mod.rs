@@ -342,7 +342,13 @@ impl Cluster {
     /// ready. The previous run's log is kept as `server.<n>.log`. Blocks its thread while
     /// the server stops (other tasks of a multi-threaded runtime go on).
     pub async fn restart(&mut self, grace: Duration) {
+        self.restart_with(grace, || {}).await;
+    }
+
+    /// [`Cluster::restart`], running `between` while the server is stopped.
+    pub async fn restart_with(&mut self, grace: Duration, between: impl FnOnce()) {
         tokio::task::block_in_place(|| self.server.terminate_cleanly(grace));
+        between();
         self.restarts += 1;
         let log = self.dir.path().join("server.log");
         let kept = self
