@@ -175,14 +175,7 @@ async fn a_fenced_write_waits_for_a_takeover_in_progress_and_then_fails() {
     let old = a.acquire("a", TTL, false).await.unwrap().unwrap();
     let model = store.create_model(&model_create("m")).await.unwrap();
 
-    let mut raw = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let mut tx = raw.begin().await.unwrap();
-    sqlx::query(
-        "UPDATE leader_lease SET fencing_token = fencing_token + 1, holder = 'b' WHERE id = 1",
-    )
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    let mut takeover = takeover_in_progress(&db.url).await;
     let writer = {
         let store = store.clone();
         let model = model.clone();
@@ -194,12 +187,26 @@ async fn a_fenced_write_waits_for_a_takeover_in_progress_and_then_fails() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!writer.is_finished(), "the write waits for the take-over");
-    tx.commit().await.unwrap();
+    sqlx::query("COMMIT").execute(&mut takeover).await.unwrap();
     let outcome = writer.await.unwrap();
     assert!(
         matches!(outcome, Err(StoreError::Fenced { .. })),
         "{outcome:?}"
     );
+}
+
+/// A connection in the middle of a take-over by "b": the lease's token moved on, not yet
+/// committed (send `COMMIT` on it to finish).
+async fn takeover_in_progress(url: &str) -> sqlx::PgConnection {
+    let mut raw = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut raw).await.unwrap();
+    sqlx::query(
+        "UPDATE leader_lease SET fencing_token = fencing_token + 1, holder = 'b' WHERE id = 1",
+    )
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    raw
 }
 
 #[tokio::test]
@@ -227,14 +234,7 @@ async fn a_batch_of_placements_from_a_replaced_leader_waits_for_the_takeover_and
         .unwrap();
     let record = gantry_types::PlacementRecord::by_hand(&model);
 
-    let mut raw = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let mut tx = raw.begin().await.unwrap();
-    sqlx::query(
-        "UPDATE leader_lease SET fencing_token = fencing_token + 1, holder = 'b' WHERE id = 1",
-    )
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    let mut takeover = takeover_in_progress(&db.url).await;
     let writer = {
         let store = store.clone();
         let ids: Vec<i64> = created.iter().map(|i| i.id).collect();
@@ -258,7 +258,7 @@ async fn a_batch_of_placements_from_a_replaced_leader_waits_for_the_takeover_and
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!writer.is_finished(), "the batch waits for the take-over");
-    tx.commit().await.unwrap();
+    sqlx::query("COMMIT").execute(&mut takeover).await.unwrap();
     let outcome = writer.await.unwrap();
     assert!(
         matches!(outcome, Err(StoreError::Fenced { .. })),

@@ -42,64 +42,59 @@ fn main() -> ExitCode {
 }
 
 fn run(invocation: Invocation) -> anyhow::Result<()> {
-    let (role, config_file, flags) = match invocation {
+    match invocation {
         Invocation::Version => {
             println!("gantry {}", env!("CARGO_PKG_VERSION"));
-            return Ok(());
+            Ok(())
         }
         Invocation::Backup {
             out,
             config_file,
             flags,
         } => {
-            let config = Layers::gather(config_file, flags)?.resolve()?;
-            init_logging(&config)?;
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("start the async runtime")?;
-            return runtime.block_on(backup::backup(&server_config(&config), &out));
+            let (config, runtime) = configured(config_file, flags)?;
+            runtime.block_on(backup::backup(&server_config(&config), &out))
         }
         Invocation::Restore {
             from,
             config_file,
             flags,
         } => {
-            let config = Layers::gather(config_file, flags)?.resolve()?;
-            init_logging(&config)?;
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("start the async runtime")?;
-            return runtime.block_on(backup::restore(&server_config(&config), &from));
+            let (config, runtime) = configured(config_file, flags)?;
+            runtime.block_on(backup::restore(&server_config(&config), &from))
         }
         Invocation::BackendInstall {
             target,
             config_file,
             flags,
         } => {
-            let config = Layers::gather(config_file, flags)?.resolve()?;
-            init_logging(&config)?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("start the async runtime")?;
-            return runtime.block_on(install_backend(&config, &target));
+            let (config, runtime) = configured(config_file, flags)?;
+            runtime.block_on(install_backend(&config, &target))
         }
         Invocation::Run {
             role,
             config_file,
             flags,
-        } => (role, config_file, flags),
-    };
+        } => {
+            let (config, runtime) = configured(config_file, flags)?;
+            raise_open_file_limit();
+            runtime.block_on(run_role(config, role))
+        }
+    }
+}
+
+/// Resolves the configuration of a command, starts its logging and its async runtime.
+fn configured(
+    config_file: Option<std::path::PathBuf>,
+    flags: std::collections::BTreeMap<&'static str, String>,
+) -> anyhow::Result<(Config, tokio::runtime::Runtime)> {
     let config = Layers::gather(config_file, flags)?.resolve()?;
     init_logging(&config)?;
-    raise_open_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    runtime.block_on(run_role(config, role))
+    Ok((config, runtime))
 }
 
 /// Raises the soft limit of open files to the hard limit: every client connection,

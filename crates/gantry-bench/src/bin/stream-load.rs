@@ -103,10 +103,11 @@ fn main() -> anyhow::Result<()> {
         runtime.block_on(one_round(&base, &key, &model, streams, pid, settle))?;
     }
     if rounds > 1 {
+        let last = rss(pid)?;
         println!(
             "server RSS after {rounds} rounds: {:.1} MiB (+{:.1} over before the first)",
-            mib(rss(pid)?),
-            mib(rss(pid)?.saturating_sub(first))
+            mib(last),
+            mib(last.saturating_sub(first))
         );
     }
     Ok(())
@@ -121,79 +122,77 @@ async fn one_round(
     pid: u32,
     settle: Duration,
 ) -> anyhow::Result<()> {
-    {
-        let before = rss(pid)?;
-        let peak = Arc::new(AtomicU64::new(before));
-        let sampling = {
-            let peak = Arc::clone(&peak);
-            tokio::spawn(async move {
-                loop {
-                    if let Ok(now) = rss(pid) {
-                        peak.fetch_max(now, Ordering::Relaxed);
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = rss(pid)?;
+    let peak = Arc::new(AtomicU64::new(before));
+    let sampling = {
+        let peak = Arc::clone(&peak);
+        tokio::spawn(async move {
+            loop {
+                if let Ok(now) = rss(pid) {
+                    peak.fetch_max(now, Ordering::Relaxed);
                 }
-            })
-        };
-        // One connection per stream, as many clients would hold.
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .timeout(Duration::from_secs(120))
-            .build()?;
-        let url = format!("{}/v1/chat/completions", base.trim_end_matches('/'));
-        let body = serde_json::json!({
-            "model": model,
-            "messages": [{"role": "user", "content": "Say something short."}],
-            "max_tokens": 16,
-            "stream": true,
-        });
-        let started = Instant::now();
-        let tasks: Vec<_> = (0..streams)
-            .map(|_| {
-                tokio::spawn(one_stream(
-                    http.clone(),
-                    url.clone(),
-                    key.to_owned(),
-                    body.clone(),
-                ))
-            })
-            .collect();
-        let (mut complete, mut incomplete, mut failed) = (0usize, 0usize, Vec::new());
-        for task in tasks {
-            match task.await? {
-                Ok(true) => complete += 1,
-                Ok(false) => incomplete += 1,
-                Err(e) => failed.push(format!("{e:#}")),
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        })
+    };
+    // One connection per stream, as many clients would hold.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(120))
+        .build()?;
+    let url = format!("{}/v1/chat/completions", base.trim_end_matches('/'));
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something short."}],
+        "max_tokens": 16,
+        "stream": true,
+    });
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..streams)
+        .map(|_| {
+            tokio::spawn(one_stream(
+                http.clone(),
+                url.clone(),
+                key.to_owned(),
+                body.clone(),
+            ))
+        })
+        .collect();
+    let (mut complete, mut incomplete, mut failed) = (0usize, 0usize, Vec::new());
+    for task in tasks {
+        match task.await? {
+            Ok(true) => complete += 1,
+            Ok(false) => incomplete += 1,
+            Err(e) => failed.push(format!("{e:#}")),
         }
-        let took = started.elapsed();
-        let after = rss(pid)?;
-        drop(http);
-        tokio::time::sleep(settle).await;
-        sampling.abort();
-        let settled = rss(pid)?;
-        let peak = peak.load(Ordering::Relaxed);
-        println!(
-            "streams {streams}: {complete} complete, {incomplete} without [DONE], {} failed, in {:.2} s",
-            failed.len(),
-            took.as_secs_f64()
-        );
-        println!(
-            "server RSS: before {:.1} MiB, peak {:.1} MiB (+{:.1}), right after {:.1} MiB, {} s later {:.1} MiB (+{:.1} over before)",
-            mib(before),
-            mib(peak),
-            mib(peak.saturating_sub(before)),
-            mib(after),
-            settle.as_secs(),
-            mib(settled),
-            mib(settled.saturating_sub(before))
-        );
-        for why in failed.iter().take(5) {
-            println!("  failed: {why}");
-        }
-        if !failed.is_empty() || incomplete > 0 {
-            bail!("{} streams failed, {incomplete} ended early", failed.len());
-        }
-        Ok(())
     }
+    let took = started.elapsed();
+    let after = rss(pid)?;
+    drop(http);
+    tokio::time::sleep(settle).await;
+    sampling.abort();
+    let settled = rss(pid)?;
+    let peak = peak.load(Ordering::Relaxed);
+    println!(
+        "streams {streams}: {complete} complete, {incomplete} without [DONE], {} failed, in {:.2} s",
+        failed.len(),
+        took.as_secs_f64()
+    );
+    println!(
+        "server RSS: before {:.1} MiB, peak {:.1} MiB (+{:.1}), right after {:.1} MiB, {} s later {:.1} MiB (+{:.1} over before)",
+        mib(before),
+        mib(peak),
+        mib(peak.saturating_sub(before)),
+        mib(after),
+        settle.as_secs(),
+        mib(settled),
+        mib(settled.saturating_sub(before))
+    );
+    for why in failed.iter().take(5) {
+        println!("  failed: {why}");
+    }
+    if !failed.is_empty() || incomplete > 0 {
+        bail!("{} streams failed, {incomplete} ended early", failed.len());
+    }
+    Ok(())
 }
