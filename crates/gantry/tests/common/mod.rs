@@ -50,11 +50,48 @@ pub struct Process {
     pub child: Option<Child>,
     pub name: String,
     pub log: PathBuf,
+    /// How it was started, for [`Process::respawn`].
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Process {
     pub fn spawn(name: &str, args: &[String], log: &Path, env: &[(&str, String)]) -> Self {
         let out = std::fs::File::create(log).unwrap();
+        let child = Self::start(args, out, env);
+        Self {
+            child: Some(child),
+            name: name.to_string(),
+            log: log.to_path_buf(),
+            args: args.to_vec(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Starts the process again with the same arguments and environment, its output
+    /// appended to the same log, after the previous run has ended (it was killed, or
+    /// exited): waits for that run so no zombie is left.
+    pub fn respawn(&mut self) {
+        if let Some(mut previous) = self.child.take() {
+            let _ = previous.kill();
+            let _ = previous.wait();
+        }
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let env: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        self.child = Some(Self::start(&self.args, out, &env));
+    }
+
+    fn start(args: &[String], out: std::fs::File, env: &[(&str, String)]) -> Child {
         let mut command = Command::new(env!("CARGO_BIN_EXE_gantry"));
         command
             .args(args)
@@ -70,12 +107,7 @@ impl Process {
         for (k, v) in env {
             command.env(k, v);
         }
-        let child = command.spawn().unwrap();
-        Self {
-            child: Some(child),
-            name: name.to_string(),
-            log: log.to_path_buf(),
-        }
+        command.spawn().unwrap()
     }
 
     pub fn pid(&self) -> i32 {
@@ -702,6 +734,26 @@ pub fn llama_pids_on(port: u16) -> Vec<i32> {
             .windows(2)
             .any(|w| w[0] == "--port" && w[1] == port.to_string());
         if is_llama && on_port && alive(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Pids of live llama-server processes with `arg` among their arguments (a model's
+/// path finds every backend of that model, whichever worker started it).
+pub fn llama_pids_with(arg: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let mut args = cmdline.split(|b| *b == 0).map(String::from_utf8_lossy);
+        let is_llama = args.next().is_some_and(|a| a.ends_with("llama-server"));
+        if is_llama && args.any(|a| a == arg) && alive(pid) {
             pids.push(pid);
         }
     }
