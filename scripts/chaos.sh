@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# Chaos under load, for longer than the test suite runs it: the chaos test
-# (crates/gantry/tests/chaos_e2e.rs) with its sequence of faults repeated ROUNDS times
-# (backend SIGKILL, backend SIGSTOP, worker SIGKILL and restart, server restart, each
-# under steady gateway traffic), printing per fault how long the cluster took to converge
-# and, at the end, requests answered, failed and cut.
+# Faults under load, for longer than the test suite runs them, printing the figures:
 #
-#   scripts/chaos.sh        # 5 rounds
-#   scripts/chaos.sh 20     # 20 rounds
+# - the chaos test (crates/gantry/tests/chaos_e2e.rs) with its sequence of faults repeated
+#   ROUNDS times (backend SIGKILL, backend SIGSTOP, worker SIGKILL and restart, server
+#   restart, each under steady gateway traffic): per fault, how long the cluster took to
+#   converge; at the end, requests answered, failed and cut;
+# - the outage test (crates/gantry/tests/outage_e2e.rs) with PostgreSQL stopped for
+#   OUTAGE_SECONDS: requests answered meanwhile and failed, how long until everything
+#   resumed, and whether any backend was restarted.
 #
-# Needs llama-server and the Python environment like the suite (scripts/test.sh builds
+#   scripts/chaos.sh            # 5 rounds, a 5-minute outage
+#   scripts/chaos.sh 20 600     # 20 rounds, a 10-minute outage
+#
+# Needs llama-server and PostgreSQL like the suite (scripts/test.sh builds and installs
 # them; this script reuses their caches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${1:-5}"
+OUTAGE_SECONDS="${2:-300}"
 GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -n 1)
-export GANTRY_LLAMA_SERVER
-export GANTRY_CHAOS_ROUNDS="$ROUNDS"
+export GANTRY_LLAMA_SERVER GANTRY_CHAOS_ROUNDS="$ROUNDS" GANTRY_OUTAGE_SECONDS="$OUTAGE_SECONDS"
 export RUST_BACKTRACE=0
-cargo nextest run -p gantry --test chaos_e2e --no-capture 2>&1 | grep --line-buffered -E '^chaos:|panicked|PASS|FAIL'
+scripts/with-postgres.sh cargo nextest run -p gantry --test chaos_e2e --test outage_e2e \
+  --profile chaos --no-capture --test-threads 1 \
+  2>&1 | grep --line-buffered -E '^(chaos|outage):|panicked|PASS|FAIL'

@@ -63,6 +63,9 @@ trap cleanup EXIT INT TERM
 log "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PORT (data in $WORK)"
 
 export GANTRY_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PORT/postgres"
+# Tests that stop and start a server of their own (gantry-testkit's OwnPostgres) make it
+# with the same binaries.
+export GANTRY_TEST_PG_BIN="$PG_BIN"
 set +e
 "$@"
 status=$?

@@ -104,6 +104,11 @@ impl Authenticator {
             .jwt
             .verify(token)
             .map_err(AuthError::InvalidSessionToken)?;
+        // A session is checked against the user's row every time (a logout ends it at
+        // once), which cannot be done while the database is down: say so at once.
+        if let Some(why) = self.store.unreachable() {
+            return Err(StoreError::Unreachable(why).into());
+        }
         let record = match self.store.user_record(claims.sub).await {
             Ok(record) => record,
             Err(StoreError::NotFound { .. }) => return Err(AuthError::SessionUserGone),
@@ -162,14 +167,36 @@ impl Authenticator {
             }
             Lookup::Check(check) => check,
         };
+        // The database is known to be down: a key verified before is used as it was,
+        // without waiting for the store to time out.
+        if let Some(why) = self.store.unreachable() {
+            return match check.known_while_store_unavailable() {
+                Some(hit) => Ok(Principal::User {
+                    user: hit.user,
+                    api_key_id: Some(hit.key_id),
+                }),
+                None => Err(StoreError::Unreachable(why).into()),
+            };
+        }
         // A store error drops `check` unanswered: a cached key stays for the next
-        // re-check (by digest), nothing is forgotten because the database hiccupped.
+        // re-check (by digest), nothing is forgotten because the database hiccupped;
+        // while the database cannot be reached at all, known keys keep working.
         let record = match self.store.api_key_by_digest(&digest.to_hex()).await {
             Ok(record) => record,
             Err(StoreError::NotFound { .. }) => {
                 check.refused();
                 return Err(AuthError::InvalidApiKey);
             }
+            Err(e) if e.is_unavailable() => match check.known_while_store_unavailable() {
+                Some(hit) => {
+                    tracing::debug!(api_key_id = hit.key_id, error = %e, "database unreachable; using the API key as last verified");
+                    return Ok(Principal::User {
+                        user: hit.user,
+                        api_key_id: Some(hit.key_id),
+                    });
+                }
+                None => return Err(e.into()),
+            },
             Err(e) => return Err(e.into()),
         };
         // The row was found by the SHA-256 of the whole key, secret included, so argon2

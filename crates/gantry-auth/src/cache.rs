@@ -56,13 +56,24 @@ pub struct CacheConfig {
     pub max_entries: usize,
 }
 
-impl Default for CacheConfig {
-    fn default() -> Self {
+impl CacheConfig {
+    /// The default `fresh_for`.
+    pub const DEFAULT_FRESH_FOR: Duration = Duration::from_secs(60);
+
+    /// Keys fresh for `fresh_for`, with half as long again of grace while one request
+    /// re-checks (at most 30 s).
+    pub fn fresh_for(fresh_for: Duration) -> Self {
         Self {
-            fresh_for: Duration::from_secs(60),
-            refresh_grace: Duration::from_secs(30),
+            fresh_for,
+            refresh_grace: (fresh_for / 2).min(Duration::from_secs(30)),
             max_entries: 100_000,
         }
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self::fresh_for(Self::DEFAULT_FRESH_FOR)
     }
 }
 
@@ -286,6 +297,27 @@ impl Check<'_> {
                 use_reported_at: now,
             },
         );
+    }
+
+    /// The store could not be reached: the key as this server last confirmed it, if it
+    /// did and no change invalidated it since, however long ago that was, unless it has
+    /// expired. The data plane outlives a database outage this way: no key can be
+    /// created, changed or deleted while the database is down, so what was true when
+    /// the store last answered still is (a change made just before the outage whose
+    /// notification this server missed is the one exception, as in normal running
+    /// within `fresh_for`).
+    pub fn known_while_store_unavailable(self) -> Option<Hit> {
+        let entries = self.cache.lock();
+        let entry = entries.by_digest.get(&self.digest)?;
+        if entry.checked_at.is_none() || entry.key.expired() {
+            return None;
+        }
+        Some(Hit {
+            key_id: entry.key.key_id,
+            user: Arc::clone(&entry.key.user),
+            // Its last-used time cannot be written now.
+            report_use: false,
+        })
     }
 
     /// The key is unknown, wrong or expired: forget it.
@@ -557,5 +589,32 @@ mod tests {
             accept(&cache, &format!("flood{i}"), accepted(1000 + i, 1));
             assert!(cache.len() <= 10);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn known_keys_outlive_an_unreachable_store_but_not_an_invalidation_or_expiry() {
+        let cache = cache(100);
+        accept(&cache, "known", accepted(1, 1));
+        accept(&cache, "changed", accepted(2, 2));
+        let mut expiring = accepted(3, 1);
+        expiring.expires_at = Some(Timestamp::from_millis(Timestamp::now().as_millis() + 1));
+        accept(&cache, "expiring", expiring);
+        cache.apply(&Change::User(ChangeKind::Updated, user(2)));
+        std::thread::sleep(Duration::from_millis(5));
+        // Long past fresh_for and the grace: every lookup asks the store, which does
+        // not answer.
+        tokio::time::advance(FRESH_FOR * 10).await;
+        let known = |token: &str| match cache.lookup(&digest(token)) {
+            Lookup::Check(check) => check.known_while_store_unavailable().map(|hit| hit.key_id),
+            Lookup::Hit(_) => panic!("{token} is stale"),
+        };
+        assert_eq!(known("known"), Some(1));
+        assert_eq!(known("known"), Some(1), "and again: the entry stays");
+        assert_eq!(known("changed"), None, "a change invalidated it");
+        assert_eq!(known("expiring"), None, "it expired");
+        assert_eq!(known("never-seen"), None);
+        // Once the store answers again, the key is confirmed as usual.
+        accept(&cache, "known", accepted(1, 1));
+        assert!(is_hit(&cache, "known"));
     }
 }

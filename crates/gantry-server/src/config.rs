@@ -18,6 +18,7 @@ pub const DEFAULT_GATEWAY_MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;
 /// Failures in a row that take an instance out of the gateway's routing.
 pub const DEFAULT_GATEWAY_EJECT_AFTER: usize = gantry_gateway::eject::DEFAULT_EJECT_AFTER;
 /// How long a first ejection lasts (each further one in a row doubles it).
+pub const DEFAULT_API_KEY_CACHE_TTL: Duration = gantry_auth::cache::CacheConfig::DEFAULT_FRESH_FOR;
 pub const DEFAULT_GATEWAY_EJECT_COOLDOWN: Duration = gantry_gateway::eject::DEFAULT_EJECT_COOLDOWN;
 /// How often workers say they are alive.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
@@ -94,6 +95,9 @@ pub struct ServerConfig {
     /// How long the gateway waits for an instance's response head before trying
     /// another; `None`: no limit.
     pub gateway_first_byte_timeout: Option<Duration>,
+    /// How long an API key the server verified is used without asking the store again
+    /// (see `gantry_auth::cache::CacheConfig::fresh_for`).
+    pub api_key_cache_ttl: Duration,
     /// How long a login lasts.
     pub session_ttl: Duration,
     /// Interval between heartbeat lines on idle watch streams.
@@ -148,6 +152,7 @@ impl ServerConfig {
             gateway_eject_after: DEFAULT_GATEWAY_EJECT_AFTER,
             gateway_eject_cooldown: DEFAULT_GATEWAY_EJECT_COOLDOWN,
             gateway_first_byte_timeout: None,
+            api_key_cache_ttl: DEFAULT_API_KEY_CACHE_TTL,
             session_ttl: Duration::from_secs(24 * 3600),
             watch_heartbeat: Duration::from_secs(15),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,

@@ -74,6 +74,10 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound { .. } => Self::not_found(e.to_string()),
             StoreError::Conflict { .. } | StoreError::InUse { .. } => Self::conflict(e.to_string()),
             StoreError::Invalid(message) => Self::validation(message),
+            StoreError::Unreachable(_) => {
+                // Known before asking; the store logged when it became so.
+                Self::unavailable("the database is not answering; try again shortly")
+            }
             unavailable if unavailable.is_unavailable() => {
                 tracing::warn!(error = %unavailable, "the database is not answering");
                 Self::unavailable("the database is not answering; try again shortly")

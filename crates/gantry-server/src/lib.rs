@@ -54,16 +54,17 @@ pub struct RunningServer {
     pub gateway: Gateway,
 }
 
-/// How long a server that shuts down beside others keeps serving while it tells clients
-/// to go elsewhere (`/readyz` answers 503 and every response closes its connection), so
-/// no client is left holding an idle connection to it when it stops accepting.
+/// How long a server that shuts down keeps serving while it tells clients to go
+/// elsewhere (`/readyz` answers 503 and every response closes its connection), so no
+/// client is left holding an idle connection to it when it stops accepting: a request
+/// sent on such a connection just as the server closes it fails on the client's side
+/// without having been read, even when the server is restarted at once.
 pub const DRAIN_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl RunningServer {
     /// Leaves the cluster cleanly: stops heartbeats and unregisters (workers move
     /// elsewhere), gives up the leader lease and its locks (a standby takes over at once),
-    /// tells clients to move for [`DRAIN_NOTICE`] when other servers share the database,
-    /// then stops accepting and waits for the requests in flight — at most
+    /// tells clients to move for [`DRAIN_NOTICE`], then stops accepting and waits for the requests in flight — at most
     /// `shutdown_grace` — and for every background task.
     pub async fn shutdown(self) {
         let state = &self.state;
@@ -80,10 +81,8 @@ impl RunningServer {
                 tracing::warn!(error = %e, "could not release this server's locks; they lapse on their own")
             }
         }
-        if state.cluster.mode == config::SchedulingMode::Distributed {
-            tracing::info!(notice = ?DRAIN_NOTICE, "shutting down: telling clients to move to another server before this one stops accepting");
-            tokio::time::sleep(DRAIN_NOTICE).await;
-        }
+        tracing::info!(notice = ?DRAIN_NOTICE, "shutting down: telling clients to move to another server (or to reconnect) before this one stops accepting");
+        tokio::time::sleep(DRAIN_NOTICE).await;
         state.shutdown.cancel();
         state.tasks.close();
         let wait = async {
@@ -149,7 +148,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     let authenticator = Arc::new(Authenticator::new(
         store.clone(),
         JwtKeys::new(&jwt_secret, config.session_ttl),
-        AuthConfig::default(),
+        AuthConfig {
+            api_keys: gantry_auth::cache::CacheConfig::fresh_for(config.api_key_cache_ttl),
+            ..AuthConfig::default()
+        },
     ));
     bootstrap::write_server_credential(authenticator.jwt(), &config)?;
     let shutdown = CancellationToken::new();

@@ -31,6 +31,10 @@ pub enum StoreError {
     Fenced { fence: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database is known to be unreachable (see `Store::unreachable`), so it was
+    /// not asked.
+    #[error("database unreachable: {0}")]
+    Unreachable(String),
 }
 
 impl StoreError {
@@ -40,13 +44,14 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
-            StoreError::Database(
-                sqlx::Error::Io(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::WorkerCrashed
-                    | sqlx::Error::Tls(_)
-            )
+            StoreError::Unreachable(_)
+                | StoreError::Database(
+                    sqlx::Error::Io(_)
+                        | sqlx::Error::PoolTimedOut
+                        | sqlx::Error::PoolClosed
+                        | sqlx::Error::WorkerCrashed
+                        | sqlx::Error::Tls(_)
+                )
         )
     }
 

@@ -36,6 +36,7 @@ mod models;
 mod notify;
 mod placement_record;
 mod query;
+mod reachability;
 mod rows;
 mod scheduling;
 mod servers;
@@ -108,6 +109,8 @@ pub struct Store {
     /// Stops the cross-server listener when the last handle goes away.
     lifetime: Option<Arc<tokio_util::sync::DropGuard>>,
     shutdown: tokio_util::sync::CancellationToken,
+    /// Whether the database answers, without asking it (see [`Store::unreachable`]).
+    reachability: Arc<reachability::Reachability>,
 }
 
 impl std::fmt::Debug for Store {
@@ -208,10 +211,12 @@ impl Store {
             notifier: None,
             lifetime: None,
             shutdown: shutdown.clone(),
+            reachability: Arc::default(),
         };
         migrations::run(&store).await?;
         if engine == Engine::Postgres {
             store.notifier = Some(notify::start(&store, shutdown.clone()).await?);
+            reachability::start_probe(&store, &config.url, shutdown.clone());
             store.lifetime = Some(Arc::new(shutdown.drop_guard()));
         }
         Ok(store)

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests of several crates: a store on either engine,
 //! the macro that runs one test body against both, blocks of backend ports, and
 //! [`eventually`], the one loop that waits for something the system does a moment later;
-//! and [`hub`], a test double of the Hugging Face Hub to download models from.
+//! and [`hub`], a test double of the Hugging Face Hub to download models from;
+//! [`postgres::OwnPostgres`], a PostgreSQL server a test can stop and start.
 //!
 //! PostgreSQL tests need `GANTRY_TEST_POSTGRES_URL`, which `scripts/with-postgres.sh`
 //! (and so `scripts/test.sh`) sets. Without it they fail with a message saying so:
@@ -15,6 +16,7 @@ use gantry_store::{Store, StoreConfig};
 
 pub mod hub;
 pub mod modelscope;
+pub mod postgres;
 mod range;
 pub mod s3;
 

@@ -31,6 +31,11 @@ pub async fn readyz(
             "this server is shutting down; use another server",
         ));
     }
+    if let Some(why) = state.store.unreachable() {
+        return Err(ApiError::unavailable(format!(
+            "database unreachable: {why}"
+        )));
+    }
     match state.store.migrations_done().await {
         Ok(true) => Ok(Json(HealthStatus { status: "ready" })),
         Ok(false) => Err(ApiError::unavailable(

@@ -116,14 +116,24 @@ pub fn router(state: AppState) -> Router {
             get(instances::get)
                 .patch(instances::update)
                 .delete(instances::delete),
-        );
-    Router::new()
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
+        )
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            refuse_while_database_unreachable,
+        ));
+    let auth = Router::new()
         .route("/auth/login", post(auth::login))
         .route("/auth/logout", post(auth::logout))
         .route("/auth/change-password", post(auth::change_password))
         .route("/auth/me", get(auth::me))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            refuse_while_database_unreachable,
+        ));
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .merge(auth)
         .route("/api/openapi.json", get(openapi::spec))
         .route("/docs", get(openapi::docs))
         .nest("/api/v1", v1)
@@ -152,6 +162,20 @@ async fn method_not_allowed(request: Request) -> ApiError {
             request.uri().path()
         ),
     )
+}
+
+/// While the database is known to be unreachable, the management API answers 503 with
+/// `Retry-After` at once instead of every request waiting out the connection pool's
+/// timeout first. The gateway is not behind this: it goes on serving.
+async fn refuse_while_database_unreachable(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match state.store.unreachable() {
+        Some(why) => ApiError::from(gantry_store::StoreError::Unreachable(why)).into_response(),
+        None => next.run(request).await,
+    }
 }
 
 /// One log line per request, with an id that is also returned as `x-request-id`.

@@ -115,6 +115,11 @@ config_table! {
         /// the try as failed and sends the request to another instance (504 when none
         /// is left); long prompts take long to answer, so only set it above them.
         gateway_first_byte_timeout: Optional<Duration> = None, shown "none (no limit)";
+        /// How long an API key the server verified is used without reading the database
+        /// again (a key deleted through another server stops working here within this
+        /// long, should the change notification be lost). While the database cannot be
+        /// reached, keys verified before keep working regardless.
+        api_key_cache_ttl: Duration = server::DEFAULT_API_KEY_CACHE_TTL;
         /// Largest file `POST /api/v1/model-files/uploads` accepts.
         upload_max_size: Size = server::DEFAULT_UPLOAD_MAX_SIZE;
         /// Bucket of the `s3_*` store that complete uploads are moved to, so that every
