@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Creates (once) a Python virtual environment with the official `openai` client,
 # Playwright (driving Debian's chromium for the console's browser test), the official
-# `huggingface_hub` and `modelscope` clients and moto's S3-compatible server
-# (`moto_server`, for the `s3` model source), pinned below, and prints the path of its python as the last
-# line of stdout. Progress goes to stderr. The gateway tests run OpenAI's own client
+# `huggingface_hub` and `modelscope` clients, moto's S3-compatible server (`moto_server`,
+# for the `s3` model source) and Schemathesis (`st`, the API fuzz test), pinned below,
+# and prints the path of its python as the last line of stdout. Progress goes to stderr. The gateway tests run OpenAI's own client
 # against the gateway with it, and gantry-testkit's hub double is checked by running
 # `huggingface_hub`'s downloads against it:
 #
@@ -17,7 +17,7 @@
 set -euo pipefail
 
 # What the environment holds. Changing this text changes the cache key.
-readonly REQUIREMENTS="openai==3.54.0 playwright==1.65.2 huggingface_hub==2.4.0 modelscope==1.40.2 moto[s3,server]==5.2.5"
+readonly REQUIREMENTS="openai==3.54.0 playwright==1.65.2 huggingface_hub==2.4.0 modelscope==1.40.2 moto[s3,server]==5.2.5 schemathesis==4.32.5"
 
 log() { echo "python-env: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -28,7 +28,7 @@ VENV="$CACHE_ROOT/venv-$HASH"
 PYTHON="$VENV/bin/python"
 
 ready() {
-  [[ -x "$PYTHON" && -f "$VENV/.complete" ]] && "$PYTHON" -c 'import openai, playwright.sync_api, huggingface_hub, modelscope, moto.server' >/dev/null 2>&1
+  [[ -x "$PYTHON" && -f "$VENV/.complete" ]] && "$PYTHON" -c 'import openai, playwright.sync_api, huggingface_hub, modelscope, moto.server, schemathesis' >/dev/null 2>&1
 }
 
 if ready; then
@@ -67,6 +67,6 @@ mv "$VENV.tmp" "$VENV"
 # A venv's scripts name its directory; the interpreter itself does not care where it lives,
 # and the tests only run `python -c`, so the move is safe.
 touch "$VENV/.complete"
-ready || die "the new environment cannot import openai, playwright, huggingface_hub, modelscope and moto"
+ready || die "the new environment cannot import openai, playwright, huggingface_hub, modelscope, moto and schemathesis"
 log "ready: $PYTHON ($("$PYTHON" -c 'import openai, huggingface_hub; print("openai", openai.__version__, "huggingface_hub", huggingface_hub.__version__)'))"
 echo "$PYTHON"

@@ -12,8 +12,36 @@ use serde::de::DeserializeOwned;
 use crate::error::ApiError;
 
 /// A JSON body, deserialised and then validated.
+///
+/// A number with no fraction is an integer whatever its spelling (`248.0` is `248`, as
+/// JSON Schema has it), so clients that write every number as a float are understood.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
+
+/// `248.0` → `248`, anywhere in the value: a float with no fraction that an integer type
+/// holds.
+fn integral_floats_as_integers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(number) if number.is_f64() => {
+            let Some(float) = number.as_f64() else {
+                return;
+            };
+            if float.fract() != 0.0 || !float.is_finite() {
+                return;
+            }
+            // `as` saturates; a value that does not come back unchanged did not fit.
+            if float < 0.0 && (float as i64) as f64 == float {
+                *value = Value::from(float as i64);
+            } else if float >= 0.0 && (float as u64) as f64 == float {
+                *value = Value::from(float as u64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_floats_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(integral_floats_as_integers),
+        _ => {}
+    }
+}
 
 impl<T, S> FromRequest<S> for ApiJson<T>
 where
@@ -23,9 +51,12 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let axum::Json(value) = axum::Json::<T>::from_request(req, state)
+        let axum::Json(mut json) = axum::Json::<serde_json::Value>::from_request(req, state)
             .await
             .map_err(json_rejection)?;
+        integral_floats_as_integers(&mut json);
+        let value: T = serde_path_to_error::deserialize(json)
+            .map_err(|e| ApiError::validation(e.to_string()))?;
         value.validate()?;
         Ok(Self(value))
     }
@@ -122,5 +153,29 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientAddress {
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
                 .map(|info| info.0.ip().to_canonical()),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::integral_floats_as_integers;
+
+    #[test]
+    fn integral_floats_become_integers_and_the_rest_stay() {
+        let mut value = json!({
+            "days": 248.0, "load": {"inflight": 4_677_666_124.0_f64, "negative": -3.0},
+            "list": [1.0, 1.5], "huge": 1e300, "text": "2.0", "int": 7
+        });
+        integral_floats_as_integers(&mut value);
+        assert_eq!(
+            value,
+            json!({
+                "days": 248, "load": {"inflight": 4_677_666_124_u64, "negative": -3},
+                "list": [1, 1.5], "huge": 1e300, "text": "2.0", "int": 7
+            })
+        );
+        assert!(value["days"].is_u64());
     }
 }

@@ -25,10 +25,13 @@ pub struct ApiKey {
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyCreate {
     /// Unique per user.
+    #[schema(min_length = 1, max_length = 63, pattern = r"^[a-z0-9][a-z0-9._-]*$")]
     pub name: String,
     #[serde(default)]
+    #[schema(max_length = 500, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: String,
     /// Days until the key expires (1 to 3650); absent means it never expires.
+    #[schema(minimum = 1, maximum = 3650)]
     pub expires_in_days: Option<u32>,
 }
 

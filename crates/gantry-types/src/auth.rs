@@ -12,7 +12,9 @@ use crate::validate::{check_password, FieldError, Validate};
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LoginRequest {
+    #[schema(min_length = 1)]
     pub username: String,
+    #[schema(min_length = 1, max_length = 1024)]
     pub password: String,
 }
 
@@ -21,8 +23,8 @@ impl Validate for LoginRequest {
         if self.username.is_empty() {
             return Err(FieldError::new("username", "must not be empty"));
         }
-        if self.password.is_empty() || self.password.len() > 1024 {
-            return Err(FieldError::new("password", "must be 1 to 1024 bytes"));
+        if self.password.is_empty() || self.password.chars().count() > 1024 {
+            return Err(FieldError::new("password", "must be 1 to 1024 characters"));
         }
         Ok(())
     }
@@ -42,6 +44,8 @@ pub struct LoginResponse {
 #[serde(deny_unknown_fields)]
 pub struct ChangePasswordRequest {
     pub current_password: String,
+    /// 8 to 256 characters, not the current password.
+    #[schema(min_length = 8, max_length = 256)]
     pub new_password: String,
 }
 

@@ -71,9 +71,17 @@ pub struct ServerInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerRegister {
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9._-]*$")]
     pub server_id: String,
+    /// Where the other servers and the workers reach it: `http(s)://host[:port][/path]`,
+    /// the host a name, an IPv4 address or a bracketed IPv6 address.
+    #[schema(
+        max_length = 2048,
+        pattern = r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[!-~]*)?$"
+    )]
     pub url: String,
     #[serde(default)]
+    #[schema(max_length = 64)]
     pub version: String,
 }
 
@@ -81,9 +89,52 @@ pub struct ServerRegister {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerHeartbeat {
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9._-]*$")]
     pub server_id: String,
     #[serde(default)]
     pub load: ServerLoad,
+}
+
+/// `http(s)://host[:port][/path]`: the host a name or IPv4 address (letters, digits, `.`,
+/// `-`) or a bracketed IPv6 address, the port 1 to 5 digits, the path printable ASCII.
+fn is_http_url(url: &str) -> bool {
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    if !path.bytes().all(|b| b.is_ascii_graphic()) {
+        return false;
+    }
+    let (host, port) = if let Some(inside) = authority.strip_prefix('[') {
+        let Some((ip, after)) = inside.split_once(']') else {
+            return false;
+        };
+        if ip.parse::<std::net::Ipv6Addr>().is_err() {
+            return false;
+        }
+        match after {
+            "" => ("ip", None),
+            port => match port.strip_prefix(':') {
+                Some(port) => ("ip", Some(port)),
+                None => return false,
+            },
+        }
+    } else {
+        match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+    let port_ok =
+        port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()));
+    host_ok && port_ok
 }
 
 /// Server ids: 1 to 128 characters of letters, digits, `-`, `_` and `.`.
@@ -106,14 +157,14 @@ pub fn check_server_id(field: &str, id: &str) -> Result<(), FieldError> {
 impl Validate for ServerRegister {
     fn validate(&self) -> Result<(), FieldError> {
         check_server_id("server_id", &self.server_id)?;
-        let url = self.url.as_str();
-        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > 2048 {
+        if !is_http_url(&self.url) || self.url.len() > 2048 {
             return Err(FieldError::new(
                 "url",
-                "must be an http:// or https:// URL of at most 2048 characters",
+                "must be an http:// or https:// URL (host, optional port and path) of at \
+                 most 2048 characters",
             ));
         }
-        if self.version.len() > 64 {
+        if self.version.chars().count() > 64 {
             return Err(FieldError::new("version", "must be at most 64 characters"));
         }
         Ok(())
@@ -159,12 +210,15 @@ pub struct ClusterStatus {
 #[serde(deny_unknown_fields)]
 pub struct LockAcquire {
     /// What the lock guards, 1 to 200 printable ASCII characters.
+    #[schema(min_length = 1, max_length = 200, pattern = r"^[!-~]*$")]
     pub name: String,
     /// Who takes it (a server id, or a tool's name).
+    #[schema(min_length = 1, max_length = 200, pattern = r"^[!-~]*$")]
     pub owner: String,
     /// How long it holds without renewal, in milliseconds (1 to 3,600,000); the server's
     /// `lock_timeout` when absent. Acquiring again as the owner renews it.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 3_600_000)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -172,7 +226,9 @@ pub struct LockAcquire {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LockRelease {
+    #[schema(min_length = 1, max_length = 200, pattern = r"^[!-~]*$")]
     pub name: String,
+    #[schema(min_length = 1, max_length = 200, pattern = r"^[!-~]*$")]
     pub owner: String,
 }
 
@@ -271,5 +327,40 @@ mod tests {
             version: String::new(),
         };
         assert_eq!(register.validate().unwrap_err().field, "url");
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::is_http_url;
+
+    #[test]
+    fn server_urls_are_http_urls_with_a_host() {
+        for good in [
+            "http://a",
+            "https://gantry-1.example.com:8080",
+            "http://10.0.0.1:80/base",
+            "http://[::1]:8080",
+            "https://[fe80::1]",
+        ] {
+            assert!(is_http_url(good), "{good}");
+        }
+        for bad in [
+            "http://",
+            "http://[",
+            "http://[::1",
+            "http://[::1]x",
+            "http://[fB1]",
+            "http://[1:::2]",
+            "ftp://a",
+            "http://a b",
+            "http://a:",
+            "http://a:123456",
+            "http://a:x",
+            "http://a/ b",
+            "http://user@a",
+        ] {
+            assert!(!is_http_url(bad), "{bad}");
+        }
     }
 }

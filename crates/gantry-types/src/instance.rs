@@ -160,7 +160,12 @@ pub struct InstancePatch {
     )]
     #[schema(value_type = Option<i64>)]
     pub worker_id: Option<Option<i64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The GPUs to run on (absent: keep them); not `null`.
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub gpu_indexes: Option<Vec<u32>>,
 }
 
@@ -291,11 +296,17 @@ impl Validate for InstanceStateReport {
 #[into_params(parameter_in = Query)]
 pub struct LogQuery {
     /// Last N lines (default 100, at most 100000).
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 100000)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail: Option<u32>,
     /// Keep the response open and send new lines as they are written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follow: Option<bool>,
+    /// With `follow=true`: end the response after this many seconds (1 to 86400);
+    /// without it the response lasts until the client goes away.
+    #[param(minimum = 1, maximum = 86400)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u32>,
 }
 
 impl Validate for LogQuery {
@@ -303,7 +314,7 @@ impl Validate for LogQuery {
         if self.tail.is_some_and(|t| t > 100_000) {
             return Err(FieldError::new("tail", "must be at most 100000"));
         }
-        Ok(())
+        crate::query::check_stream_timeout(self.timeout_seconds)
     }
 }
 

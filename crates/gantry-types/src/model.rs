@@ -336,8 +336,10 @@ pub struct Model {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelCreate {
+    #[schema(min_length = 1, max_length = 63, pattern = r"^[a-z0-9][a-z0-9._-]*$")]
     pub name: String,
     #[serde(default)]
+    #[schema(max_length = 2000, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: String,
     pub source: ModelSource,
     /// `llama.cpp`, `vllm`, `sglang`, `custom` (with `custom_command`), or the name of a
@@ -347,24 +349,29 @@ pub struct ModelCreate {
     #[serde(default)]
     pub backend_version: Option<String>,
     #[serde(default)]
+    #[schema(max_items = 256)]
     pub backend_args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default = "default_replicas")]
+    #[schema(maximum = 1000)]
     pub replicas: u32,
     #[serde(default)]
+    #[schema(schema_with = crate::validate::labels_schema)]
     pub worker_selector: BTreeMap<String, String>,
     #[serde(default)]
     pub gpu_selector: Option<GpuSelector>,
     #[serde(default)]
     pub placement_strategy: PlacementStrategy,
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 64)]
     pub data_parallel_size: Option<u32>,
     #[serde(default = "default_cpu_offload")]
     pub cpu_offload: bool,
     #[serde(default)]
     pub custom_command: Option<String>,
     #[serde(default)]
+    #[schema(schema_with = crate::validate::labels_schema)]
     pub labels: BTreeMap<String, String>,
 }
 
@@ -442,6 +449,7 @@ impl Validate for ModelCreate {
 #[serde(deny_unknown_fields)]
 pub struct ModelUpdate {
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 2000, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<ModelSource>,
@@ -452,6 +460,7 @@ pub struct ModelUpdate {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub env: Option<BTreeMap<String, String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(maximum = 1000)]
     pub replicas: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_selector: Option<BTreeMap<String, String>>,
@@ -469,7 +478,7 @@ pub struct ModelUpdate {
         with = "double_option",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(value_type = Option<u32>)]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 64)]
     pub data_parallel_size: Option<Option<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_offload: Option<bool>,

@@ -110,11 +110,16 @@ pub struct Upload {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UploadCreate {
-    /// A file name: 1-255 characters, no '/', not starting with '.'.
-    #[schema(min_length = 1, max_length = 255)]
+    /// A file name: 1 to 250 bytes (file systems count a name's bytes, and the server
+    /// keeps a partial upload as `<name>.part`), no '/', not starting with '.'.
+    #[schema(
+        min_length = 1,
+        max_length = 250,
+        pattern = r"^[^./\\\x00-\x08\x0B-\x1F\x7F-\x9F][^/\\\x00-\x08\x0B-\x1F\x7F-\x9F]*$"
+    )]
     pub name: String,
     /// Its size in bytes (at most the server's `upload_max_size`).
-    #[schema(minimum = 1)]
+    #[schema(value_type = i64, minimum = 1)]
     pub size: u64,
     /// Its SHA-256 (64 hexadecimal characters), checked when the last byte arrives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -124,7 +129,17 @@ pub struct UploadCreate {
 
 impl Validate for UploadCreate {
     fn validate(&self) -> Result<(), FieldError> {
-        check_text("name", &self.name, 255)?;
+        check_text("name", &self.name, 250)?;
+        if self.name.len() > 250 {
+            return Err(FieldError::new(
+                "name",
+                format!(
+                    "is {} bytes long; a file name may have at most 250 (file systems count \
+                     bytes, not characters)",
+                    self.name.len()
+                ),
+            ));
+        }
         if self.name.is_empty()
             || self.name.starts_with('.')
             || self.name.contains(['/', '\\', '\0'])
@@ -136,6 +151,12 @@ impl Validate for UploadCreate {
         }
         if self.size == 0 {
             return Err(FieldError::new("size", "must be at least 1 byte"));
+        }
+        if i64::try_from(self.size).is_err() {
+            return Err(FieldError::new(
+                "size",
+                "must be at most 9223372036854775807",
+            ));
         }
         if let Some(digest) = &self.sha256 {
             if digest.len() != 64 || !digest.chars().all(|c| c.is_ascii_hexdigit()) {

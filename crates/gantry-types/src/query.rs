@@ -89,6 +89,23 @@ pub trait ListQuery {
     fn paging(&self) -> (Option<u32>, Option<u32>);
     /// Whether the list is to be watched rather than read once.
     fn watch(&self) -> bool;
+    /// How long a watch stream lasts before the server ends it; `None`: until the client
+    /// goes away.
+    fn watch_timeout(&self) -> Option<std::time::Duration>;
+}
+
+/// The longest `timeout_seconds` a watch or a log follow takes: a day.
+pub const MAX_STREAM_TIMEOUT_SECONDS: u32 = 86_400;
+
+/// `timeout_seconds` of a watch or a log follow: 1 to [`MAX_STREAM_TIMEOUT_SECONDS`].
+pub fn check_stream_timeout(timeout_seconds: Option<u32>) -> Result<(), FieldError> {
+    if timeout_seconds.is_some_and(|s| !(1..=MAX_STREAM_TIMEOUT_SECONDS).contains(&s)) {
+        return Err(FieldError::new(
+            "timeout_seconds",
+            format!("must be between 1 and {MAX_STREAM_TIMEOUT_SECONDS}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Paging and watching, common to every list query.
@@ -128,14 +145,21 @@ macro_rules! list_query {
                 pub $field: Option<$ty>,
             )*
             /// 1-based page number (default 1).
+            #[param(value_type = Option<i64>, minimum = 1, maximum = 4294967295_i64)]
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub page: Option<u32>,
             /// Items per page, 1 to 1000 (default 100).
+            #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub per_page: Option<u32>,
             /// Stream the list and its changes as NDJSON watch events instead of one page.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub watch: Option<bool>,
+            /// With `watch=true`: end the stream after this many seconds (1 to 86400);
+            /// without it the stream lasts until the client goes away.
+            #[param(minimum = 1, maximum = 86400)]
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub timeout_seconds: Option<u32>,
         }
 
         #[doc = concat!("The filter of [`", stringify!($query), "`].")]
@@ -158,11 +182,17 @@ macro_rules! list_query {
             fn watch(&self) -> bool {
                 self.watch == Some(true)
             }
+
+            fn watch_timeout(&self) -> Option<std::time::Duration> {
+                self.timeout_seconds
+                    .map(|s| std::time::Duration::from_secs(u64::from(s)))
+            }
         }
 
         impl Validate for $query {
             fn validate(&self) -> Result<(), FieldError> {
-                check_page(self.page, self.per_page)
+                check_page(self.page, self.per_page)?;
+                check_stream_timeout(self.timeout_seconds)
             }
         }
     };
@@ -219,7 +249,7 @@ list_query! {
     InstanceQuery => InstanceFilter {
         model_id: i64,
         worker_id: i64,
-        state: InstanceState as String,
+        state: InstanceState,
     }
 }
 
@@ -262,7 +292,7 @@ impl ListFilter for InstanceFilter {
 list_query! {
     /// `GET /api/v1/workers`.
     WorkerQuery => WorkerFilter {
-        state: WorkerState as String,
+        state: WorkerState,
         /// Exactly this name.
         name: String,
     }
@@ -300,7 +330,7 @@ impl ListFilter for WorkerFilter {
 list_query! {
     /// `GET /api/v1/users`.
     UserQuery => UserFilter {
-        role: Role as String,
+        role: Role,
         /// Part of the username, any case.
         search: String,
     }

@@ -18,17 +18,13 @@ pub struct UsageQuery {
     pub model: Option<String>,
     /// RFC 3339; minutes starting at or after this time.
     pub from: Option<Timestamp>,
-    /// RFC 3339; minutes starting before this time.
+    /// RFC 3339; minutes starting before this time. A window that ends at or before it
+    /// begins holds nothing: the report is empty.
     pub to: Option<Timestamp>,
 }
 
 impl Validate for UsageQuery {
     fn validate(&self) -> Result<(), FieldError> {
-        if let (Some(from), Some(to)) = (self.from, self.to) {
-            if from >= to {
-                return Err(FieldError::new("to", "must be later than from"));
-            }
-        }
         Ok(())
     }
 }

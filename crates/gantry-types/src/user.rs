@@ -50,11 +50,14 @@ pub struct User {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserCreate {
+    #[schema(min_length = 1, max_length = 63, pattern = r"^[a-z0-9][a-z0-9._-]*$")]
     pub username: String,
+    #[schema(min_length = 8, max_length = 256)]
     pub password: String,
     #[serde(default = "default_role")]
     pub role: Role,
     #[serde(default)]
+    #[schema(max_length = 200, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub full_name: String,
     /// Make the user choose a new password at first login.
     #[serde(default)]
@@ -78,8 +81,10 @@ impl Validate for UserCreate {
 #[serde(deny_unknown_fields)]
 pub struct UserUpdate {
     pub role: Option<Role>,
+    #[schema(max_length = 200, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub full_name: Option<String>,
     /// Sets a new password (admin reset); the user's sessions end.
+    #[schema(min_length = 8, max_length = 256)]
     pub password: Option<String>,
     pub require_password_change: Option<bool>,
 }

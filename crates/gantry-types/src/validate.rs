@@ -97,7 +97,7 @@ pub fn check_labels<'a>(
                 "label keys are 1 to 63 characters of letters, digits, '.', '_', '/' and '-'",
             ));
         }
-        if value.len() > 253 || value.chars().any(char::is_control) {
+        if value.chars().count() > 253 || value.chars().any(char::is_control) {
             return Err(FieldError::new(
                 format!("{field}.{key}"),
                 "label values are at most 253 characters without control characters",
@@ -105,6 +105,43 @@ pub fn check_labels<'a>(
         }
     }
     Ok(())
+}
+
+/// The schema of a label map as [`check_labels`] takes it: keys of 1 to 63 letters,
+/// digits, `.`, `_`, `/` and `-`; values of at most 253 characters without control
+/// characters.
+pub fn labels_schema() -> utoipa::openapi::Object {
+    use utoipa::openapi::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(63))
+                .pattern(Some(r"^[A-Za-z0-9._/-]*$")),
+        ))
+        .additional_properties(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(253))
+                .pattern(Some(r"^[^\x00-\x1F\x7F-\x9F]*$")),
+        ))
+        .build()
+}
+
+/// What [`check_text`] allows, as a schema pattern: no control characters but newlines
+/// and tabs.
+pub const TEXT_PATTERN: &str = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$";
+
+/// For `#[serde(default, deserialize_with = "crate::validate::not_null")]`: an optional
+/// field that may be left out but not sent as `null`.
+pub fn not_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 /// Free text (descriptions, full names): bounded length, no control characters except

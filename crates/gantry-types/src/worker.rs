@@ -108,6 +108,7 @@ pub struct Worker {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerLabelsUpdate {
+    #[schema(schema_with = crate::validate::labels_schema)]
     pub labels: BTreeMap<String, String>,
 }
 

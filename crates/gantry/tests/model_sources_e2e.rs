@@ -440,7 +440,7 @@ async fn a_split_gguf_from_the_hub_is_downloaded_in_all_its_parts_and_served() {
             running.id,
             &LogQuery {
                 tail: Some(100_000),
-                follow: None,
+                ..LogQuery::default()
             },
         )
         .await

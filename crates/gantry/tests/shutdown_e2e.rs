@@ -37,6 +37,7 @@ async fn the_server_exits_within_seconds_while_clients_follow_logs_and_watch() {
     let follow = LogQuery {
         tail: Some(5),
         follow: Some(true),
+        timeout_seconds: None,
     };
     let mut logs = Vec::new();
     for _ in 0..2 {

@@ -83,6 +83,7 @@ async fn gantry_start_serves_writes_bootstrap_files_and_runs_a_model() {
     let followed = LogQuery {
         tail: Some(5),
         follow: Some(true),
+        timeout_seconds: None,
     };
     let mut follow = admin.instance_logs(id, &followed).await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(10), follow.chunk())

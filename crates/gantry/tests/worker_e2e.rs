@@ -53,11 +53,26 @@ async fn worker_runs_restarts_logs_and_stops_a_real_llama_server() {
     // Logs come through the server from the worker.
     let last_50 = LogQuery {
         tail: Some(50),
-        follow: None,
+        ..LogQuery::default()
     };
     let logs = admin.instance_logs(id, &last_50).await.unwrap();
     let logs = logs.text().await.unwrap();
     assert!(logs.contains("llama"), "{logs}");
+    // A followed log ends after the client's timeout_seconds.
+    let follow = LogQuery {
+        tail: Some(5),
+        follow: Some(true),
+        timeout_seconds: Some(1),
+    };
+    let began = std::time::Instant::now();
+    let followed = admin.instance_logs(id, &follow).await.unwrap();
+    let followed = followed.text().await.unwrap();
+    let took = began.elapsed();
+    assert!(!followed.trim().is_empty(), "the last lines came first");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(10),
+        "a follow with timeout_seconds=1 ended after {took:?}"
+    );
 
     // kill -9 of the backend: restarted and running again, with a new pid.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0]), Signal::SIGKILL).unwrap();

@@ -125,11 +125,14 @@ pub async fn status(
 pub struct AssignmentQuery {
     /// Stream changes as NDJSON.
     pub watch: Option<bool>,
+    /// With `watch=true`: end the stream after this many seconds (1 to 86400).
+    #[param(minimum = 1, maximum = 86400)]
+    pub timeout_seconds: Option<u32>,
 }
 
 impl Validate for AssignmentQuery {
     fn validate(&self) -> Result<(), FieldError> {
-        Ok(())
+        gantry_types::query::check_stream_timeout(self.timeout_seconds)
     }
 }
 
@@ -157,6 +160,9 @@ pub async fn assignments(
         &state,
         watch::Changes::Routed(feed),
         initial,
+        query
+            .timeout_seconds
+            .map(|s| std::time::Duration::from_secs(u64::from(s))),
         move |change| {
             let Change::Instance(kind, instance) = change else {
                 return None;

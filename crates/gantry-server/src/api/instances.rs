@@ -125,10 +125,21 @@ pub async fn logs(
             format!("worker {} answered {status}: {}", worker.name, text.trim()),
         ));
     }
-    // A followed log never ends on its own: it ends with the server.
-    let body = upstream
-        .bytes_stream()
-        .take_until(state.shutdown.clone().cancelled_owned());
+    // A followed log ends with the server, or after the client's `timeout_seconds`.
+    let shutdown = state.shutdown.clone();
+    let timeout = query.timeout_seconds;
+    let ends = async move {
+        match timeout {
+            Some(seconds) => {
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = tokio::time::sleep(std::time::Duration::from_secs(u64::from(seconds))) => {}
+                }
+            }
+            None => shutdown.cancelled().await,
+        }
+    };
+    let body = upstream.bytes_stream().take_until(Box::pin(ends));
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,

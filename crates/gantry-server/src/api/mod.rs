@@ -252,6 +252,7 @@ where
             state,
             watch::Changes::All(changes),
             initial,
+            query.watch_timeout(),
             move |change| {
                 let (kind, item) = of(change)?;
                 filter.matches(item).then(|| (kind, item.clone()))

@@ -25,6 +25,7 @@ const WORKER_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ModelFileQuery {
     /// Only this worker's files.
     pub worker_id: Option<i64>,

@@ -51,7 +51,13 @@ use super::{
         gantry_types::ErrorCode,
         gantry_types::WatchEvent<gantry_types::ModelInstance>,
     )),
-    modifiers(&BearerAuth),
+    modifiers(
+        &BearerAuth,
+        &StandardErrors,
+        &GatewayRequestBodies,
+        &BinaryBodies,
+        &SchemaRules
+    ),
     tags(
         (name = "health", description = "Probes"),
         (name = "auth", description = "Sessions and passwords"),
@@ -82,9 +88,281 @@ impl Modify for BearerAuth {
     }
 }
 
-/// `GET /api/openapi.json`.
-pub async fn spec() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+/// Adds to every operation the error answers that the layers in front of its handler
+/// give, so the spec names every status an operation can answer with (each with the
+/// error body: gantry's, or OpenAI's shape on the gateway's `/v1/*`):
+///
+/// - an operation that takes credentials: 401 (none, or not valid) and 403 (valid, but
+///   not allowed here);
+/// - a request body: 400 (not readable as its content type), 413 (larger than
+///   `max_request_body`), 415 (another content type) and 422 (readable, but a field is
+///   invalid);
+/// - parameters: 400 (a query or path parameter that does not parse); path parameters:
+///   404 (no such object);
+/// - the management API and logins: 503 with `Retry-After` while the database cannot be
+///   reached.
+///
+/// What an operation documents itself (a more specific description) is kept.
+struct StandardErrors;
+
+impl Modify for StandardErrors {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::ParameterIn;
+
+        for (path, item) in &mut openapi.paths.paths {
+            let gateway = path.starts_with("/v1/");
+            let database = path.starts_with("/api/v1/") || path.starts_with("/auth/");
+            let error_body = if gateway {
+                "OpenAiErrorBody"
+            } else {
+                "ErrorBody"
+            };
+            for operation in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let secured = operation
+                    .security
+                    .as_ref()
+                    .is_some_and(|requirements| !requirements.is_empty());
+                let parameters = operation.parameters.as_deref().unwrap_or_default();
+                let has_parameters = !parameters.is_empty();
+                let has_path_parameters = parameters
+                    .iter()
+                    .any(|p| p.parameter_in == ParameterIn::Path);
+                let has_body = operation.request_body.is_some();
+                let mut add = |status: u16, description: &str| {
+                    operation
+                        .responses
+                        .responses
+                        .entry(status.to_string())
+                        .or_insert_with(|| error_response(error_body, description, status == 503));
+                };
+                if secured {
+                    add(401, "No credentials, or credentials that are not valid");
+                    add(403, "Valid credentials that may not do this");
+                }
+                if has_body {
+                    add(400, "The body cannot be read as its content type");
+                    add(413, "The body is larger than the server accepts");
+                    add(
+                        415,
+                        "The body is not of the content type the operation takes",
+                    );
+                    add(
+                        422,
+                        "A field of the body is not valid; the message names it",
+                    );
+                }
+                if has_parameters {
+                    add(400, "A parameter is not valid; the message names it");
+                }
+                if has_path_parameters {
+                    add(404, "No such object");
+                }
+                if database {
+                    add(
+                        503,
+                        "The database cannot be reached; try again after Retry-After",
+                    );
+                }
+                let watchable = parameters.iter().any(|p| p.name == "watch");
+                if watchable {
+                    // `watch=true` answers with a stream of events instead of the page.
+                    if let Some(utoipa::openapi::RefOr::T(ok)) =
+                        operation.responses.responses.get_mut("200")
+                    {
+                        ok.content.insert(
+                            "application/x-ndjson".to_owned(),
+                            utoipa::openapi::ContentBuilder::new()
+                                .schema(Some(
+                                    utoipa::openapi::ObjectBuilder::new()
+                                        .schema_type(utoipa::openapi::Type::String)
+                                        .description(Some(
+                                            "With watch=true: one WatchEvent (JSON) per line",
+                                        )),
+                                ))
+                                .build(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The request bodies of the gateway's OpenAI endpoints, as far as the gateway reads them:
+/// an object with a non-empty string `model`, an optional boolean `stream` and object
+/// `stream_options` (each may be `null`); every other field goes to the backend as sent.
+struct GatewayRequestBodies;
+
+impl Modify for GatewayRequestBodies {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, SchemaType, Type};
+        use utoipa::openapi::ContentBuilder;
+
+        let nullable = |kind: Type| {
+            ObjectBuilder::new().schema_type(SchemaType::from_iter([kind, Type::Null]))
+        };
+        let schema = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property(
+                "model",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .description(Some("The model (as `GET /v1/models` lists it)")),
+            )
+            .required("model")
+            .property("stream", nullable(Type::Boolean))
+            .property("stream_options", nullable(Type::Object))
+            .additional_properties(Some(AdditionalProperties::FreeForm(true)))
+            .build();
+        for (path, item) in &mut openapi.paths.paths {
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            if let Some(body) = item
+                .post
+                .as_mut()
+                .and_then(|operation| operation.request_body.as_mut())
+            {
+                let description = body.description.clone();
+                body.content.clear();
+                body.content.insert(
+                    "application/json".to_owned(),
+                    ContentBuilder::new().schema(Some(schema.clone())).build(),
+                );
+                body.description = description;
+                body.required = Some(utoipa::openapi::Required::True);
+            }
+        }
+    }
+}
+
+/// Raw bytes in a request body (an upload's chunk) are a binary string, not an array of
+/// numbers, and both octet-stream types the server takes are listed.
+struct BinaryBodies;
+
+impl Modify for BinaryBodies {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        use utoipa::openapi::ContentBuilder;
+
+        let binary = ContentBuilder::new()
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary))),
+            ))
+            .build();
+        for item in openapi.paths.paths.values_mut() {
+            for operation in [&mut item.put, &mut item.post, &mut item.patch]
+                .into_iter()
+                .flatten()
+            {
+                let Some(body) = operation.request_body.as_mut() else {
+                    continue;
+                };
+                if body.content.contains_key("application/offset+octet-stream") {
+                    for media_type in [
+                        "application/offset+octet-stream",
+                        "application/octet-stream",
+                    ] {
+                        body.content.insert(media_type.to_owned(), binary.clone());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An error answer with the error body `schema`, and `Retry-After` when `retry`.
+fn error_response(
+    schema: &str,
+    description: &str,
+    retry: bool,
+) -> utoipa::openapi::RefOr<utoipa::openapi::Response> {
+    use utoipa::openapi::{header::HeaderBuilder, ContentBuilder, Ref, ResponseBuilder, Type};
+    let mut response = ResponseBuilder::new().description(description).content(
+        "application/json",
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name(schema)))
+            .build(),
+    );
+    if retry {
+        response = response.header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(
+                    utoipa::openapi::ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(0)),
+                )
+                .description(Some("Seconds to wait before trying again"))
+                .build(),
+        );
+    }
+    response.build().into()
+}
+
+/// Rules of schemas that utoipa's attributes cannot state: a placement patch names at
+/// least one of its two fields, and at most 64 distinct GPU indexes.
+struct SchemaRules;
+
+impl Modify for SchemaRules {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{RefOr, Schema};
+
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        if let Some(RefOr::T(Schema::Object(patch))) = components.schemas.get_mut("InstancePatch") {
+            patch.min_properties = Some(1);
+            patch.max_properties = None;
+            if let Some(RefOr::T(Schema::Array(indexes))) = patch.properties.get_mut("gpu_indexes")
+            {
+                indexes.max_items = Some(64);
+                indexes.unique_items = true;
+                indexes.schema_type = utoipa::openapi::Type::Array.into();
+            }
+        }
+    }
+}
+
+/// `GET /api/openapi.json`: the API as this server serves it, its configured limits
+/// included.
+pub async fn spec(
+    axum::extract::State(state): axum::extract::State<crate::state::AppState>,
+) -> Json<utoipa::openapi::OpenApi> {
+    Json(for_server(&state.config))
+}
+
+/// [`ApiDoc`] with the limits of this server's configuration: the largest upload.
+pub fn for_server(config: &crate::config::ServerConfig) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::{RefOr, Schema};
+
+    let mut spec = ApiDoc::openapi();
+    let upload = spec
+        .components
+        .as_mut()
+        .and_then(|components| components.schemas.get_mut("UploadCreate"));
+    if let Some(RefOr::T(Schema::Object(upload))) = upload {
+        if let Some(RefOr::T(Schema::Object(size))) = upload.properties.get_mut("size") {
+            size.maximum = Some(config.upload_max_size.into());
+            size.description = Some(format!(
+                "Its size in bytes, at most this server's `upload_max_size` ({} bytes).",
+                config.upload_max_size
+            ));
+        }
+    }
+    spec
 }
 
 /// `GET /docs`: a small self-contained page listing every operation with its

@@ -73,13 +73,12 @@ pub async fn create(
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;
     if request.size > state.staging.max_size {
-        return Err(ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!(
-                "size {} is larger than this server accepts (upload_max_size = {} bytes)",
-                request.size, state.staging.max_size
-            ),
-        ));
+        // The body is small; what it declares is out of range (the spec says so: the
+        // schema's maximum is this server's limit).
+        return Err(ApiError::validation(format!(
+            "size: {} is larger than this server accepts (upload_max_size = {} bytes)",
+            request.size, state.staging.max_size
+        )));
     }
     state.staging.check_free_space(request.size)?;
     let upload = state
@@ -320,6 +319,7 @@ pub async fn delete(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ContentQuery {
     /// When the URL stops working (milliseconds since the epoch).
     pub expires: i64,

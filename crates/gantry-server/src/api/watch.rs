@@ -65,7 +65,13 @@ impl Changes {
 /// Starts a watch stream. `select` picks the changes this watcher cares about (the
 /// resource and the list's filters) and returns the event's kind and object; it may keep
 /// state between changes (the assignment stream remembers what it sent).
-pub fn respond<T, F>(state: &AppState, changes: Changes, initial: Vec<T>, mut select: F) -> Response
+pub fn respond<T, F>(
+    state: &AppState,
+    changes: Changes,
+    initial: Vec<T>,
+    timeout: Option<std::time::Duration>,
+    mut select: F,
+) -> Response
 where
     T: Serialize + Send + 'static,
     F: FnMut(&Change) -> Option<(ChangeKind, T)> + Send + 'static,
@@ -92,9 +98,18 @@ where
             }
         }
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        // The client's `timeout_seconds`: the stream ends then, as if the server stopped.
+        let ends = async {
+            match timeout {
+                Some(timeout) => tokio::time::sleep(timeout).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(ends);
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => return,
+                () = &mut ends => return,
                 _ = heartbeat.tick() => line(&WatchEvent::<T>::Heartbeat),
                 change = changes.recv() => match change {
                     Ok(change) => {
