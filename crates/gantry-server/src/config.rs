@@ -73,7 +73,10 @@ pub struct ServerConfig {
     /// from the bound address (see [`ServerConfig::advertised_url`]).
     pub advertise_url: Option<String>,
     /// Serve HTTPS with this certificate and key (`tls_cert_file`, `tls_key_file`).
-    pub tls: Option<crate::tls::TlsFiles>,
+    pub tls: Option<gantry_tls::TlsFiles>,
+    /// PEM certificates to trust for workers whose own API serves HTTPS, besides the
+    /// system's roots (`worker_ca_file`).
+    pub worker_ca_file: Option<PathBuf>,
     /// How scheduling is shared between servers.
     pub scheduling_mode: SchedulingMode,
     /// The leader lease's TTL and renewal interval (distributed mode).
@@ -143,6 +146,7 @@ impl ServerConfig {
             server_id: DEFAULT_SERVER_ID.to_string(),
             advertise_url: None,
             tls: None,
+            worker_ca_file: None,
             scheduling_mode: SchedulingMode::Auto,
             lease_ttl: DEFAULT_LEASE_TTL,
             lease_renew_interval: DEFAULT_LEASE_RENEW_INTERVAL,

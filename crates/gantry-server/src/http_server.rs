@@ -146,7 +146,7 @@ pub(crate) async fn serve(
             };
             let handshake = tokio::select! {
                 () = shutdown.cancelled() => return,
-                handshake = tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, tls.accept(tcp)) => handshake,
+                handshake = tokio::time::timeout(gantry_tls::HANDSHAKE_TIMEOUT, tls.accept(tcp)) => handshake,
             };
             match handshake {
                 Ok(Ok(stream)) => serve_connection(stream, service, shutdown, peer).await,

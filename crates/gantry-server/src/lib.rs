@@ -20,7 +20,6 @@ pub mod login_limit;
 pub mod service;
 pub mod staging;
 pub mod state;
-pub mod tls;
 pub mod ui;
 
 use std::net::SocketAddr;
@@ -138,7 +137,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
              database_url or use scheduling_mode auto"
         );
     }
-    let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
+    let tls = config.tls.as_ref().map(gantry_tls::acceptor).transpose()?;
     let bind = format!("{}:{}", config.host, config.port);
     let listener = TcpListener::bind(&bind)
         .await
@@ -198,6 +197,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     ));
     let sources = state::model_sources(&config, &store, &staging);
     let assignment_feeds = feeds::AssignmentFeeds::attach(&store);
+    let worker_http = match &config.worker_ca_file {
+        None => state::worker_http_client(),
+        Some(ca_file) => state::worker_http_client_trusting(ca_file)?,
+    };
     let state = AppState::new(Shared {
         store,
         config,
@@ -205,7 +208,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         shutdown,
         draining: CancellationToken::new(),
         tasks,
-        worker_http: state::worker_http_client(),
+        worker_http,
         cluster,
         staging,
         sources,

@@ -68,6 +68,31 @@ pub fn worker_http_client() -> reqwest::Client {
         .expect("a reqwest client without TLS settings builds")
 }
 
+/// [`worker_http_client`] that also trusts the PEM certificates of `worker_ca_file` for
+/// workers whose API serves HTTPS (besides the system's roots).
+pub fn worker_http_client_trusting(ca_file: &std::path::Path) -> anyhow::Result<reqwest::Client> {
+    use anyhow::Context;
+
+    let pem = std::fs::read(ca_file)
+        .with_context(|| format!("read worker_ca_file {}", ca_file.display()))?;
+    let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+        .ok()
+        .filter(|certificates| !certificates.is_empty())
+        .with_context(|| {
+            format!(
+                "worker_ca_file {}: no usable PEM certificate (-----BEGIN CERTIFICATE-----)",
+                ca_file.display()
+            )
+        })?;
+    let mut builder = reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5));
+    for certificate in certificates {
+        builder = builder.add_root_certificate(certificate);
+    }
+    builder
+        .build()
+        .context("build the client for the workers' API")
+}
+
 impl AppState {
     pub fn new(shared: Shared) -> Self {
         Self(Arc::new(shared))

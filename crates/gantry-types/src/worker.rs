@@ -126,9 +126,20 @@ pub struct WorkerRegister {
     pub name: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// `host:port` of the worker's own HTTP API (logs).
+    /// `host:port` of the worker's own HTTP API (logs, model files), or
+    /// `https://host:port` when it serves HTTPS.
     pub address: String,
     pub status: WorkerStatus,
+}
+
+/// The URL of `path` on a worker's own API at `address` (`host:port`: plain HTTP;
+/// `https://host:port`: HTTPS).
+pub fn worker_api_url(address: &str, path: &str) -> String {
+    if address.starts_with("https://") {
+        format!("{address}{path}")
+    } else {
+        format!("http://{address}{path}")
+    }
 }
 
 impl Validate for WorkerRegister {
@@ -136,8 +147,19 @@ impl Validate for WorkerRegister {
         crate::validate::check_name("name", &self.name)?;
         self.status.validate()?;
         check_labels("labels", &self.labels)?;
-        if self.address.is_empty() || self.address.len() > 255 || !self.address.contains(':') {
-            return Err(FieldError::new("address", "must be host:port"));
+        let host_port = self
+            .address
+            .strip_prefix("https://")
+            .unwrap_or(&self.address);
+        if host_port.is_empty()
+            || self.address.len() > 255
+            || !host_port.contains(':')
+            || host_port.contains('/')
+        {
+            return Err(FieldError::new(
+                "address",
+                "must be host:port, or https://host:port for an API served over HTTPS",
+            ));
         }
         Ok(())
     }

@@ -16,14 +16,15 @@ use axum::Router;
 use bytes::Bytes;
 use serde::Deserialize;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use crate::agent::Shared;
 
 /// How often a followed log is checked for new output.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
-/// Starts serving on the listener until the worker shuts down.
-pub(crate) fn serve(shared: Arc<Shared>, listener: TcpListener) {
+/// Starts serving on the listener until the worker shuts down, over TLS with `tls`.
+pub(crate) fn serve(shared: Arc<Shared>, listener: TcpListener, tls: Option<TlsAcceptor>) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/instances/{id}/logs", get(logs))
@@ -34,10 +35,61 @@ pub(crate) fn serve(shared: Arc<Shared>, listener: TcpListener) {
         )
         .with_state(shared.clone());
     let shutdown = shared.shutdown.clone();
+    let Some(tls) = tls else {
+        shared.tasks.spawn(async move {
+            let serve =
+                axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "worker API stopped with an error");
+            }
+        });
+        return;
+    };
+    let tasks = shared.tasks.clone();
     shared.tasks.spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "worker API stopped with an error");
+        loop {
+            let (tcp, peer) = tokio::select! {
+                () = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of descriptors and the like: pause rather than spin.
+                        tracing::warn!(error = %e, "worker API cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let (tls, app, shutdown) = (tls.clone(), app.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                let stream = match tokio::time::timeout(
+                    gantry_tls::HANDSHAKE_TIMEOUT,
+                    tls.accept(tcp),
+                )
+                .await
+                {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, %peer, "worker API: TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                tokio::pin!(connection);
+                let outcome = tokio::select! {
+                    outcome = connection.as_mut() => outcome,
+                    () = shutdown.cancelled() => {
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                };
+                if let Err(e) = outcome {
+                    tracing::debug!(error = %e, %peer, "worker API connection ended with an error");
+                }
+            });
         }
     });
 }

@@ -221,12 +221,13 @@ fn server_config(config: &Config) -> ServerConfig {
         server_id: config.server_id.clone(),
         advertise_url: config.advertise_url.clone(),
         tls: match (&config.tls_cert_file, &config.tls_key_file) {
-            (Some(cert), Some(key)) => Some(gantry_server::tls::TlsFiles {
+            (Some(cert), Some(key)) => Some(gantry_tls::TlsFiles {
                 cert: std::path::PathBuf::from(cert),
                 key: std::path::PathBuf::from(key),
             }),
             _ => None,
         },
+        worker_ca_file: config.worker_ca_file.clone().map(std::path::PathBuf::from),
         scheduling_mode: config.scheduling_mode,
         lease_ttl: config.lease_ttl,
         lease_renew_interval: config.lease_renew_interval,
@@ -372,6 +373,14 @@ fn worker_config(config: &Config, role: Role, server_port: Option<u16>) -> Worke
             config.worker_host.clone()
         },
         api_port: if local { 0 } else { config.worker_port },
+        // On loopback inside `gantry start`, the worker's API stays plain.
+        api_tls: match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(cert), Some(key)) if !local => Some(gantry_tls::TlsFiles {
+                cert: std::path::PathBuf::from(cert),
+                key: std::path::PathBuf::from(key),
+            }),
+            _ => None,
+        },
         advertise_host,
         model_dirs: if config.model_dirs.is_empty() {
             let dir = config.data_dir.join(MODELS_DIR);

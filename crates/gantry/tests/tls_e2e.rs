@@ -1,7 +1,9 @@
 //! TLS on the server's port: `gantry server` with a certificate made in the test by a
 //! test CA, a `gantry worker` that trusts that CA through `--server-ca-file` and joins over
 //! `https://`, and clients of the API and the gateway over HTTPS. A plain-HTTP client, a
-//! client that does not trust the CA and a worker without the CA file are refused.
+//! client that does not trust the CA and a worker without the CA file are refused. The
+//! worker serves its own API over HTTPS with the same pair, and the server, trusting the
+//! CA through `--worker-ca-file`, reaches it there.
 
 #![allow(clippy::unwrap_used)]
 
@@ -103,6 +105,8 @@ async fn server_and_worker_speak_tls_with_a_certificate_made_in_the_test() {
         &pki.cert.display().to_string(),
         "--tls-key-file",
         &pki.key.display().to_string(),
+        "--worker-ca-file",
+        &pki.ca.display().to_string(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -165,9 +169,26 @@ async fn server_and_worker_speak_tls_with_a_certificate_made_in_the_test() {
         .trim()
         .to_string();
     let ca = pki.ca.display().to_string();
+    let (cert, key) = (
+        pki.cert.display().to_string(),
+        pki.key.display().to_string(),
+    );
     let worker = Process::spawn(
         "worker w1",
-        &worker_args(dir.path(), "w1", &base, &token, &["--server-ca-file", &ca]),
+        &worker_args(
+            dir.path(),
+            "w1",
+            &base,
+            &token,
+            &[
+                "--server-ca-file",
+                &ca,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+            ],
+        ),
         &dir.path().join("w1.log"),
         &[],
     );
@@ -198,6 +219,40 @@ async fn server_and_worker_speak_tls_with_a_certificate_made_in_the_test() {
         |w| w.last_heartbeat_at.is_some_and(|at| at > first) && w.state == WorkerState::Ready,
     )
     .await;
+
+    // The worker's own API speaks HTTPS, and the server reaches it there (its model
+    // files, read through the server); plain HTTP to the worker's port gets no answer.
+    assert!(
+        w1.address.starts_with("https://127.0.0.1:"),
+        "{}",
+        w1.address
+    );
+    let files = https
+        .get(format!("{base}/api/v1/model-files?worker_id={}", w1.id))
+        .bearer_auth(&login.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(files.status(), 200);
+    let files: serde_json::Value = files.json().await.unwrap();
+    assert_eq!(
+        files["unreachable"],
+        serde_json::json!([]),
+        "the server reached the worker over HTTPS: {files}\nserver log:\n{}",
+        tail(&server.log_text(), 10)
+    );
+    let plain_worker = reqwest::Client::new()
+        .get(format!(
+            "http://{}/healthz",
+            w1.address.trim_start_matches("https://")
+        ))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(
+        plain_worker.is_err(),
+        "plain HTTP was answered: {plain_worker:?}"
+    );
 
     // A worker without the CA cannot register, and says why.
     let lost = Process::spawn(

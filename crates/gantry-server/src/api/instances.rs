@@ -90,11 +90,13 @@ pub async fn logs(
     principal.require_user()?;
     let source = service::instances::log_source(&state.store, id).await?;
     let worker = &source.worker;
-    let url = format!(
-        "http://{}/v1/instances/{id}/logs?tail={}&follow={}",
-        worker.address,
-        query.tail.unwrap_or(100),
-        query.follow.unwrap_or(false)
+    let url = gantry_types::worker::worker_api_url(
+        &worker.address,
+        &format!(
+            "/v1/instances/{id}/logs?tail={}&follow={}",
+            query.tail.unwrap_or(100),
+            query.follow.unwrap_or(false)
+        ),
     );
     let upstream = state
         .worker_http

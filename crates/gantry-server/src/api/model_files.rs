@@ -97,7 +97,10 @@ async fn files_of(state: &AppState, worker: &Worker) -> ApiResult<Vec<CachedMode
     let token = state.store.worker_api_token(worker.id).await?;
     let response = state
         .worker_http
-        .get(format!("http://{}/v1/model-files", worker.address))
+        .get(gantry_types::worker::worker_api_url(
+            &worker.address,
+            "/v1/model-files",
+        ))
         .bearer_auth(token)
         .timeout(WORKER_TIMEOUT)
         .send()
@@ -134,7 +137,10 @@ pub async fn delete(
     let token = state.store.worker_api_token(worker.id).await?;
     let response = state
         .worker_http
-        .delete(format!("http://{}/v1/model-files/{blob}", worker.address))
+        .delete(gantry_types::worker::worker_api_url(
+            &worker.address,
+            &format!("/v1/model-files/{blob}"),
+        ))
         .bearer_auth(token)
         .timeout(WORKER_TIMEOUT)
         .send()

@@ -50,6 +50,9 @@ pub struct WorkerConfig {
     /// Where the worker's own HTTP API listens (0 picks a free port).
     pub api_host: String,
     pub api_port: u16,
+    /// Serve the worker's own API over HTTPS with this certificate and key
+    /// (`tls_cert_file`, `tls_key_file`); the address it registers then says `https://`.
+    pub api_tls: Option<gantry_tls::TlsFiles>,
     /// Host name or IP through which servers reach this machine (its API and the
     /// backends); defaults to 127.0.0.1 for single-machine set-ups.
     pub advertise_host: String,
@@ -136,6 +139,13 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     let api_addr = listener
         .local_addr()
         .context("read the worker API address")?;
+    // Checked before registering, so a bad file stops the worker with its name.
+    let api_tls = config
+        .api_tls
+        .as_ref()
+        .map(gantry_tls::acceptor)
+        .transpose()
+        .context("serve the worker API over HTTPS")?;
 
     let shutdown = CancellationToken::new();
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(256);
@@ -178,7 +188,12 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     let request = WorkerRegister {
         name: shared.config.name.clone(),
         labels: shared.config.labels.clone(),
-        address: format!("{}:{}", shared.config.advertise_host, api_addr.port()),
+        address: format!(
+            "{}{}:{}",
+            if api_tls.is_some() { "https://" } else { "" },
+            shared.config.advertise_host,
+            api_addr.port()
+        ),
         status: shared.status(),
     };
     let identity = register::register(
@@ -193,7 +208,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     shared.api_token = identity.api_token.clone();
     let shared = Arc::new(shared);
 
-    crate::http::serve(shared.clone(), listener);
+    crate::http::serve(shared.clone(), listener, api_tls);
     spawn_heartbeat(shared.clone());
     spawn_server_refresh(shared.clone());
     spawn_status(shared.clone());

@@ -58,6 +58,12 @@ config_table! {
         s3_access_key: Optional<Text> = None, shown "none (anonymous requests)";
         /// Secret key of the S3 store; a secret, never logged.
         s3_secret_key: Optional<Text> = None;
+        /// PEM certificate chain (the certificate first) to serve HTTPS with: a server on
+        /// `port`, a worker on its own API (`worker_port`; `gantry start`'s worker listens
+        /// on loopback only and stays plain); needs `tls_key_file`.
+        tls_cert_file: Optional<Text> = None, shown "none (plain HTTP)";
+        /// PEM private key of `tls_cert_file`.
+        tls_key_file: Optional<Text> = None;
     }
     server {
         /// Address the server listens on.
@@ -77,11 +83,9 @@ config_table! {
         /// The URL other servers, workers and the console use to reach this server.
         advertise_url: Optional<Text> = None,
             shown "`http://<host>:<port>` (the hostname when `host` is `0.0.0.0`)";
-        /// PEM certificate chain (the server's certificate first) to serve HTTPS with on
-        /// `port`; needs `tls_key_file`.
-        tls_cert_file: Optional<Text> = None, shown "none (plain HTTP)";
-        /// PEM private key of `tls_cert_file`.
-        tls_key_file: Optional<Text> = None;
+        /// PEM certificates to trust for workers whose own API serves HTTPS, besides the
+        /// system's roots: a private CA's, or a worker's self-signed certificate.
+        worker_ca_file: Optional<Text> = None;
         /// How scheduling is shared between servers: `local` (this server alone; refused
         /// on PostgreSQL while another server is active), `distributed` (a leader elected
         /// through PostgreSQL runs the controllers) or `auto` (distributed on PostgreSQL,

@@ -1,6 +1,7 @@
-//! TLS on the server's port: the certificate chain and private key of `tls_cert_file` and
-//! `tls_key_file` (PEM), served with rustls to every client (API, console, gateway,
-//! workers). HTTP/1.1 only, as the accept loop serves nothing else.
+//! TLS for gantry's listeners: the certificate chain and private key of `tls_cert_file`
+//! and `tls_key_file` (PEM), read and checked at start-up, served with rustls. The server
+//! serves its port with them (API, console, gateway, workers); a worker, its own API
+//! (called by the servers). HTTP/1.1 only, as both accept loops serve nothing else.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
