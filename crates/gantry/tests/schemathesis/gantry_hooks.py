@@ -27,7 +27,8 @@ def _stream_ends(query):
         return
     timeout = query.get("timeout_seconds")
     valid = isinstance(timeout, int) and not isinstance(timeout, bool) and 1 <= timeout <= 86400
-    if timeout is None or valid or timeout in [str(n) for n in range(1, 86401)]:
+    valid_text = isinstance(timeout, str) and timeout.isdigit() and 1 <= int(timeout) <= 86400
+    if timeout is None or valid or valid_text:
         query["timeout_seconds"] = 1
 
 
