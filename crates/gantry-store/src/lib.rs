@@ -127,6 +127,10 @@ pub type ChangeListener = Arc<dyn Fn(&Arc<Change>) + Send + Sync>;
 /// How many unread changes a slow watcher may fall behind before it is cut off.
 const CHANGE_CHANNEL_CAPACITY: usize = 4096;
 
+/// How much of a SQLite database file each connection maps into memory (256 MiB; the
+/// rest, if the file is larger, is read as usual).
+const SQLITE_MMAP_SIZE: u64 = 256 * 1024 * 1024;
+
 /// How long a PostgreSQL transaction may wait on its client between statements. Every
 /// transaction of the store runs its statements back to back, so only a frozen or hung
 /// process reaches this. A take-over waits at most this long for a frozen leader's open
@@ -174,6 +178,14 @@ impl Store {
                             .execute(&mut *conn)
                             .await?;
                         sqlx::query("PRAGMA busy_timeout = 5000")
+                            .execute(&mut *conn)
+                            .await?;
+                        // Reads through a memory map instead of `pread` into the page
+                        // cache: in WAL mode a connection drops its page cache whenever
+                        // another one has written (every heartbeat), so without it each
+                        // list re-copied its pages from the OS (13.6 % of the server's CPU
+                        // at 10,000 workers, measured with perf).
+                        sqlx::query(&format!("PRAGMA mmap_size = {SQLITE_MMAP_SIZE}"))
                             .execute(&mut *conn)
                             .await?;
                     }
