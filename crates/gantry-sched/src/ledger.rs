@@ -6,7 +6,7 @@
 //! memory, one per strategy, so that placement visits workers best-first and usually stops
 //! at the first one that fits instead of scanning the cluster.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::snapshot::{ClusterSnapshot, PlacedClaim, WorkerView};
 use gantry_types::placement::Placement;
@@ -87,6 +87,10 @@ pub struct SnapshotState {
     /// Distinct GPU sizes (total memory) among ready workers, ascending: a shape no size can
     /// host is skipped without visiting any worker.
     pub(crate) ready_gpu_sizes: Vec<u64>,
+    /// Every backend (`name` and `name@version`) installed on some ready worker: a
+    /// preference for one that no ready worker has skips its first pass, which would
+    /// visit every worker to find none.
+    pub(crate) installed_on_ready: HashSet<String>,
 }
 
 impl SnapshotState {
@@ -117,6 +121,7 @@ impl SnapshotState {
             binpack_order: BTreeSet::new(),
             max_gpus_per_ready_worker: 0,
             ready_gpu_sizes: Vec::new(),
+            installed_on_ready: HashSet::new(),
         };
         debug_assert_eq!(
             state.by_id.len(),
@@ -145,6 +150,12 @@ impl SnapshotState {
         sizes.sort_unstable();
         sizes.dedup();
         state.ready_gpu_sizes = sizes;
+        state.installed_on_ready = state
+            .workers
+            .iter()
+            .filter(|slot| slot.view.ready)
+            .flat_map(|slot| slot.view.installed.iter().cloned())
+            .collect();
         state
     }
 

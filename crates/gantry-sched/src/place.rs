@@ -79,7 +79,11 @@ impl SnapshotState {
     /// Finds the placement for `request` without booking it: among the workers that have
     /// its preferred backend installed first, then among all.
     pub fn find(&self, request: &PlacementRequest) -> Result<Placement, Unschedulable> {
-        if let Some(installed) = &request.prefer_installed {
+        if let Some(installed) = request
+            .prefer_installed
+            .as_ref()
+            .filter(|installed| self.installed_on_ready.contains(*installed))
+        {
             let mut strict = request.clone();
             strict.prefer_installed = None;
             strict.only_installed = Some(installed.clone());
