@@ -21,7 +21,7 @@ use gantry_types::Timestamp;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cache::{AcceptedKey, CacheConfig, CredentialCache, Lookup};
+use crate::cache::{AcceptedKey, CacheConfig, Check, CredentialCache, Hit, Lookup};
 use crate::error::AuthError;
 use crate::jwt::{JwtKeys, SERVER_CREDENTIAL_PREFIX};
 use crate::last_used::{LastUsedBatcher, LAST_USED_FLUSH_INTERVAL};
@@ -56,6 +56,26 @@ pub struct Authenticator {
     workers: WorkerCredentialCache,
     last_used: LastUsedBatcher,
     last_used_flush_interval: std::time::Duration,
+}
+
+/// The user of an API key the cache holds.
+fn key_user(hit: Hit) -> Principal {
+    Principal::User {
+        user: hit.user,
+        api_key_id: Some(hit.key_id),
+    }
+}
+
+/// The database cannot be reached (`error` says how): the key as this server last
+/// verified it, if it did; else the error.
+fn known_while_unreachable(check: Check<'_>, error: StoreError) -> Result<Principal, AuthError> {
+    match check.known_while_store_unavailable() {
+        Some(hit) => {
+            tracing::debug!(api_key_id = hit.key_id, %error, "database unreachable; using the API key as last verified");
+            Ok(key_user(hit))
+        }
+        None => Err(error.into()),
+    }
 }
 
 impl Authenticator {
@@ -160,23 +180,14 @@ impl Authenticator {
                 if hit.report_use {
                     self.last_used.record(hit.key_id, Timestamp::now());
                 }
-                return Ok(Principal::User {
-                    user: hit.user,
-                    api_key_id: Some(hit.key_id),
-                });
+                return Ok(key_user(hit));
             }
             Lookup::Check(check) => check,
         };
         // The database is known to be down: a key verified before is used as it was,
         // without waiting for the store to time out.
         if let Some(why) = self.store.unreachable() {
-            return match check.known_while_store_unavailable() {
-                Some(hit) => Ok(Principal::User {
-                    user: hit.user,
-                    api_key_id: Some(hit.key_id),
-                }),
-                None => Err(StoreError::Unreachable(why).into()),
-            };
+            return known_while_unreachable(check, StoreError::Unreachable(why));
         }
         // A store error drops `check` unanswered: a cached key stays for the next
         // re-check (by digest), nothing is forgotten because the database hiccupped;
@@ -187,16 +198,7 @@ impl Authenticator {
                 check.refused();
                 return Err(AuthError::InvalidApiKey);
             }
-            Err(e) if e.is_unavailable() => match check.known_while_store_unavailable() {
-                Some(hit) => {
-                    tracing::debug!(api_key_id = hit.key_id, error = %e, "database unreachable; using the API key as last verified");
-                    return Ok(Principal::User {
-                        user: hit.user,
-                        api_key_id: Some(hit.key_id),
-                    });
-                }
-                None => return Err(e.into()),
-            },
+            Err(e) if e.is_unavailable() => return known_while_unreachable(check, e),
             Err(e) => return Err(e.into()),
         };
         // The row was found by the SHA-256 of the whole key, secret included, so argon2

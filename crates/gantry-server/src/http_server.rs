@@ -24,8 +24,6 @@ use axum::Router;
 use gantry_gateway::proxy::{self, Endpoint};
 use gantry_gateway::Gateway;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -142,46 +140,12 @@ pub(crate) async fn serve(
         let tls = tls.clone();
         tasks.spawn(async move {
             let Some(tls) = tls else {
-                return serve_connection(tcp, service, shutdown, peer).await;
+                return gantry_tls::serve_http1(tcp, service, shutdown, peer).await;
             };
-            let handshake = tokio::select! {
-                () = shutdown.cancelled() => return,
-                handshake = tokio::time::timeout(gantry_tls::HANDSHAKE_TIMEOUT, tls.accept(tcp)) => handshake,
-            };
-            match handshake {
-                Ok(Ok(stream)) => serve_connection(stream, service, shutdown, peer).await,
-                // A client speaking plain HTTP to the TLS port, or one that distrusts the
-                // certificate, ends here; only its side can say more.
-                Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake did not finish in time"),
+            if let Some(stream) = gantry_tls::handshake(&tls, tcp, peer, &shutdown).await {
+                gantry_tls::serve_http1(stream, service, shutdown, peer).await;
             }
         });
-    }
-}
-
-/// Serves one connection (plain TCP or TLS) until it closes, finishing the request in
-/// progress at `shutdown`.
-async fn serve_connection<I>(
-    io: I,
-    service: Dispatch,
-    shutdown: CancellationToken,
-    peer: std::net::SocketAddr,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let connection = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(io), service)
-        .with_upgrades();
-    tokio::pin!(connection);
-    let outcome = tokio::select! {
-        outcome = connection.as_mut() => outcome,
-        () = shutdown.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
-        }
-    };
-    if let Err(e) = outcome {
-        tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
 }
 

@@ -1,11 +1,24 @@
-//! TLS for gantry's listeners: the certificate chain and private key of `tls_cert_file`
-//! and `tls_key_file` (PEM), read and checked at start-up, served with rustls. The server
-//! serves its port with them (API, console, gateway, workers); a worker, its own API
-//! (called by the servers). HTTP/1.1 only, as both accept loops serve nothing else.
+//! What gantry's two HTTP listeners share (the server's port: API, console, gateway,
+//! workers; a worker's own API, called by the servers):
+//!
+//! - TLS: the certificate chain and private key of `tls_cert_file` and `tls_key_file`
+//!   (PEM), read and checked at start-up ([`acceptor`]), and the handshake of each
+//!   accepted connection, bounded in time ([`handshake`]);
+//! - serving one HTTP/1.1 connection, plain or TLS, until it closes or the process shuts
+//!   down ([`serve_http1`]). HTTP/1.1 only, as neither listener serves anything else.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+use hyper::body::{Body, Incoming};
+use hyper::service::HttpService;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -79,6 +92,59 @@ pub fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
         })?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The TLS handshake of an accepted connection, given [`HANDSHAKE_TIMEOUT`] and ended by
+/// `shutdown`; `None` (logged at debug) when it fails: a client speaking plain HTTP to the
+/// TLS port, or one that distrusts the certificate, ends here, and only its side can say
+/// more.
+pub async fn handshake(
+    acceptor: &TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    shutdown: &CancellationToken,
+) -> Option<TlsStream<TcpStream>> {
+    let handshake = tokio::select! {
+        () = shutdown.cancelled() => return None,
+        handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => handshake,
+    };
+    match handshake {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, %peer, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake did not finish in time");
+            None
+        }
+    }
+}
+
+/// Serves one HTTP/1.1 connection (plain TCP or TLS) until it closes, finishing the
+/// request in progress at `shutdown`.
+pub async fn serve_http1<I, S>(io: I, service: S, shutdown: CancellationToken, peer: SocketAddr)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: HttpService<Incoming>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::ResBody: 'static,
+    <S::ResBody as Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connection = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    tokio::pin!(connection);
+    let outcome = tokio::select! {
+        outcome = connection.as_mut() => outcome,
+        () = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = outcome {
+        tracing::debug!(error = %e, %peer, "connection ended with an error");
+    }
 }
 
 #[cfg(test)]

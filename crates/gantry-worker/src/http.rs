@@ -62,32 +62,9 @@ pub(crate) fn serve(shared: Arc<Shared>, listener: TcpListener, tls: Option<TlsA
             };
             let (tls, app, shutdown) = (tls.clone(), app.clone(), shutdown.clone());
             tasks.spawn(async move {
-                let stream = match tokio::time::timeout(
-                    gantry_tls::HANDSHAKE_TIMEOUT,
-                    tls.accept(tcp),
-                )
-                .await
-                {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, %peer, "worker API: TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-                let service = hyper_util::service::TowerToHyperService::new(app);
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                tokio::pin!(connection);
-                let outcome = tokio::select! {
-                    outcome = connection.as_mut() => outcome,
-                    () = shutdown.cancelled() => {
-                        connection.as_mut().graceful_shutdown();
-                        connection.await
-                    }
-                };
-                if let Err(e) = outcome {
-                    tracing::debug!(error = %e, %peer, "worker API connection ended with an error");
+                if let Some(stream) = gantry_tls::handshake(&tls, tcp, peer, &shutdown).await {
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    gantry_tls::serve_http1(stream, service, shutdown, peer).await;
                 }
             });
         }

@@ -59,6 +59,14 @@ pub fn thresholds_since(
     (heard(not_ready), heard(unreachable))
 }
 
+/// Heartbeats cannot be recorded (`why`): silence counts again from the first check after
+/// they can.
+fn stop_hearing(hearing_since: &mut Option<Timestamp>, why: &dyn std::fmt::Display) {
+    if hearing_since.take().is_some() {
+        tracing::warn!(error = %why, "database unreachable: no worker is judged silent until it is back and they have had time to send heartbeats again");
+    }
+}
+
 /// How often the check runs: often enough to notice within a fraction of an interval.
 pub fn check_period(heartbeat_interval: Duration) -> Duration {
     (heartbeat_interval / 3).clamp(Duration::from_millis(100), Duration::from_secs(5))
@@ -82,9 +90,7 @@ pub fn spawn(state: &AppState) {
             if let Some(why) = state.store.unreachable() {
                 // Checked before leadership: a leader cut off from the database loses
                 // its lease, and leads again once it is back.
-                if hearing_since.take().is_some() {
-                    tracing::warn!(error = %why, "database unreachable: no worker is judged silent until it is back and they have had time to send heartbeats again");
-                }
+                stop_hearing(&mut hearing_since, &why);
                 continue;
             }
             let Some(fence) = state.cluster.leader_fence() else {
@@ -108,11 +114,7 @@ pub fn spawn(state: &AppState) {
                     }
                 }
                 Err(e @ gantry_store::StoreError::Fenced { .. }) => state.cluster.on_write_error(&e),
-                Err(e) if e.is_unavailable() => {
-                    if hearing_since.take().is_some() {
-                        tracing::warn!(error = %e, "database unreachable: no worker is judged silent until it is back and they have had time to send heartbeats again");
-                    }
-                }
+                Err(e) if e.is_unavailable() => stop_hearing(&mut hearing_since, &e),
                 Err(e) => tracing::error!(error = %e, "check worker heartbeats"),
             }
         }
