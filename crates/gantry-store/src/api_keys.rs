@@ -76,7 +76,7 @@ impl Store {
         .bind(&new.secret_hash)
         .bind(new.expires_at.map(Timestamp::as_millis))
         .bind(Timestamp::now().as_millis())
-        .fetch_one(&self.pool)
+        .fetch_one(&self.writes)
         .await
         .map_err(|e| StoreError::conflict_on_unique(e, "api key", &new.name))?;
         let key = decode(&row)?.key;
@@ -90,7 +90,7 @@ impl Store {
             "SELECT {COLUMNS} FROM api_keys WHERE lookup_digest = $1"
         ))
         .bind(digest)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.reads)
         .await?
         .ok_or_else(|| StoreError::not_found("api key", "with that digest"))?;
         decode(&row)
@@ -99,7 +99,7 @@ impl Store {
     pub async fn get_api_key(&self, id: i64) -> Result<ApiKey, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM api_keys WHERE id = $1"))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("api key", id))?;
         Ok(decode(&row)?.key)
@@ -119,7 +119,7 @@ impl Store {
             "SELECT {COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY id"
         ))
         .bind(user_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         rows.iter().map(|r| decode(r).map(|k| k.key)).collect()
     }
@@ -128,7 +128,7 @@ impl Store {
         let key = self.get_api_key(id).await?;
         let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::not_found("api key", id));
@@ -143,7 +143,7 @@ impl Store {
         sqlx::query("UPDATE api_keys SET last_used_at = $2 WHERE id = $1")
             .bind(id)
             .bind(at.as_millis())
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         Ok(())
     }

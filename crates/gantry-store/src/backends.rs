@@ -45,7 +45,7 @@ impl Store {
         .bind(name)
         .bind(to_json(spec))
         .bind(now)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.writes)
         .await
         .map_err(|e| StoreError::conflict_on_unique(e, "inference backend", name))?;
         decode(&row)
@@ -56,7 +56,7 @@ impl Store {
             "SELECT {COLUMNS} FROM inference_backends WHERE name = $1"
         ))
         .bind(name)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.reads)
         .await?
         .ok_or_else(|| StoreError::not_found("inference backend", name))?;
         decode(&row)
@@ -67,7 +67,7 @@ impl Store {
         let rows = sqlx::query(&format!(
             "SELECT {COLUMNS} FROM inference_backends ORDER BY name"
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         rows.iter().map(decode).collect()
     }
@@ -89,7 +89,7 @@ impl Store {
         .bind(to_json(spec))
         .bind(now)
         .bind(read_at.as_millis())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writes)
         .await?;
         match row {
             Some(row) => decode(&row),
@@ -111,7 +111,7 @@ impl Store {
              AND NOT EXISTS (SELECT 1 FROM models WHERE backend = $1)",
         )
         .bind(name)
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         if result.rows_affected() == 1 {
             return Ok(());
@@ -132,7 +132,7 @@ impl Store {
     pub async fn models_using_backend(&self, name: &str) -> Result<Vec<String>, StoreError> {
         let rows = sqlx::query("SELECT name FROM models WHERE backend = $1 ORDER BY name")
             .bind(name)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.reads)
             .await?;
         rows.iter().map(|row| text(row, "models", "name")).collect()
     }

@@ -148,7 +148,7 @@ impl Store {
         );
         let row = fence
             .bind(sqlx::query(&sql))
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?;
         Ok(row.is_some())
     }

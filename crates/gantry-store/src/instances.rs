@@ -121,7 +121,7 @@ impl Store {
     pub async fn get_instance(&self, id: i64) -> Result<ModelInstance, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM {FROM} WHERE i.id = $1"))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("model instance", id))?;
         decode(&row)
@@ -141,7 +141,7 @@ impl Store {
         let instance = self.get_instance(id).await?;
         let result = sqlx::query("DELETE FROM model_instances WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::not_found("model instance", id));
@@ -166,7 +166,11 @@ impl Store {
             .bind(seen.id)
             .bind(seen.updated_at.as_millis());
         let started = Timestamp::now();
-        let affected = fence.bind(query).execute(&self.pool).await?.rows_affected();
+        let affected = fence
+            .bind(query)
+            .execute(&self.writes)
+            .await?
+            .rows_affected();
         if self.settle_fenced(fence, started, affected).await? == 0 {
             return Ok(None);
         }
@@ -204,7 +208,7 @@ impl Store {
         .bind(message)
         .bind(record)
         .bind(Timestamp::now().as_millis())
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::not_found("model instance", id));
@@ -250,7 +254,7 @@ impl Store {
         .bind(report.download.map(|d| to_json(&d)))
         .bind(report.install.as_ref().map(to_json))
         .bind(report.backend_version.as_deref())
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::not_found(
@@ -272,7 +276,7 @@ impl Store {
             "SELECT {COLUMNS} FROM {FROM} WHERE i.worker_id = $1 ORDER BY i.id"
         ))
         .bind(worker_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         rows.iter().map(decode).collect()
     }

@@ -61,7 +61,7 @@ impl Store {
         let row = sqlx::query(
             "SELECT holder, fencing_token, acquired_at, expires_at FROM leader_lease WHERE id = 1",
         )
-        .fetch_one(&self.pool)
+        .fetch_one(&self.reads)
         .await?;
         lease_of(&row)
     }

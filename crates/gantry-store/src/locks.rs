@@ -64,7 +64,7 @@ impl Store {
             .bind(owner)
             .bind(now.as_millis())
             .bind(expires)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.writes)
             .await?;
             if let Some(row) = row {
                 return Ok(Ok(decode(&row)?));
@@ -73,7 +73,7 @@ impl Store {
                 "SELECT {COLUMNS} FROM coordination_locks WHERE name = $1"
             ))
             .bind(name)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.reads)
             .await?;
             let holder = decode(&holder)?;
             let live = !holder.owner.is_empty() && holder.expires_at > now;
@@ -104,7 +104,7 @@ impl Store {
         .bind(now.as_millis())
         .bind(expires)
         .bind(i64::try_from(seen_token).unwrap_or(i64::MAX))
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writes)
         .await?;
         row.as_ref().map(decode).transpose()
     }
@@ -124,7 +124,7 @@ impl Store {
         .bind(name)
         .bind(owner)
         .bind(now.as_millis())
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         if released.rows_affected() == 1 {
             return Ok(LockRelease::Released);
@@ -135,7 +135,7 @@ impl Store {
         )
         .bind(name)
         .bind(now.as_millis())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.reads)
         .await?;
         Ok(match row {
             Some(row) => LockRelease::NotOwner {
@@ -152,7 +152,7 @@ impl Store {
              WHERE owner = $1 AND owner <> ''",
         )
         .bind(owner)
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         Ok(released.rows_affected())
     }
@@ -164,7 +164,7 @@ impl Store {
              ORDER BY name"
         ))
         .bind(now.as_millis())
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         rows.iter().map(decode).collect()
     }

@@ -212,7 +212,7 @@ pub(crate) async fn run(store: &Store) -> Result<(), StoreError> {
         Engine::Sqlite => "INTEGER PRIMARY KEY AUTOINCREMENT",
         Engine::Postgres => "BIGSERIAL PRIMARY KEY",
     };
-    let mut tx = store.pool.begin().await?;
+    let mut tx = store.writes.begin().await?;
     if store.engine == Engine::Postgres {
         // Any constant works; it only has to be the same on every gantry server.
         sqlx::query("SELECT pg_advisory_xact_lock(7251001)")
@@ -266,7 +266,7 @@ pub(crate) async fn run(store: &Store) -> Result<(), StoreError> {
 /// [`latest_version`].
 pub(crate) async fn applied_version(store: &Store) -> Result<i64, StoreError> {
     let v: i64 = sqlx::query("SELECT COALESCE(MAX(version), 0) AS v FROM gantry_migrations")
-        .fetch_one(&store.pool)
+        .fetch_one(&store.reads)
         .await?
         .try_get("v")?;
     Ok(v)

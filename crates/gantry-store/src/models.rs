@@ -95,7 +95,7 @@ impl Store {
     pub async fn create_model(&self, create: &ModelCreate) -> Result<Model, StoreError> {
         let now = Timestamp::now();
         let model = create.to_model(0, now);
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         let row = sqlx::query(&format!(
             "INSERT INTO models (name, backend, replicas, spec, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $5) RETURNING {COLUMNS}"
@@ -117,7 +117,7 @@ impl Store {
     pub async fn get_model(&self, id: i64) -> Result<Model, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM models WHERE id = $1"))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("model", id))?;
         decode(&row)
@@ -126,7 +126,7 @@ impl Store {
     pub async fn get_model_by_name(&self, name: &str) -> Result<Model, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM models WHERE name = $1"))
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("model", name))?;
         decode(&row)
@@ -150,7 +150,7 @@ impl Store {
         .bind(i64::from(model.replicas))
         .bind(to_json(&ModelSpec::of(model)))
         .bind(Timestamp::now().as_millis())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writes)
         .await?
         .ok_or_else(|| StoreError::not_found("model", model.id))?;
         let updated = decode(&row)?;
@@ -161,10 +161,10 @@ impl Store {
     /// Deletes a model and all its instances.
     pub async fn delete_model(&self, id: i64) -> Result<Model, StoreError> {
         let model = self.get_model(id).await?;
-        let instances = crate::instances::of_model(&self.pool, id).await?;
+        let instances = crate::instances::of_model(&self.reads, id).await?;
         let result = sqlx::query("DELETE FROM models WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::not_found("model", id));
@@ -203,7 +203,7 @@ impl Store {
                 .bind(i64::from(replica))
                 .bind(now);
             let started = Timestamp::now();
-            let row = fence.bind(query).fetch_optional(&self.pool).await?;
+            let row = fence.bind(query).fetch_optional(&self.writes).await?;
             let Some(row) = row else {
                 // A replica number already taken, or a stale fence.
                 self.settle_fenced(fence, started, 0).await?;

@@ -152,7 +152,7 @@ pub(crate) async fn start(
     // queued up meanwhile leaves together, up to BATCH in one statement: one round trip
     // per burst instead of one per change, so a burst of writes (a scheduler pass placing
     // hundreds of instances) does not overflow the queue.
-    let pool = store.pool.clone();
+    let pool = store.writes.clone();
     let send_cancel = cancel.clone();
     tokio::spawn(async move {
         let mut batch: Vec<String> = Vec::with_capacity(BATCH);

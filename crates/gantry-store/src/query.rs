@@ -152,7 +152,7 @@ impl Store {
             ),
             f.arguments_with_page(page),
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         let items = rows.iter().map(listing.decode).collect::<Result<_, _>>()?;
         Ok((items, total))

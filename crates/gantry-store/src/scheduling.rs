@@ -78,7 +78,7 @@ impl Store {
             "SELECT id, worker_id, state, gpu_indexes, placement FROM model_instances \
              WHERE worker_id IS NOT NULL AND placement IS NOT NULL ORDER BY id",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         let mut claims = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -115,7 +115,7 @@ impl Store {
             .bind(message)
             .bind(Timestamp::now().as_millis());
         let started = Timestamp::now();
-        let rows = fence.bind(query).fetch_all(&self.pool).await?;
+        let rows = fence.bind(query).fetch_all(&self.writes).await?;
         self.settle_fenced(
             fence,
             started,
@@ -304,7 +304,7 @@ impl Store {
         statement: InstanceWrite<'q>,
     ) -> Result<Option<ModelInstance>, StoreError> {
         let started = Timestamp::now();
-        let affected = statement.execute(&self.pool).await?.rows_affected();
+        let affected = statement.execute(&self.writes).await?.rows_affected();
         if self.settle_fenced(fence, started, affected).await? == 0 {
             return Ok(None);
         }
@@ -327,7 +327,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut written_ids = Vec::new();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         self.check_fence_in(&mut tx, fence).await?;
         for statement in statements {
             for row in statement.fetch_all(&mut *tx).await? {

@@ -76,7 +76,7 @@ impl Store {
         now: Timestamp,
         live_after: Timestamp,
     ) -> Result<Result<ServerRecord, RegistryConflict>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         if self.engine == Engine::Postgres {
             // Two processes registering one id at once take turns: the second reads the
             // first one's row and is refused, instead of both reading "free".
@@ -155,7 +155,7 @@ impl Store {
         .bind(count(load.connected_workers))
         .bind(incarnation)
         .bind(session_pid)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writes)
         .await?;
         row.as_ref().map(decode).transpose()
     }
@@ -166,7 +166,7 @@ impl Store {
     pub async fn server_is_gone(&self, server_id: &str) -> Result<bool, StoreError> {
         let row = sqlx::query("SELECT session_pid FROM servers WHERE server_id = $1")
             .bind(server_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?;
         let Some(row) = row else {
             return Ok(true);
@@ -186,7 +186,7 @@ impl Store {
         let row =
             sqlx::query("SELECT 1 AS alive FROM pg_stat_activity WHERE pid = CAST($1 AS INTEGER)")
                 .bind(pid)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&self.reads)
                 .await?;
         Ok(row.is_some())
     }
@@ -203,7 +203,7 @@ impl Store {
         )
         .bind(server_id)
         .bind(incarnation)
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         Ok(result.rows_affected() == 1)
     }
@@ -211,7 +211,7 @@ impl Store {
     /// Every registered server, by id.
     pub async fn list_servers(&self) -> Result<Vec<ServerRecord>, StoreError> {
         let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM servers ORDER BY server_id"))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.reads)
             .await?;
         rows.iter().map(decode).collect()
     }
@@ -221,7 +221,7 @@ impl Store {
     pub async fn forget_servers_silent_since(&self, before: Timestamp) -> Result<u64, StoreError> {
         let result = sqlx::query("DELETE FROM servers WHERE last_heartbeat_at < $1")
             .bind(before.as_millis())
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         Ok(result.rows_affected())
     }

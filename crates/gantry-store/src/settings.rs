@@ -12,7 +12,7 @@ impl Store {
     pub async fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT value FROM settings WHERE key = $1")
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?;
         Ok(match row {
             Some(row) => Some(row.try_get::<String, _>("value")?),
@@ -34,7 +34,7 @@ impl Store {
         .bind(key)
         .bind(value)
         .bind(gantry_types::Timestamp::now().as_millis())
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         Ok(result.rows_affected() == 1)
     }

@@ -43,7 +43,7 @@ impl crate::Store {
         sqlx::query("UPDATE model_instances SET placement = $2 WHERE id = $1")
             .bind(instance_id)
             .bind(raw)
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         Ok(())
     }

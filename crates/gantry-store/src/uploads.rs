@@ -79,7 +79,7 @@ impl Store {
         .bind(location)
         .bind(created_by)
         .bind(now)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.writes)
         .await?;
         decode(&row)
     }
@@ -87,7 +87,7 @@ impl Store {
     pub async fn get_upload(&self, id: i64) -> Result<Upload, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM uploads WHERE id = $1"))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("upload", id))?;
         decode(&row)
@@ -96,7 +96,7 @@ impl Store {
     /// Every upload, newest first.
     pub async fn list_uploads(&self) -> Result<Vec<Upload>, StoreError> {
         let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM uploads ORDER BY id DESC"))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.reads)
             .await?;
         rows.iter().map(decode).collect()
     }
@@ -109,7 +109,7 @@ impl Store {
         .bind(id)
         .bind(signed(received))
         .bind(Timestamp::now().as_millis())
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         Ok(())
     }
@@ -125,7 +125,7 @@ impl Store {
         .bind(&done.sha256)
         .bind(&done.location)
         .bind(Timestamp::now().as_millis())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writes)
         .await?
         .ok_or_else(|| StoreError::not_found("upload", id))?;
         decode(&row)
@@ -134,7 +134,7 @@ impl Store {
     pub async fn delete_upload(&self, id: i64) -> Result<(), StoreError> {
         let result = sqlx::query("DELETE FROM uploads WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::not_found("upload", id));

@@ -152,7 +152,7 @@ impl Store {
         if increments.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         for increment in increments {
             sqlx::query(
                 "INSERT INTO usage_records (minute_start, user_id, api_key_id, model_name, \
@@ -192,7 +192,7 @@ impl Store {
             ),
             arguments,
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         rows.iter()
             .map(|row| {
@@ -218,7 +218,7 @@ impl Store {
             ),
             arguments,
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reads)
         .await?;
         rows.iter()
             .map(|row| {
@@ -237,7 +237,7 @@ impl Store {
     /// grouped read, for `/metrics`.
     pub async fn count_instances_by_state(&self) -> Result<Vec<(InstanceState, u64)>, StoreError> {
         let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM model_instances GROUP BY state")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.reads)
             .await?;
         let mut counts = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -252,7 +252,7 @@ impl Store {
     /// read, for `/metrics`.
     pub async fn count_workers_by_state(&self) -> Result<Vec<(WorkerState, u64)>, StoreError> {
         let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM workers GROUP BY state")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.reads)
             .await?;
         let mut counts = Vec::with_capacity(rows.len());
         for row in &rows {

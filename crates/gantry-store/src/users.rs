@@ -73,7 +73,7 @@ impl Store {
         .bind(&new.full_name)
         .bind(i64::from(new.require_password_change))
         .bind(now)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.writes)
         .await
         .map_err(|e| StoreError::conflict_on_unique(e, "user", &new.username))?;
         let user = decode(&row)?.user;
@@ -96,7 +96,7 @@ impl Store {
         .bind(&new.full_name)
         .bind(i64::from(new.require_password_change))
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.writes)
         .await?;
         Ok(result.rows_affected() == 1)
     }
@@ -104,7 +104,7 @@ impl Store {
     pub async fn user_record(&self, id: i64) -> Result<UserRecord, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM users WHERE id = $1"))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("user", id))?;
         decode(&row)
@@ -113,7 +113,7 @@ impl Store {
     pub async fn user_record_by_name(&self, username: &str) -> Result<UserRecord, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM users WHERE username = $1"))
             .bind(username)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("user", username))?;
         decode(&row)
@@ -149,7 +149,7 @@ impl Store {
         .bind(full_name)
         .bind(require_password_change.map(i64::from))
         .bind(Timestamp::now().as_millis())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writes)
         .await?
         .ok_or_else(|| StoreError::not_found("user", id))?;
         let user = decode(&row)?.user;
@@ -173,7 +173,7 @@ impl Store {
         .bind(password_hash)
         .bind(i64::from(require_password_change))
         .bind(Timestamp::now().as_millis())
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writes)
         .await?
         .ok_or_else(|| StoreError::not_found("user", id))?;
         let user = decode(&row)?.user;
@@ -186,7 +186,7 @@ impl Store {
         let result =
             sqlx::query("UPDATE users SET session_version = session_version + 1 WHERE id = $1")
                 .bind(id)
-                .execute(&self.pool)
+                .execute(&self.writes)
                 .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::not_found("user", id));
@@ -200,7 +200,7 @@ impl Store {
         let keys = self.api_keys_of(id).await?;
         let result = sqlx::query("DELETE FROM users WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&self.writes)
             .await?;
         if result.rows_affected() == 0 {
             return Err(StoreError::not_found("user", id));
@@ -227,7 +227,7 @@ impl Store {
             &format!("SELECT COUNT(*) AS n FROM {table}{}", filter.where_sql()),
             filter.arguments(),
         )
-        .fetch_one(&self.pool)
+        .fetch_one(&self.reads)
         .await?;
         let n: i64 = row.try_get("n")?;
         Ok(u64::try_from(n).unwrap_or(0))

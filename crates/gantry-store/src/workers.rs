@@ -88,7 +88,7 @@ impl Store {
         .bind(credential_digest)
         .bind(api_token)
         .bind(now)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.writes)
         .await
         .map_err(|e| StoreError::conflict_on_unique(e, "worker", name))?;
         let worker = decode(&row)?;
@@ -99,7 +99,7 @@ impl Store {
     pub async fn get_worker(&self, id: i64) -> Result<Worker, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM workers WHERE id = $1"))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("worker", id))?;
         decode(&row)
@@ -108,7 +108,7 @@ impl Store {
     pub async fn get_worker_by_name(&self, name: &str) -> Result<Worker, StoreError> {
         let row = sqlx::query(&format!("SELECT {COLUMNS} FROM workers WHERE name = $1"))
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("worker", name))?;
         decode(&row)
@@ -120,7 +120,7 @@ impl Store {
             "SELECT {COLUMNS} FROM workers WHERE credential_digest = $1"
         ))
         .bind(digest)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.reads)
         .await?
         .ok_or_else(|| StoreError::not_found("worker", "with that credential"))?;
         decode(&row)
@@ -194,7 +194,7 @@ impl Store {
     pub async fn worker_api_token(&self, id: i64) -> Result<String, StoreError> {
         let row = sqlx::query("SELECT api_token FROM workers WHERE id = $1")
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reads)
             .await?
             .ok_or_else(|| StoreError::not_found("worker", id))?;
         text(&row, "workers", "api_token")
@@ -276,7 +276,7 @@ impl Store {
         statement: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
         publish: bool,
     ) -> Result<Option<Worker>, StoreError> {
-        let Some(row) = statement.fetch_optional(&self.pool).await? else {
+        let Some(row) = statement.fetch_optional(&self.writes).await? else {
             return Ok(None);
         };
         let worker = decode(&row)?;
@@ -298,7 +298,7 @@ impl Store {
         fence: &Fence,
     ) -> Result<Vec<Worker>, StoreError> {
         let now = Timestamp::now().as_millis();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         self.check_fence_in(&mut tx, fence).await?;
         let unreachable = sqlx::query(&format!(
             "UPDATE workers SET state = 'unreachable', state_message = $2, updated_at = $3 \
@@ -358,7 +358,7 @@ impl Store {
     /// `pending`, so the scheduler places them elsewhere.
     pub async fn delete_worker(&self, id: i64) -> Result<Worker, StoreError> {
         let worker = self.get_worker(id).await?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         let placed: Vec<i64> = sqlx::query("SELECT id FROM model_instances WHERE worker_id = $1")
             .bind(id)
             .fetch_all(&mut *tx)
