@@ -138,12 +138,29 @@ impl Placer {
         let mut ledger = SnapshotState::new(&snapshot);
 
         let mut batch = Batch::default();
+        // Why each model's last instance found no place in this pass. The ledger only
+        // fills up as the pass books placements, so the model's next instance (the same
+        // request but for its id) cannot fit either: it gets the same reason without a
+        // search. A search that finds nothing visits every worker and explains why
+        // (about 0.1 ms at 10,000 workers), so a pass with a model that fits nowhere
+        // used to repeat that for every replica. A write that fails gives its booking
+        // back, so the memory starts afresh after each batch written.
+        let mut unplaceable: HashMap<i64, String> = HashMap::new();
         for instance in &candidates {
             if !leading() {
                 break;
             }
             if batch.len() >= WRITES_PER_BATCH {
                 self.write(store, fence, &mut ledger, &mut batch).await?;
+                unplaceable.clear();
+            }
+            if let Some(reason) = unplaceable.get(&instance.model_id) {
+                batch.reasons.push(Unplaced {
+                    message: with_reschedule_note(reason, &instance.state_message),
+                    instance,
+                    unschedulable: Some(reason.clone()),
+                });
+                continue;
             }
             let (Some(model), Some(analysis)) = (
                 by_id.get(&instance.model_id),
@@ -181,6 +198,7 @@ impl Placer {
                 )),
                 Err(unschedulable) => {
                     let reason = unschedulable_message(&unschedulable);
+                    unplaceable.insert(instance.model_id, reason.clone());
                     batch.reasons.push(Unplaced {
                         message: with_reschedule_note(&reason, &instance.state_message),
                         instance,
