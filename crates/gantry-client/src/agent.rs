@@ -7,6 +7,7 @@ use gantry_types::{
 use reqwest::{Method, StatusCode};
 
 use crate::transport::{decode, Call};
+use crate::watch::WATCH_UPGRADE;
 use crate::{Client, ClientError, WatchStream};
 
 /// Only `watch=true`: the assignment stream has no other filter.
@@ -87,15 +88,19 @@ impl Client {
     }
 
     /// The assignments and their changes; `DELETED` when an instance leaves this worker.
+    /// Asks for the stream on the bare connection (`Upgrade: gantry-watch`), which costs
+    /// the server less for a stream it holds as long as the worker runs; a server that
+    /// answers as usual is read as usual.
     pub async fn watch_assignments(&self) -> Result<WatchStream<ModelInstance>, ClientError> {
         let response = self
             .send(
                 Call::new(Method::GET, "/api/v1/worker/assignments")
                     .query(&Watch { watch: true })
-                    .streaming(),
+                    .streaming()
+                    .upgrading(WATCH_UPGRADE),
             )
             .await?;
-        Ok(WatchStream::new(response))
+        WatchStream::open(response).await
     }
 
     /// Reports the state of an instance placed on the calling worker.

@@ -20,4 +20,4 @@ mod watch;
 
 pub use error::ClientError;
 pub use transport::Client;
-pub use watch::WatchStream;
+pub use watch::{WatchStream, WATCH_UPGRADE};

@@ -67,7 +67,7 @@ impl Client {
         let response = self
             .send(Call::new(Method::GET, path).query(&query).streaming())
             .await?;
-        Ok(WatchStream::new(response))
+        WatchStream::open(response).await
     }
 
     // Sessions.

@@ -58,6 +58,9 @@ pub(crate) struct Call<'a, B: Serialize + ?Sized, Q: Serialize + ?Sized> {
     pub bearer: Option<&'a str>,
     /// The statuses of a successful answer.
     pub success: &'static [StatusCode],
+    /// A protocol to ask the server to switch the connection to (`Upgrade`); a `101
+    /// Switching Protocols` answer is then a success too.
+    pub upgrade: Option<&'static str>,
 }
 
 impl<'a> Call<'a, (), ()> {
@@ -70,6 +73,7 @@ impl<'a> Call<'a, (), ()> {
             timeout: None,
             bearer: None,
             success: &[StatusCode::OK],
+            upgrade: None,
         }
     }
 }
@@ -84,6 +88,7 @@ impl<'a, B: Serialize + ?Sized, Q: Serialize + ?Sized> Call<'a, B, Q> {
             timeout: self.timeout,
             bearer: self.bearer,
             success: self.success,
+            upgrade: self.upgrade,
         }
     }
 
@@ -96,6 +101,7 @@ impl<'a, B: Serialize + ?Sized, Q: Serialize + ?Sized> Call<'a, B, Q> {
             timeout: self.timeout,
             bearer: self.bearer,
             success: self.success,
+            upgrade: self.upgrade,
         }
     }
 
@@ -106,6 +112,13 @@ impl<'a, B: Serialize + ?Sized, Q: Serialize + ?Sized> Call<'a, B, Q> {
 
     pub(crate) fn streaming(mut self) -> Self {
         self.timeout = None;
+        self
+    }
+
+    /// Asks the server to switch the connection to `protocol`; it may answer `101
+    /// Switching Protocols` or, not knowing it, as usual.
+    pub(crate) fn upgrading(mut self, protocol: &'static str) -> Self {
+        self.upgrade = Some(protocol);
         self
     }
 
@@ -267,10 +280,21 @@ impl Client {
             if let Some(body) = call.body {
                 request = request.json(body);
             }
+            if let Some(protocol) = call.upgrade {
+                request = request
+                    .header(reqwest::header::CONNECTION, "upgrade")
+                    .header(reqwest::header::UPGRADE, protocol);
+            }
             match request.send().await {
-                Ok(response) if response.status().is_success() => {
+                Ok(response)
+                    if response.status().is_success()
+                        || (call.upgrade.is_some()
+                            && response.status() == StatusCode::SWITCHING_PROTOCOLS) =>
+                {
                     self.switch_to(base);
-                    return if call.success.contains(&response.status()) {
+                    return if call.success.contains(&response.status())
+                        || response.status() == StatusCode::SWITCHING_PROTOCOLS
+                    {
                         Ok(response)
                     } else {
                         Err(ClientError::Decode {

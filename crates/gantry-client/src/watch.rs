@@ -8,10 +8,16 @@ use bytes::BytesMut;
 use futures_util::{Stream, StreamExt};
 use gantry_types::WatchEvent;
 use serde::de::DeserializeOwned;
+use tokio_util::io::ReaderStream;
 
 use crate::error::ClientError;
 
-type Chunks = Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+type Chunks = Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send>>;
+
+/// The `Upgrade` protocol of a watch on the bare connection (the server's
+/// `api::watch::UPGRADE_PROTOCOL`): after `101 Switching Protocols` the same NDJSON lines
+/// follow without HTTP framing, until the connection closes.
+pub const WATCH_UPGRADE: &str = "gantry-watch";
 
 /// The events of one watch stream, in order. It ends when the server closes the stream;
 /// an `ERROR` event is the last one the server sends.
@@ -33,15 +39,31 @@ impl<T> std::fmt::Debug for WatchStream<T> {
 }
 
 impl<T: DeserializeOwned> WatchStream<T> {
-    pub(crate) fn new(response: reqwest::Response) -> Self {
-        WatchStream {
-            url: response.url().to_string(),
-            chunks: Box::pin(response.bytes_stream()),
+    /// The stream of a successful watch answer: its body, or after `101 Switching
+    /// Protocols` the connection itself.
+    pub(crate) async fn open(response: reqwest::Response) -> Result<Self, ClientError> {
+        let url = response.url().to_string();
+        let chunks: Chunks = if response.status() == reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            let connection = response.upgrade().await.map_err(|e| ClientError::Decode {
+                url: url.clone(),
+                message: format!("the watch connection could not be taken over: {e}"),
+            })?;
+            Box::pin(ReaderStream::new(connection).map(|chunk| chunk.map_err(|e| e.to_string())))
+        } else {
+            Box::pin(
+                response
+                    .bytes_stream()
+                    .map(|chunk| chunk.map_err(|e| e.to_string())),
+            )
+        };
+        Ok(WatchStream {
+            url,
+            chunks,
             buffer: BytesMut::new(),
             ready: VecDeque::new(),
             done: false,
             _items: PhantomData,
-        }
+        })
     }
 
     /// The next event; `None` once the server closed the stream. A line that does not

@@ -15,7 +15,8 @@ use gantry_client::Client;
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::{
     BackendKind, ChangeKind, ErrorCode, InstancePatch, InstanceQuery, InstanceState,
-    InstanceStateReport, ModelUpdate, Worker, WorkerRegister, WorkerState,
+    InstanceStateReport, ModelInstance, ModelUpdate, WatchEvent, Worker, WorkerRegister,
+    WorkerState,
 };
 
 /// A worker in zone a with `gpus` simulated GPUs.
@@ -235,7 +236,87 @@ async fn assignment_stream_is_scoped_to_the_calling_worker(engine: TestEngine) {
     server.shutdown().await;
 }
 
+/// Sends `request` on a new connection and reads until the server closes it.
+async fn exchange(addr: std::net::SocketAddr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut received = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut received))
+        .await
+        .expect("the server closes the connection when the watch ends")
+        .unwrap();
+    String::from_utf8(received).unwrap()
+}
+
+/// The one event of a watch answer's body, which must be `CREATED` of `instance`.
+fn only_created(body: &str, instance: i64) {
+    let lines: Vec<&str> = body.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{body:?}");
+    let event: WatchEvent<ModelInstance> = serde_json::from_str(lines[0]).unwrap();
+    assert!(
+        matches!(&event, WatchEvent::Created { object } if object.id == instance),
+        "{event:?}"
+    );
+}
+
+async fn the_assignment_watch_moves_to_the_bare_connection_only_when_asked(engine: TestEngine) {
+    let server = TestServer::start(engine).await;
+    let admin = server.client();
+    let (w1, worker1) = server.register(&registration("w1", 2)).await;
+    let model = admin.create_model(&tiny_model("tiny", 1)).await.unwrap();
+    let instance = server.instances_of(model.id, 1).await[0].id;
+    place(admin, instance, Some(w1.id)).await;
+    let token = worker1.token().unwrap();
+    let request = |extra: &str| {
+        format!(
+            "GET /api/v1/worker/assignments?watch=true&timeout_seconds=1 HTTP/1.1\r\n\
+             Host: test\r\nAuthorization: Bearer {token}\r\n{extra}\r\n"
+        )
+    };
+
+    // Asked: 101, then the NDJSON lines with no HTTP framing until the stream ends and
+    // the server closes the connection.
+    let answer = exchange(
+        server.addr(),
+        &request("Connection: keep-alive, Upgrade\r\nUpgrade: gantry-watch\r\n"),
+    )
+    .await;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("upgrade: gantry-watch"), "{head}");
+    assert!(!head.contains("transfer-encoding"), "{head}");
+    only_created(body, instance);
+
+    // Another protocol, or none: the ordinary streaming answer (and `close`, so that the
+    // server closes the connection after it).
+    for extra in [
+        "Connection: Upgrade, close\r\nUpgrade: websocket\r\n",
+        "Connection: close\r\n",
+    ] {
+        let answer = exchange(server.addr(), &request(extra)).await;
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        // One chunk: its size line, the event, the terminating chunk.
+        let event = body.lines().nth(1).unwrap();
+        only_created(event, instance);
+    }
+
+    // The typed client asks for the bare connection, and reads it.
+    let mut events = worker1.watch_assignments().await.unwrap();
+    let (kind, first) = next_change(&mut events).await;
+    assert_eq!((kind, first.id), (ChangeKind::Created, instance));
+    server.shutdown().await;
+}
+
 test_both_engines!(
+    the_assignment_watch_moves_to_the_bare_connection_only_when_asked,
     workers_register_once_and_reregister_idempotently,
     silent_workers_become_not_ready_then_unreachable_and_recover,
     assignment_stream_is_scoped_to_the_calling_worker,

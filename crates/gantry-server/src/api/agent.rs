@@ -138,13 +138,18 @@ impl Validate for AssignmentQuery {
 
 /// The instances placed on the calling worker, each with its placement record (what to
 /// run). With `watch=true`: a stream that also sends `DELETED` when an instance is
-/// removed or moved to another worker.
+/// removed or moved to another worker. A watch that asks for `Connection: upgrade` and
+/// `Upgrade: gantry-watch` is answered `101 Switching Protocols` and gets the same lines
+/// on the bare connection, which then costs the server only its socket (the worker
+/// agent asks for it).
 #[utoipa::path(get, path = "/api/v1/worker/assignments", tag = "worker-agent", security(("bearer" = [])),
-    params(AssignmentQuery), responses((status = 200, body = [ModelInstance])))]
+    params(AssignmentQuery), responses((status = 200, body = [ModelInstance]),
+        (status = 101, description = "With watch=true, Connection: upgrade and Upgrade: gantry-watch: the NDJSON watch events follow on the bare connection until it closes")))]
 pub async fn assignments(
     State(state): State<AppState>,
     Auth(principal): Auth,
     ApiQuery(query): ApiQuery<AssignmentQuery>,
+    watch::WatchUpgrade(upgrade): watch::WatchUpgrade,
 ) -> ApiResult<Response> {
     let (worker_id, _) = calling_worker(&principal)?;
     if query.watch != Some(true) {
@@ -181,6 +186,7 @@ pub async fn assignments(
                 None
             }
         },
+        upgrade,
     ))
 }
 

@@ -257,6 +257,7 @@ where
                 let (kind, item) = of(change)?;
                 filter.matches(item).then(|| (kind, item.clone()))
             },
+            None,
         ));
     }
     let (page, per_page) = query.paging();

@@ -121,6 +121,11 @@ impl TestServer {
         &self.running.as_ref().unwrap().state
     }
 
+    /// Where the server listens.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.running.as_ref().unwrap().addr
+    }
+
     pub fn data_path(&self, file: &str) -> std::path::PathBuf {
         self.data_dir.path().join("data").join(file)
     }
