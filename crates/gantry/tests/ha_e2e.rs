@@ -283,7 +283,7 @@ async fn killing_the_leader_hands_over_under_churn_without_overcommit() {
     );
 }
 
-fn metric(text: &str, name: &str) -> i64 {
+fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name).map(|v| v.trim().parse().unwrap()))
         .unwrap_or_else(|| panic!("{name} missing from /metrics"))
@@ -365,16 +365,19 @@ async fn a_paused_leader_is_replaced_fenced_and_steps_down() {
         .text()
         .await
         .unwrap();
-    let last_applied = metric(&metrics, "gantry_leader_write_last_applied_start_ms");
+    let last_applied = metric(
+        &metrics,
+        "gantry_leader_write_last_applied_start_timestamp_seconds",
+    );
     let applied = metric(&metrics, "gantry_leader_writes_total{result=\"applied\"}");
     let rejected = metric(&metrics, "gantry_leader_writes_total{result=\"rejected\"}");
     println!(
         "old leader after resuming: {applied} fenced writes applied (the last sent at {last_applied}), {rejected} refused; new term began at {}",
         taken.leader.acquired_at.as_millis()
     );
-    assert!(applied > 0, "the old leader did write while it led");
+    assert!(applied > 0.0, "the old leader did write while it led");
     assert!(
-        last_applied < taken.leader.acquired_at.as_millis(),
+        last_applied < taken.leader.acquired_at.as_millis() as f64 / 1000.0,
         "a write the old leader sent after the new token was issued landed"
     );
     // The resumed server does not take its old term back. (On a machine busy enough for
