@@ -12,8 +12,9 @@
 #     ~/.cache/gantry (scripts/build-llama-server.sh; about ten minutes the first time);
 #   - a Python virtual environment with the official openai client, cached the same way
 #     (scripts/python-env.sh), for the tests that call the gateway with it;
-#   - Debian's chromium (the console's browser test) and prometheus (promtool, which
-#     checks /metrics), installed with apt-get when missing.
+#   - Debian's chromium (the console's browser test), prometheus (promtool, which checks
+#     /metrics) and systemd (systemd-analyze, which checks packaging/systemd), installed
+#     with apt-get when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +23,8 @@ export GANTRY_LLAMA_SERVER
 echo "test.sh: llama-server at $GANTRY_LLAMA_SERVER" >&2
 # Debian packages whose programs tests run: chromium, which the console's browser test
 # drives through Playwright's executable_path (Playwright's own browser download is not
-# reachable from CI), and prometheus for promtool, which checks /metrics.
+# reachable from CI), prometheus for promtool, which checks /metrics, and systemd for
+# systemd-analyze.
 install_debian() {
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 update -qq >&2
@@ -36,6 +38,8 @@ install_debian() {
 # Only promtool is needed, not the Prometheus server's recommended exporters.
 command -v "${GANTRY_PROMTOOL:-promtool}" >/dev/null 2>&1 ||
   install_debian --no-install-recommends prometheus
+# systemd-analyze checks the systemd units in packaging/.
+command -v systemd-analyze >/dev/null 2>&1 || install_debian --no-install-recommends systemd
 GANTRY_PYTHON=$(scripts/python-env.sh | tail -n 1)
 export GANTRY_PYTHON
 echo "test.sh: python with openai at $GANTRY_PYTHON" >&2

@@ -287,7 +287,18 @@ fn run_combination(
     argv.extend(LlamaCpp.placement_args(user_args, &cpu_placement(), context));
     // Not gantry's: llama.cpp prints its buffer sizes only from verbosity 4 on.
     argv.extend(["-lv".to_owned(), "4".to_owned()]);
-    let log = run_llama_server(binary, &argv).map_err(|e| format!("{name}: {e}"))?;
+    // The free port may be taken by another test's process before llama-server binds it
+    // (seen once in a full run): then another port.
+    let mut attempts = 0;
+    let log = loop {
+        attempts += 1;
+        match run_llama_server(binary, &argv) {
+            Err(e) if e.contains("couldn't bind HTTP server socket") && attempts < 3 => {
+                argv[5] = free_port().to_string();
+            }
+            outcome => break outcome.map_err(|e| format!("{name}: {e}"))?,
+        }
+    };
     Ok(Outcome {
         name,
         arch: arch.to_owned(),

@@ -370,11 +370,13 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
         ),
     ] {
         header(&mut out, name, kind, help);
+        // `model_instance`, not `instance`: Prometheus gives every scraped series an
+        // `instance` label of its own (the scraped server) and would rename ours.
         for route in &routes {
             for backend in &route.backends {
                 let _ = writeln!(
                     out,
-                    "{name}{{model=\"{}\",instance=\"{}\"}} {}",
+                    "{name}{{model=\"{}\",model_instance=\"{}\"}} {}",
                     escape(&route.name),
                     escape(&backend.instance_name),
                     pick(backend)

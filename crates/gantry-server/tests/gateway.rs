@@ -300,7 +300,7 @@ impl Cluster {
             })
             .await;
         let series = format!(
-            "gantry_gateway_instance_requests_in_flight{{model=\"{model}\",instance=\"{instance}\"}}"
+            "gantry_gateway_instance_requests_in_flight{{model=\"{model}\",model_instance=\"{instance}\"}}"
         );
         assert_eq!(metric(&text, &series), 0.0, "{text}");
         text
@@ -618,11 +618,119 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngi
         text.contains("# TYPE gantry_gateway_request_duration_seconds histogram"),
         "{text}"
     );
-    // With every kind of series present, the exposition passes Prometheus' own check.
+    // With every kind of series present, the exposition passes Prometheus' own check,
+    // and the Grafana dashboard asks only for what it has.
     promtool_accepts(&text);
+    dashboard_queries_fit(&text);
 
     drop(backend);
     cluster.server.shutdown().await;
+}
+
+/// The PromQL queries of `packaging/grafana/gantry.json`, the dashboard's variables
+/// filled in as Grafana would (`$model` as "all").
+fn dashboard_queries() -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../packaging/grafana/gantry.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    let mut queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().unwrap().iter())
+        .map(|target| target["expr"].as_str().unwrap().to_owned())
+        .collect();
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(definition) = variable["definition"].as_str() {
+            // label_values(metric, label) is Grafana's, not PromQL: check the metric.
+            let inner = definition
+                .trim_start_matches("label_values(")
+                .trim_end_matches(')');
+            queries.push(inner.split(',').next().unwrap().trim().to_owned());
+        }
+    }
+    assert!(queries.len() > 10, "{queries:?}");
+    queries
+        .into_iter()
+        .map(|q| q.replace("$__rate_interval", "5m").replace("$model", ".*"))
+        .collect()
+}
+
+/// Every query of the Grafana dashboard parses as PromQL (`promtool check rules`) and
+/// names only metrics that `/metrics` serves, grouped by labels they carry.
+fn dashboard_queries_fit(text: &str) {
+    let queries = dashboard_queries();
+    let series: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    for query in &queries {
+        let metrics: Vec<&str> = query
+            .match_indices("gantry_")
+            .map(|(at, _)| {
+                let rest = &query[at..];
+                &rest[..rest.find(|c: char| !is_name(c)).unwrap_or(rest.len())]
+            })
+            .collect();
+        assert!(
+            !metrics.is_empty(),
+            "a query without a gantry metric: {query}"
+        );
+        for metric in &metrics {
+            let family = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| metric.strip_suffix(suffix))
+                .unwrap_or(metric);
+            assert!(
+                text.contains(&format!("\n# TYPE {family} ")),
+                "the dashboard asks for {metric}, which /metrics does not serve:\n{query}\n{text}"
+            );
+        }
+        // Grouping labels, where the metrics have series to show them (a counter of
+        // failures has none until something fails).
+        let shown: Vec<&&str> = series
+            .iter()
+            .filter(|l| metrics.iter().any(|m| l.starts_with(&format!("{m}{{"))))
+            .collect();
+        for (at, _) in query.match_indices("by (") {
+            let labels = &query[at + 4..];
+            for label in labels[..labels.find(')').unwrap()]
+                .split(',')
+                .map(str::trim)
+            {
+                assert!(
+                    shown.is_empty()
+                        || shown.iter().any(|l| {
+                            l.contains(&format!("{{{label}=\""))
+                                || l.contains(&format!(",{label}=\""))
+                        }),
+                    "the dashboard groups {metrics:?} by {label}, a label they do not carry:\n{query}"
+                );
+            }
+        }
+    }
+    // As recording rules, so that promtool parses each query.
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("dashboard.rules.yml");
+    let mut yaml = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (n, query) in queries.iter().enumerate() {
+        yaml.push_str(&format!(
+            "      - record: dashboard:query_{n}\n        expr: '{}'\n",
+            query.replace('\'', "''")
+        ));
+    }
+    std::fs::write(&rules, yaml).unwrap();
+    let promtool = std::env::var("GANTRY_PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    let output = std::process::Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {promtool}: {e}"));
+    assert!(
+        output.status.success(),
+        "promtool check rules refused a dashboard query:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// Runs `promtool check metrics` (Debian's package `prometheus`, which scripts/test.sh
@@ -1171,7 +1279,7 @@ async fn a_client_disconnect_cancels_the_upstream_request(engine: TestEngine) {
     assert_eq!(
         metric(
             &text,
-            "gantry_gateway_instance_requests_in_flight{model=\"slow\",instance=\"slow-0\"}"
+            "gantry_gateway_instance_requests_in_flight{model=\"slow\",model_instance=\"slow-0\"}"
         ),
         1.0,
         "{text}"
@@ -1304,7 +1412,8 @@ async fn a_frozen_instance_is_ejected_and_every_request_is_served_by_the_other(e
 
     let chatter = cluster.chatter();
     let timeouts = "gantry_gateway_errors_total{model=\"tiny\",kind=\"upstream_timeout\"}";
-    let ejections = "gantry_gateway_instance_ejections_total{model=\"tiny\",instance=\"tiny-0\"}";
+    let ejections =
+        "gantry_gateway_instance_ejections_total{model=\"tiny\",model_instance=\"tiny-0\"}";
     let mut ejected_after = None;
     let mut slowest = Duration::ZERO;
     for i in 0..20 {
@@ -1333,7 +1442,7 @@ async fn a_frozen_instance_is_ejected_and_every_request_is_served_by_the_other(e
     assert_eq!(
         metric(
             &text,
-            "gantry_gateway_instance_ejected{model=\"tiny\",instance=\"tiny-0\"}"
+            "gantry_gateway_instance_ejected{model=\"tiny\",model_instance=\"tiny-0\"}"
         ),
         1.0,
         "{text}"
@@ -1409,7 +1518,7 @@ async fn a_request_waiting_on_an_instance_that_leaves_routing_is_retried_at_once
     // while both are idle.
     let chatter = cluster.chatter();
     let stuck_series =
-        "gantry_gateway_instance_requests_in_flight{model=\"tiny\",instance=\"tiny-0\"}";
+        "gantry_gateway_instance_requests_in_flight{model=\"tiny\",model_instance=\"tiny-0\"}";
     let mut stuck = None;
     'send: for _ in 0..4 {
         let request = tokio::spawn({
