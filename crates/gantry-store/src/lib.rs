@@ -119,6 +119,8 @@ pub struct Store {
     shutdown: tokio_util::sync::CancellationToken,
     /// Whether the database answers, without asking it (see [`Store::unreachable`]).
     reachability: Arc<reachability::Reachability>,
+    /// Workers as last read, for heartbeats' answers (see `workers::WorkerRows`).
+    worker_rows: Arc<workers::WorkerRows>,
 }
 
 impl std::fmt::Debug for Store {
@@ -204,6 +206,7 @@ impl Store {
             lifetime: None,
             shutdown: shutdown.clone(),
             reachability: Arc::default(),
+            worker_rows: Arc::default(),
         };
         migrations::run(&store).await?;
         match engine {
@@ -254,6 +257,9 @@ impl Store {
 
     /// Publishes a change on this server only.
     fn publish_local(&self, change: Change) {
+        if let Change::Worker(_, worker) = &change {
+            self.worker_rows.forget(worker.id);
+        }
         let change = Arc::new(change);
         for listener in self
             .listeners

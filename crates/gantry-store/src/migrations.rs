@@ -200,6 +200,19 @@ const MIGRATIONS: &[Migration] = &[Migration {
         "ALTER TABLE model_instances ADD COLUMN install TEXT",
         "ALTER TABLE model_instances ADD COLUMN backend_version TEXT",
     ],
+}, Migration {
+    version: 8,
+    name: "worker heartbeats in their own table",
+    statements: &[
+        // A heartbeat rewrites only this narrow row, not the worker's (see workers.rs).
+        "CREATE TABLE worker_heartbeats (
+            worker_id BIGINT PRIMARY KEY REFERENCES workers(id) ON DELETE CASCADE,
+            at BIGINT NOT NULL
+        )",
+        "INSERT INTO worker_heartbeats (worker_id, at)
+            SELECT id, last_heartbeat_at FROM workers WHERE last_heartbeat_at IS NOT NULL",
+        "ALTER TABLE workers DROP COLUMN last_heartbeat_at",
+    ],
 }];
 
 /// The newest schema version this build knows.
