@@ -519,6 +519,77 @@ async fn reopening_a_database_keeps_data_and_skips_applied_migrations(engine: Te
     assert_eq!(again.get_setting("k").await.unwrap().as_deref(), Some("v1"));
 }
 
+/// Migration 8 moves every worker's last heartbeat from `workers` into
+/// `worker_heartbeats`: a database from before it keeps its workers' times.
+async fn upgrading_to_the_heartbeat_table_keeps_each_workers_last_heartbeat(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let heard = store
+        .create_worker(
+            "w1",
+            &BTreeMap::new(),
+            "10.0.0.1:10150",
+            &worker_status("w1", 1),
+            "d1",
+        )
+        .await
+        .unwrap();
+    let silent = store
+        .create_worker(
+            "w2",
+            &BTreeMap::new(),
+            "10.0.0.2:10150",
+            &worker_status("w2", 1),
+            "d2",
+        )
+        .await
+        .unwrap();
+    store.close().await;
+
+    // The database as version 7 left it: the time in the worker's row, w2 never heard.
+    let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
+    for statement in [
+        "DROP TABLE worker_heartbeats",
+        "ALTER TABLE workers ADD COLUMN last_heartbeat_at BIGINT",
+        "DELETE FROM gantry_migrations WHERE version = 8",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    sqlx::query("UPDATE workers SET last_heartbeat_at = $1 WHERE id = $2")
+        .bind(1_700_000_123_456_i64)
+        .bind(heard.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+
+    let upgraded = db.open().await;
+    assert!(upgraded.migrations_done().await.unwrap());
+    assert_eq!(
+        upgraded
+            .get_worker(heard.id)
+            .await
+            .unwrap()
+            .last_heartbeat_at,
+        Some(gantry_types::Timestamp::from_millis(1_700_000_123_456))
+    );
+    assert_eq!(
+        upgraded
+            .get_worker(silent.id)
+            .await
+            .unwrap()
+            .last_heartbeat_at,
+        None
+    );
+    // And heartbeats land in the new table.
+    let after = upgraded
+        .record_heartbeat_of_ready(heard.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(after.last_heartbeat_at.unwrap().as_millis() > 1_700_000_123_456);
+}
+
 async fn an_upload_is_created_advanced_finished_listed_and_deleted(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
@@ -581,6 +652,7 @@ async fn an_upload_is_created_advanced_finished_listed_and_deleted(engine: TestE
 }
 
 test_both_engines!(
+    upgrading_to_the_heartbeat_table_keeps_each_workers_last_heartbeat,
     an_upload_is_created_advanced_finished_listed_and_deleted,
     users_are_created_listed_updated_and_deleted,
     duplicate_usernames_conflict_and_keep_the_original,
