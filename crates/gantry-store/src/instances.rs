@@ -80,31 +80,14 @@ where
     rows.iter().map(decode).collect()
 }
 
-/// How many ids one `IN (…)` list holds: well under the bind-parameter limits of both
-/// engines (SQLite 32,766, PostgreSQL 65,535).
-const IDS_PER_READ: usize = 500;
-
 /// The instances of `ids` that exist, in no particular order, read on `connection` (inside
 /// a transaction, to see its own writes).
 pub(crate) async fn by_ids(
     connection: &mut sqlx::AnyConnection,
     ids: &[i64],
 ) -> Result<Vec<ModelInstance>, StoreError> {
-    let mut instances = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(IDS_PER_READ) {
-        let placeholders = (1..=chunk.len())
-            .map(|n| format!("${n}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let sql = format!("SELECT {COLUMNS} FROM {FROM} WHERE i.id IN ({placeholders})");
-        let query = chunk
-            .iter()
-            .fold(sqlx::query(&sql), |query, id| query.bind(*id));
-        for row in query.fetch_all(&mut *connection).await? {
-            instances.push(decode(&row)?);
-        }
-    }
-    Ok(instances)
+    let select = format!("SELECT {COLUMNS} FROM {FROM} WHERE i.id IN");
+    crate::query::by_ids(connection, &select, ids, decode).await
 }
 
 /// How the `model_instances` list reads.

@@ -307,29 +307,24 @@ async fn connect(
                     // process writes through one connection; a busy timeout turns
                     // contention with another process (`gantry backup`) into short
                     // waits, not errors.
-                    sqlx::query("PRAGMA journal_mode = WAL")
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query("PRAGMA synchronous = NORMAL")
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query("PRAGMA foreign_keys = ON")
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query("PRAGMA busy_timeout = 5000")
-                        .execute(&mut *conn)
-                        .await?;
-                    // Reads through a memory map instead of `pread` into the page
-                    // cache: in WAL mode a connection drops its page cache whenever
-                    // another one has written (every heartbeat), so without it each
-                    // list re-copied its pages from the OS (13.6 % of the server's CPU
-                    // at 10,000 workers, measured with perf).
-                    sqlx::query(&format!("PRAGMA mmap_size = {SQLITE_MMAP_SIZE}"))
-                        .execute(&mut *conn)
-                        .await?;
+                    let mut pragmas = vec![
+                        "journal_mode = WAL".to_owned(),
+                        "synchronous = NORMAL".to_owned(),
+                        "foreign_keys = ON".to_owned(),
+                        "busy_timeout = 5000".to_owned(),
+                        // Reads through a memory map instead of `pread` into the page
+                        // cache: in WAL mode a connection drops its page cache whenever
+                        // another one has written (every heartbeat), so without it each
+                        // list re-copied its pages from the OS (13.6 % of the server's
+                        // CPU at 10,000 workers, measured with perf).
+                        format!("mmap_size = {SQLITE_MMAP_SIZE}"),
+                    ];
                     if role == Role::Writes {
                         // See the checkpoint module.
-                        sqlx::query("PRAGMA wal_autocheckpoint = 0")
+                        pragmas.push("wal_autocheckpoint = 0".to_owned());
+                    }
+                    for pragma in pragmas {
+                        sqlx::query(&format!("PRAGMA {pragma}"))
                             .execute(&mut *conn)
                             .await?;
                     }

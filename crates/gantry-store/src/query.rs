@@ -193,3 +193,33 @@ listed! {
     gantry_types::UserFilter => list_users,
     gantry_types::ApiKeyFilter => list_api_keys,
 }
+
+/// How many ids one `IN (…)` list holds: well under the bind-parameter limits of both
+/// engines (SQLite 32,766, PostgreSQL 65,535).
+const IDS_PER_READ: usize = 500;
+
+/// The rows of `select` (`SELECT … FROM … WHERE <id column> IN`, completed here with the
+/// list) for `ids`, decoded, in no particular order; read on `connection` (inside a
+/// transaction, to see its own writes).
+pub(crate) async fn by_ids<T>(
+    connection: &mut sqlx::AnyConnection,
+    select: &str,
+    ids: &[i64],
+    decode: fn(&AnyRow) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let mut items = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(IDS_PER_READ) {
+        let placeholders = (1..=chunk.len())
+            .map(|n| format!("${n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!("{select} ({placeholders})");
+        let query = chunk
+            .iter()
+            .fold(sqlx::query(&sql), |query, id| query.bind(*id));
+        for row in query.fetch_all(&mut *connection).await? {
+            items.push(decode(&row)?);
+        }
+    }
+    Ok(items)
+}

@@ -108,30 +108,14 @@ impl WorkerRows {
     }
 }
 
-/// How many ids one `IN (…)` list holds (see `instances::IDS_PER_READ`).
-const IDS_PER_READ: usize = 500;
-
 /// The workers of `ids` that exist, in no particular order, read on `connection` (inside
 /// a transaction, to see its own writes).
 async fn by_ids(
     connection: &mut sqlx::AnyConnection,
     ids: &[i64],
 ) -> Result<Vec<Worker>, StoreError> {
-    let mut workers = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(IDS_PER_READ) {
-        let placeholders = (1..=chunk.len())
-            .map(|n| format!("${n}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let sql = format!("SELECT {COLUMNS} FROM {FROM} WHERE w.id IN ({placeholders})");
-        let query = chunk
-            .iter()
-            .fold(sqlx::query(&sql), |query, id| query.bind(*id));
-        for row in query.fetch_all(&mut *connection).await? {
-            workers.push(decode(&row)?);
-        }
-    }
-    Ok(workers)
+    let select = format!("SELECT {COLUMNS} FROM {FROM} WHERE w.id IN");
+    crate::query::by_ids(connection, &select, ids, decode).await
 }
 
 impl Store {

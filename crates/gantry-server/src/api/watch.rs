@@ -197,6 +197,14 @@ where
         .into_response()
 }
 
+/// Sends one line unless the server shuts down or the client went away first.
+async fn send(shutdown: &CancellationToken, lines: &mut impl Lines, line: Bytes) -> bool {
+    tokio::select! {
+        () = shutdown.cancelled() => false,
+        sent = lines.send(line) => sent,
+    }
+}
+
 /// One watch stream's source and limits.
 struct Stream<T> {
     changes: Changes,
@@ -218,17 +226,8 @@ impl<T: Serialize + Send> Stream<T> {
             period,
             shutdown,
         } = self;
-        // Sends one line unless the server shuts down or the client went away first.
-        macro_rules! send {
-            ($line:expr) => {
-                tokio::select! {
-                    () = shutdown.cancelled() => false,
-                    sent = lines.send($line) => sent,
-                }
-            };
-        }
         for object in initial {
-            if !send!(line(&WatchEvent::Created { object })) {
+            if !send(&shutdown, &mut lines, line(&WatchEvent::Created { object })).await {
                 return;
             }
         }
@@ -269,13 +268,13 @@ impl<T: Serialize + Send> Stream<T> {
                                 ),
                             },
                         };
-                        send!(line(&error));
+                        send(&shutdown, &mut lines, line(&error)).await;
                         return;
                     }
                     Err(Missed::Closed) => return,
                 },
             };
-            if !send!(next) {
+            if !send(&shutdown, &mut lines, next).await {
                 return;
             }
         }
