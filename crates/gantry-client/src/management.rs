@@ -3,10 +3,10 @@
 
 use gantry_types::usage::{UsageQuery, UsageReport};
 use gantry_types::{
-    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, ChangePasswordRequest, InstancePatch,
-    InstanceQuery, ListResponse, LogQuery, LoginRequest, LoginResponse, Model, ModelCreate,
-    ModelEstimate, ModelInstance, ModelQuery, ModelUpdate, User, UserCreate, UserQuery, UserUpdate,
-    Worker, WorkerLabelsUpdate, WorkerQuery,
+    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, BackendInstallRequest, BackendInstallStatus,
+    ChangePasswordRequest, InstancePatch, InstanceQuery, ListResponse, LogQuery, LoginRequest,
+    LoginResponse, Model, ModelCreate, ModelEstimate, ModelInstance, ModelQuery, ModelUpdate, User,
+    UserCreate, UserQuery, UserUpdate, Worker, WorkerLabelsUpdate, WorkerQuery,
 };
 use reqwest::Method;
 use serde::de::DeserializeOwned;
@@ -191,6 +191,35 @@ impl Client {
 
     pub async fn delete_worker(&self, id: i64) -> Result<(), ClientError> {
         let path = format!("/api/v1/workers/{id}");
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
+    /// The backend versions on a worker: installed, installing or failed.
+    pub async fn worker_backends(&self, id: i64) -> Result<Vec<BackendInstallStatus>, ClientError> {
+        let path = format!("/api/v1/workers/{id}/backends");
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    /// Installs a backend version on a worker ahead of need; `installed` at once when it
+    /// was, else `installing` (follow it with [`Client::worker_backends`]).
+    pub async fn install_worker_backend(
+        &self,
+        id: i64,
+        request: &BackendInstallRequest,
+    ) -> Result<BackendInstallStatus, ClientError> {
+        let path = format!("/api/v1/workers/{id}/backends");
+        self.json(Call::new(Method::POST, &path).body(request))
+            .await
+    }
+
+    /// Removes a backend version no instance on the worker uses.
+    pub async fn remove_worker_backend(
+        &self,
+        id: i64,
+        name: &str,
+        version: &str,
+    ) -> Result<(), ClientError> {
+        let path = format!("/api/v1/workers/{id}/backends/{name}/{version}");
         self.empty(Call::new(Method::DELETE, &path)).await
     }
 

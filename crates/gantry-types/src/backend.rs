@@ -463,10 +463,13 @@ pub struct InstalledBackend {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackendInstallRequest {
-    /// `llama.cpp`, `vllm`, `sglang` or a custom backend's name.
+    /// `llama.cpp`, `vllm`, `sglang` or the name of a defined backend that has
+    /// requirements to install.
+    #[schema(min_length = 1, max_length = 63, pattern = r"^[a-z0-9][a-z0-9._-]*$")]
     pub name: String,
     /// The default version when absent.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 100, pattern = r"^[A-Za-z0-9._+-]+$")]
     pub version: Option<String>,
 }
 
@@ -497,12 +500,23 @@ pub struct BackendInstallOrder {
     pub defined: Option<DefinedBackend>,
 }
 
-/// A worker's answer about an install it was asked for.
+/// A backend version on one worker: installed, being installed ahead of need, or an
+/// install that failed (`GET`/`POST /api/v1/workers/{id}/backends`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BackendInstallStatus {
     pub name: String,
     pub version: String,
     /// `installing`, `installed` or `failed`.
     pub state: String,
+    /// What happened: the variant installed (`cpu`, `cuda`, `python`), the install's phase,
+    /// or why it failed with the installer's last lines.
     pub message: String,
+    /// The install's progress while `installing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::InstallProgress>,
+    /// Instances on the worker that run (or are about to run) this version, by key
+    /// (`model#replica`); a version in use cannot be removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub used_by: Vec<String>,
 }

@@ -31,6 +31,15 @@ pub struct BackendPlan {
     pub pip_args: Vec<String>,
 }
 
+/// What [`InstalledBackends::remove`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    Removed,
+    NotInstalled,
+    /// An install of the version is under way; nothing was removed.
+    Installing,
+}
+
 /// Where the backends installed on this worker live, and the installer that adds them.
 #[derive(Debug)]
 pub struct InstalledBackends {
@@ -144,13 +153,7 @@ impl InstalledBackends {
         if let Some(done) = self.find(&plan.name, version) {
             return Ok(done);
         }
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            locks
-                .entry(format!("{}/{version}", plan.name))
-                .or_default()
-                .clone()
-        };
+        let lock = self.lock_of(&plan.name, version);
         let _guard = match lock.clone().try_lock_owned() {
             Ok(guard) => guard,
             Err(_) => {
@@ -184,16 +187,34 @@ impl InstalledBackends {
         result
     }
 
-    /// Removes an installed version. The caller checks that no instance uses it.
-    pub fn remove(&self, name: &str, version: &str) -> std::io::Result<bool> {
+    /// Removes an installed version. The caller checks that no instance uses it; an
+    /// install of the version under way keeps it ([`Removal::Installing`]).
+    pub fn remove(&self, name: &str, version: &str) -> std::io::Result<Removal> {
+        let lock = self.lock_of(name, version);
+        let Ok(_guard) = lock.try_lock_owned() else {
+            return Ok(Removal::Installing);
+        };
         let dir = self.dir(name, version);
         if !dir.exists() {
-            return Ok(false);
+            return Ok(Removal::NotInstalled);
         }
         std::fs::remove_dir_all(&dir)?;
+        // The name's directory goes with its last version.
+        if let Some(parent) = dir.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
         self.changed.send_modify(|n| *n += 1);
         tracing::info!(backend = name, version, dir = %dir.display(), "removed installed backend");
-        Ok(true)
+        Ok(Removal::Removed)
+    }
+
+    /// The lock that allows one install (or removal) of `name/version` at a time.
+    fn lock_of(&self, name: &str, version: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks
+            .entry(format!("{name}/{version}"))
+            .or_default()
+            .clone()
     }
 
     /// The newest release of `package` on the installer's PyPI.

@@ -1,7 +1,8 @@
 //! The worker's own small HTTP API, called by the servers: `GET /healthz`,
 //! `GET /v1/instances/{id}/logs?tail=N&follow=true`, and the model cache's files
-//! (`GET /v1/model-files`, `DELETE /v1/model-files/{blob}`), authenticated with the API
-//! token the server issued at registration.
+//! (`GET /v1/model-files`, `DELETE /v1/model-files/{blob}`), the backends installed here
+//! (`GET`/`POST /v1/backends`, `DELETE /v1/backends/{name}/{version}`), authenticated
+//! with the API token the server issued at registration.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
@@ -32,6 +33,11 @@ pub(crate) fn serve(shared: Arc<Shared>, listener: TcpListener, tls: Option<TlsA
         .route(
             "/v1/model-files/{blob}",
             axum::routing::delete(delete_model_file),
+        )
+        .route("/v1/backends", get(list_backends).post(install_backend))
+        .route(
+            "/v1/backends/{name}/{version}",
+            axum::routing::delete(remove_backend),
         )
         .with_state(shared.clone());
     let shutdown = shared.shutdown.clone();
@@ -135,6 +141,96 @@ async fn delete_model_file(
         Err(e @ DeleteError::InUse(_)) => error(StatusCode::CONFLICT, e.to_string()),
         Err(e @ DeleteError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e @ DeleteError::Disk(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Why a worker without an installer refuses to install or remove.
+fn no_installer() -> Response {
+    error(
+        StatusCode::CONFLICT,
+        "this worker does not install backends (install_backends is false)",
+    )
+}
+
+fn refused(refusal: crate::preinstall::Refusal) -> Response {
+    use crate::preinstall::Refusal;
+    let status = match &refusal {
+        Refusal::Invalid(_) => StatusCode::BAD_REQUEST,
+        Refusal::NotFound(_) => StatusCode::NOT_FOUND,
+        Refusal::Conflict(_) => StatusCode::CONFLICT,
+        Refusal::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, refusal.to_string())
+}
+
+/// The backends installed here, being installed or failed to install.
+async fn list_backends(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if !authorised(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "invalid worker API token");
+    }
+    let Some(installed) = &shared.config.supervisor.installed_backends else {
+        return axum::Json(Vec::<gantry_types::BackendInstallStatus>::new()).into_response();
+    };
+    axum::Json(shared.preinstalls.list(installed, &shared.supervisor)).into_response()
+}
+
+/// Installs a backend version ahead of need: 200 when it is installed already, else 202
+/// and the install runs on (see `GET /v1/backends`).
+async fn install_backend(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !authorised(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "invalid worker API token");
+    }
+    let order: gantry_types::BackendInstallOrder = match serde_json::from_slice(&body) {
+        Ok(order) => order,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid install order: {e}"),
+            )
+        }
+    };
+    let Some(installed) = &shared.config.supervisor.installed_backends else {
+        return no_installer();
+    };
+    match shared
+        .preinstalls
+        .start(installed, order, &shared.tasks, &shared.shutdown)
+        .await
+    {
+        Ok(status) => {
+            let code = if status.state == "installed" {
+                StatusCode::OK
+            } else {
+                StatusCode::ACCEPTED
+            };
+            (code, axum::Json(status)).into_response()
+        }
+        Err(refusal) => refused(refusal),
+    }
+}
+
+/// Removes an installed backend version that no instance here uses.
+async fn remove_backend(
+    State(shared): State<Arc<Shared>>,
+    Path((name, version)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorised(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "invalid worker API token");
+    }
+    let Some(installed) = &shared.config.supervisor.installed_backends else {
+        return no_installer();
+    };
+    match shared
+        .preinstalls
+        .remove(installed, &shared.supervisor, &name, &version)
+    {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(refusal) => refused(refusal),
     }
 }
 

@@ -9,4 +9,5 @@ pub mod agent;
 pub mod backends;
 pub mod gpu;
 pub(crate) mod http;
+pub mod preinstall;
 pub mod system;

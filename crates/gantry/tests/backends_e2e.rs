@@ -2,7 +2,8 @@
 //! installs it on demand (from the machine-wide build cache) and serves; a backend frozen
 //! with SIGSTOP is found unhealthy, leaves routing and is restarted while gateway traffic
 //! keeps succeeding; a custom backend defined through the API runs a model, cannot be
-//! deleted while used, and a version change rolls a 2-replica model with no failed request.
+//! deleted while used, and a version change rolls a 2-replica model with no failed request;
+//! backends installed ahead of need and removed through the server's API.
 
 #![allow(clippy::unwrap_used)]
 
@@ -509,4 +510,236 @@ async fn a_custom_backend_runs_a_model_refuses_deletion_in_use_and_rolls_version
     )
     .await;
     assert_eq!(status, 204, "{body}");
+}
+
+/// Polls a worker's backend list until `done` holds for it.
+async fn wait_backends(
+    cluster: &Cluster,
+    worker_id: i64,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let path = format!("/api/v1/workers/{worker_id}/backends");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, body) = api(cluster, reqwest::Method::GET, &path, None).await;
+        assert_eq!(status, 200, "{body}");
+        let list = body.as_array().unwrap().clone();
+        if done(&list) {
+            return list;
+        }
+        assert!(Instant::now() < deadline, "backends never {what}: {body:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_the_server() {
+    let cluster = Cluster::start(&[]).await;
+    let cache = cluster.dir.path().join("backend-cache");
+    let default = gantry_install::DEFAULT_LLAMA_CPP_VERSION;
+    let cached =
+        gantry_install::cache_version_dir(&cache, default, gantry_install::LlamaCppVariant::Cpu);
+    std::fs::create_dir_all(&cached).unwrap();
+    std::fs::copy(llama_server(), cached.join("llama-server")).unwrap();
+    let cache_arg = cache.display().to_string();
+    let worker = cluster.worker(
+        "bare",
+        &[
+            "--llama-server-path",
+            "/nonexistent/llama-server",
+            "--backend-cache-dir",
+            &cache_arg,
+        ],
+    );
+    let worker_id = cluster.worker_id("bare", &worker).await;
+    let backends = format!("/api/v1/workers/{worker_id}/backends");
+    let (status, body) = api(&cluster, reqwest::Method::GET, &backends, None).await;
+    assert_eq!((status, body.clone()), (200, json!([])), "{body}");
+
+    // Bad input is refused naming what is wrong; nothing is installed.
+    for (request, field) in [
+        (json!({"name": "custom"}), "name"),
+        (
+            json!({"name": "llama.cpp", "version": "not a version"}),
+            "version",
+        ),
+        (json!({"name": "no-such-backend"}), "no-such-backend"),
+        (json!({"name": "llama.cpp", "colour": "red"}), "colour"),
+    ] {
+        let (status, body) = api(
+            &cluster,
+            reqwest::Method::POST,
+            &backends,
+            Some(request.clone()),
+        )
+        .await;
+        assert!(
+            status == 400 || status == 422,
+            "{request} answered {status}: {body}"
+        );
+        assert!(body.to_string().contains(field), "{request}: {body}");
+    }
+    let (status, _) = api(
+        &cluster,
+        reqwest::Method::POST,
+        "/api/v1/workers/999999/backends",
+        Some(json!({"name": "llama.cpp"})),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let anonymous = cluster
+        .http
+        .post(format!("{}{backends}", cluster.base))
+        .json(&json!({"name": "llama.cpp"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+
+    // Installed ahead of need: 202 while it runs, then listed as installed and reported.
+    let (status, body) = api(
+        &cluster,
+        reqwest::Method::POST,
+        &backends,
+        Some(json!({"name": "llama.cpp"})),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["state"], "installing", "{body}");
+    assert_eq!(body["version"], default, "{body}");
+    let listed = wait_backends(&cluster, worker_id, "installed", |list| {
+        list.iter().any(|b| b["state"] == "installed")
+    })
+    .await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["name"], "llama.cpp");
+    assert_eq!(listed[0]["message"], "cpu");
+    let (status, body) = api(
+        &cluster,
+        reqwest::Method::POST,
+        &backends,
+        Some(json!({"name": "llama.cpp", "version": default})),
+    )
+    .await;
+    assert_eq!((status, body["state"].clone()), (200, json!("installed")));
+    cluster
+        .wait_worker(
+            worker_id,
+            "reporting the install",
+            Duration::from_secs(20),
+            |w| w.status.installed_backends.len() == 1,
+        )
+        .await;
+
+    // A model then starts without installing anything.
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny_model(dir.path());
+    let create: ModelCreate = serde_json::from_value(json!({
+        "name": "ahead", "backend": "llama.cpp", "replicas": 1,
+        "source": {"type": "local_path", "path": path.display().to_string()},
+        "backend_args": tiny_args(),
+    }))
+    .unwrap();
+    let (model_id, _) = cluster.create_model(&create).await;
+    let running = cluster
+        .wait_instances(model_id, "running", Duration::from_secs(60), |i| {
+            i.iter().all(|i| i.state == InstanceState::Running)
+        })
+        .await;
+    assert_eq!(running[0].backend_version.as_deref(), Some(default));
+    assert_eq!(
+        worker.log_text().matches("installing the backend").count(),
+        0,
+        "the instance installed nothing"
+    );
+    let listed = wait_backends(&cluster, worker_id, "used", |list| {
+        list.iter().any(|b| !b["used_by"].is_null())
+    })
+    .await;
+    assert_eq!(listed[0]["used_by"], json!(["ahead#0"]), "{listed:?}");
+
+    // In use: refused, naming the instance; nothing removed.
+    let remove = format!("{backends}/llama.cpp/{default}");
+    let (status, body) = api(&cluster, reqwest::Method::DELETE, &remove, None).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.to_string().contains(&running[0].name), "{body}");
+    let (status, body) = api(
+        &cluster,
+        reqwest::Method::DELETE,
+        &format!("{backends}/llama.cpp/bad%20version"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.to_string().contains("version"), "{body}");
+    assert_eq!(
+        cluster.chat_via_gateway("ahead").await["object"],
+        "chat.completion"
+    );
+
+    // Unused: removed, no longer listed or reported; a second removal finds nothing.
+    cluster.client().delete_model(model_id).await.unwrap();
+    wait_backends(&cluster, worker_id, "unused", |list| {
+        list.iter().all(|b| b["used_by"].is_null())
+    })
+    .await;
+    let (status, body) = api(&cluster, reqwest::Method::DELETE, &remove, None).await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = api(&cluster, reqwest::Method::GET, &backends, None).await;
+    assert_eq!((status, body.clone()), (200, json!([])), "{body}");
+    cluster
+        .wait_worker(
+            worker_id,
+            "reporting the removal",
+            Duration::from_secs(20),
+            |w| w.status.installed_backends.is_empty(),
+        )
+        .await;
+    let (status, body) = api(&cluster, reqwest::Method::DELETE, &remove, None).await;
+    assert_eq!(status, 404, "{body}");
+
+    // A defined backend's requirements that cannot be installed: the install fails with
+    // pip's own words, and the failure can be cleared.
+    let (status, body) = api(
+        &cluster,
+        reqwest::Method::POST,
+        "/api/v1/inference-backends",
+        Some(json!({
+            "name": "unobtainable",
+            "command": "true {model_path} {port}",
+            "health_path": "/health",
+            "versions": [{"version": "1", "requirements": ["gantry-no-such-package==1"],
+                "pip_args": ["--no-index"]}],
+        })),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = api(
+        &cluster,
+        reqwest::Method::POST,
+        &backends,
+        Some(json!({"name": "unobtainable"})),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let listed = wait_backends(&cluster, worker_id, "failed", |list| {
+        list.iter().any(|b| b["state"] == "failed")
+    })
+    .await;
+    let message = listed[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("gantry-no-such-package"),
+        "the failure names the requirement: {message}"
+    );
+    let (status, body) = api(
+        &cluster,
+        reqwest::Method::DELETE,
+        &format!("{backends}/unobtainable/1"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = api(&cluster, reqwest::Method::GET, &backends, None).await;
+    assert_eq!((status, body.clone()), (200, json!([])), "{body}");
 }

@@ -15,6 +15,7 @@ pub mod uploads;
 pub mod usage;
 pub mod users;
 pub mod watch;
+pub mod worker_backends;
 pub mod workers;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +25,7 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use gantry_store::{Listed, Page};
 use gantry_types::query::{ListFilter, ListQuery, DEFAULT_PER_PAGE, MAX_PER_PAGE};
@@ -58,6 +59,14 @@ pub fn router(state: AppState) -> Router {
         .route("/workers", get(workers::list))
         .route("/workers/{id}", get(workers::get).delete(workers::delete))
         .route("/workers/{id}/labels", put(workers::set_labels))
+        .route(
+            "/workers/{id}/backends",
+            get(worker_backends::list).post(worker_backends::install),
+        )
+        .route(
+            "/workers/{id}/backends/{name}/{version}",
+            delete(worker_backends::remove),
+        )
         .route("/models", get(models::list).post(models::create))
         .route("/models/estimate", post(models::estimate))
         .route(

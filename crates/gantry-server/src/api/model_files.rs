@@ -2,26 +2,21 @@
 //! each worker's own API (the cache lives on the worker's disk), and deleting one that no
 //! instance uses.
 
-use std::time::Duration;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use gantry_types::{
-    CachedModelFile, ErrorCode, ModelFile, ModelFileList, UnreachableWorker, Worker, WorkerFilter,
-    WorkerState,
+    CachedModelFile, ModelFile, ModelFileList, UnreachableWorker, Worker, WorkerFilter, WorkerState,
 };
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::auth::Auth;
 use crate::controllers::pass::EVERYTHING;
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use crate::extract::{ApiPath, ApiQuery};
+use crate::service::worker_api::WorkerApi;
 use crate::state::AppState;
-
-/// How long one worker may take to list its files.
-const WORKER_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -94,28 +89,11 @@ pub async fn list(
 }
 
 async fn files_of(state: &AppState, worker: &Worker) -> ApiResult<Vec<CachedModelFile>> {
-    let token = state.store.worker_api_token(worker.id).await?;
-    let response = state
-        .worker_http
-        .get(gantry_types::worker::worker_api_url(
-            &worker.address,
-            "/v1/model-files",
-        ))
-        .bearer_auth(token)
-        .timeout(WORKER_TIMEOUT)
-        .send()
-        .await
-        .map_err(|e| unreachable(worker, &e))?;
-    let response = worker_status(worker, response).await?;
-    response.json().await.map_err(|e| {
-        ApiError::new(
-            ErrorCode::WorkerError,
-            format!(
-                "worker {} sent a file list that cannot be read: {e}",
-                worker.name
-            ),
-        )
-    })
+    let api = WorkerApi::for_worker(&state.store, &state.worker_http, worker.clone()).await?;
+    let response = api
+        .send(api.request(reqwest::Method::GET, "/v1/model-files"))
+        .await?;
+    api.json(response, "a file list").await
 }
 
 /// Deletes a file from a worker's model cache: its blob or partial download and its
@@ -133,53 +111,9 @@ pub async fn delete(
     ApiPath((worker_id, blob)): ApiPath<(i64, String)>,
 ) -> ApiResult<StatusCode> {
     let admin = principal.require_admin()?;
-    let worker = state.store.get_worker(worker_id).await?;
-    let token = state.store.worker_api_token(worker.id).await?;
-    let response = state
-        .worker_http
-        .delete(gantry_types::worker::worker_api_url(
-            &worker.address,
-            &format!("/v1/model-files/{blob}"),
-        ))
-        .bearer_auth(token)
-        .timeout(WORKER_TIMEOUT)
-        .send()
-        .await
-        .map_err(|e| unreachable(&worker, &e))?;
-    worker_status(&worker, response).await?;
-    tracing::info!(by = %admin.username, worker_id, worker = %worker.name, blob, "deleted model file");
+    let api = WorkerApi::of(&state.store, &state.worker_http, worker_id).await?;
+    api.send(api.request(reqwest::Method::DELETE, &format!("/v1/model-files/{blob}")))
+        .await?;
+    tracing::info!(by = %admin.username, worker_id, worker = %api.worker.name, blob, "deleted model file");
     Ok(StatusCode::NO_CONTENT)
-}
-
-fn unreachable(worker: &Worker, error: &reqwest::Error) -> ApiError {
-    ApiError::new(
-        ErrorCode::WorkerUnreachable,
-        format!(
-            "cannot reach worker {} at {}: {error}; is the worker running and its address \
-             reachable from this server?",
-            worker.name, worker.address
-        ),
-    )
-}
-
-/// Passes a success; turns the worker's refusal into the same answer from the server.
-async fn worker_status(
-    worker: &Worker,
-    response: reqwest::Response,
-) -> ApiResult<reqwest::Response> {
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response);
-    }
-    let text = response.text().await.unwrap_or_default();
-    let text = text.trim();
-    Err(match status.as_u16() {
-        400 => ApiError::bad_request(text.to_owned()),
-        404 => ApiError::not_found(format!("worker {}: {text}", worker.name)),
-        409 => ApiError::conflict(format!("worker {}: {text}", worker.name)),
-        _ => ApiError::new(
-            ErrorCode::WorkerError,
-            format!("worker {} answered {status}: {text}", worker.name),
-        ),
-    })
 }

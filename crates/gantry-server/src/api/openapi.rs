@@ -8,7 +8,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::{
     agent, api_keys, auth, backends, coordinator, health, instances, model_files, models, uploads,
-    usage, users, workers,
+    usage, users, worker_backends, workers,
 };
 
 /// The management API's description.
@@ -30,6 +30,7 @@ use super::{
         api_keys::list, api_keys::create, api_keys::get, api_keys::delete,
         backends::list, backends::create, backends::get, backends::update, backends::delete,
         workers::list, workers::get, workers::delete, workers::set_labels,
+        worker_backends::list, worker_backends::install, worker_backends::remove,
         models::list, models::create, models::estimate, models::get, models::update,
         models::delete,
         instances::list, instances::get, instances::update, instances::delete, instances::logs,

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gantry_store::{Store, StoreError, StoredBackend, WorkerFilter};
 use gantry_types::{
-    BackendKind, BackendVersion, InferenceBackend, InferenceBackendCreate, InferenceBackendUpdate,
-    InstallMethod, InstalledOn, Model, Worker,
+    BackendInstallOrder, BackendInstallRequest, BackendKind, BackendVersion, InferenceBackend,
+    InferenceBackendCreate, InferenceBackendUpdate, InstallMethod, InstalledOn, Model, Worker,
 };
 
 use crate::error::{ApiError, ApiResult};
@@ -118,6 +118,104 @@ pub async fn check_model_backend(
         }
     }
     Ok(())
+}
+
+/// What a worker is asked to install for `request`: a built-in by name (llama.cpp's
+/// default version when none is given; vLLM and SGLang the newest on PyPI), or a defined
+/// backend's version (its default when none is given) with its definition.
+pub async fn install_order(
+    store: &Store,
+    request: &BackendInstallRequest,
+) -> ApiResult<BackendInstallOrder> {
+    if let Some(kind) = builtin_kind(&request.name) {
+        let version = match (&request.version, kind) {
+            (Some(version), _) => Some(version.clone()),
+            (None, BackendKind::LlamaCpp) => Some(DEFAULT_LLAMA_CPP_VERSION.to_owned()),
+            (None, _) => None,
+        };
+        return Ok(BackendInstallOrder {
+            name: request.name.clone(),
+            version,
+            defined: None,
+        });
+    }
+    let stored = match store.get_backend(&request.name).await {
+        Ok(stored) => stored,
+        Err(StoreError::NotFound { .. }) => {
+            return Err(ApiError::validation(format!(
+                "name: {} is not llama.cpp, vllm, sglang or a defined backend (see GET \
+                 /api/v1/inference-backends)",
+                request.name
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let Some(defined) = stored
+        .spec
+        .runtime(&request.name, request.version.as_deref())
+    else {
+        return Err(ApiError::validation(format!(
+            "version: backend {} has no version {}; its versions: {}",
+            request.name,
+            request
+                .version
+                .as_deref()
+                .unwrap_or(&stored.spec.default_version),
+            stored
+                .spec
+                .versions
+                .iter()
+                .map(|v| v.version.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    };
+    if defined.requirements.is_empty() {
+        return Err(ApiError::validation(format!(
+            "name: backend {} version {} has no requirements, so there is nothing to \
+             install; it runs its command as it is",
+            defined.name, defined.version
+        )));
+    }
+    Ok(BackendInstallOrder {
+        name: request.name.clone(),
+        version: Some(defined.version.clone()),
+        defined: Some(defined),
+    })
+}
+
+/// The instances placed on worker `worker_id` that run `name` at `version` as far as the
+/// cluster knows (the version they report, else the one their model pins), by name.
+pub async fn instances_using(
+    store: &Store,
+    worker_id: i64,
+    name: &str,
+    version: &str,
+) -> ApiResult<Vec<String>> {
+    let filter = gantry_types::InstanceFilter {
+        worker_id: Some(worker_id),
+        ..Default::default()
+    };
+    let (instances, _) = store
+        .list_instances(&filter, crate::controllers::pass::EVERYTHING)
+        .await?;
+    Ok(instances
+        .into_iter()
+        .filter(|instance| {
+            let Some(placement) = &instance.placement else {
+                return false;
+            };
+            if placement.launch.backend.as_str() != name {
+                return false;
+            }
+            instance
+                .backend_version
+                .as_deref()
+                .or(placement.launch.backend_version.as_deref())
+                == Some(version)
+        })
+        .map(|instance| instance.name)
+        .collect())
 }
 
 fn builtin_kind(name: &str) -> Option<BackendKind> {

@@ -5,8 +5,8 @@
 //! consistent; the rules in between live here, one module per resource: which GPUs a
 //! placement by hand may use ([`instances`]), what a worker's heartbeat does to its state
 //! and how it registers ([`workers`]), which replicas a model keeps when it shrinks
-//! ([`replicas`]), what a change of a model does ([`models`]), and that the cluster always
-//! keeps an admin ([`users`]). Rules that are pure
+//! ([`replicas`]), what a change of a model does ([`models`]), that the cluster always
+//! keeps an admin ([`users`]), and how a server calls a worker's own API ([`worker_api`]). Rules that are pure
 //! functions are kept pure and unit-tested; the rest is a short sequence of store calls.
 //!
 //! Errors are [`ApiError`](crate::error::ApiError)s: a code from `gantry_types::ErrorCode`
@@ -17,4 +17,5 @@ pub mod instances;
 pub mod models;
 pub mod replicas;
 pub mod users;
+pub mod worker_api;
 pub mod workers;

@@ -84,6 +84,8 @@ pub(crate) struct Shared {
     pub shutdown: CancellationToken,
     pub tasks: TaskTracker,
     pub api_token: String,
+    /// Backend installs the servers asked for through the worker's API.
+    pub preinstalls: Arc<crate::preinstall::PreInstalls>,
 }
 
 impl Shared {
@@ -184,6 +186,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
         shutdown: shutdown.clone(),
         tasks: TaskTracker::new(),
         api_token: String::new(),
+        preinstalls: Arc::default(),
     };
     let request = WorkerRegister {
         name: shared.config.name.clone(),

@@ -533,6 +533,32 @@ impl Supervisor {
         ids
     }
 
+    /// Keys of the instances that run `name` at `version` from its installation, or are
+    /// about to (their spec installs it, or installs `name` without a pin and has not
+    /// chosen a version yet), by key.
+    pub fn users_of_backend(&self, name: &str, version: &str) -> Vec<String> {
+        let slots = lock(&self.slots);
+        let mut keys: Vec<String> = slots
+            .values()
+            .filter_map(|slot| {
+                let desired = slot.desired.borrow();
+                let spec = desired.spec.as_ref()?;
+                let plan = spec.install.as_ref().filter(|plan| plan.name == name)?;
+                let chosen = lock(&slot.status)
+                    .as_ref()
+                    .and_then(|status| status.backend_version.clone());
+                let uses = match (plan.version.as_deref(), chosen.as_deref()) {
+                    (_, Some(chosen)) => chosen == version,
+                    (Some(pinned), None) => pinned == version,
+                    (None, None) => true,
+                };
+                uses.then(|| spec.key.clone())
+            })
+            .collect();
+        keys.sort();
+        keys
+    }
+
     /// The ports handed out to backends right now.
     pub fn leased_ports(&self) -> Vec<u16> {
         self.shared.ports.leased()
