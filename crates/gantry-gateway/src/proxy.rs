@@ -99,9 +99,19 @@ where
 }
 
 /// The bearer token of a request.
+/// The request's bearer token, else its session cookie (the web console's playground calls
+/// the gateway with the session it signed in with; the cookie is `SameSite=Lax`, so no
+/// other site's page can send it with a POST).
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    gantry_types::auth::bearer_token(value)
+    if let Some(value) = headers.get(header::AUTHORIZATION) {
+        return gantry_types::auth::bearer_token(value.to_str().ok()?);
+    }
+    gantry_types::auth::session_cookie(
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|value| value.to_str().ok()),
+    )
 }
 
 /// The caller behind a request's bearer token: a person (API key or session), resolved

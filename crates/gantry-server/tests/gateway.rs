@@ -1006,6 +1006,23 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
         )
         .await;
     assert_openai_error(status, &body, 403, "permission_error", "forbidden");
+    // The console's session cookie is a credential too (its playground sends it); a
+    // wrong one is refused like a wrong key.
+    let session = cluster.admin().token().unwrap().to_owned();
+    for (cookie, expected) in [
+        (format!("theme=dark; gantry_session={session}"), StatusCode::OK),
+        ("gantry_session=nope".to_owned(), StatusCode::UNAUTHORIZED),
+    ] {
+        let response = cluster
+            .server
+            .http
+            .get(format!("{}/v1/models", cluster.server.base))
+            .header(reqwest::header::COOKIE, cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), expected);
+    }
     let response = cluster
         .server
         .http

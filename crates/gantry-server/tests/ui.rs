@@ -267,85 +267,22 @@ async fn every_api_path_in_the_script_exists_in_the_openapi_spec() {
     server.shutdown().await;
 }
 
-/// The Python that runs `tests/ui_browser.py`: `GANTRY_PYTHON`, which must have Playwright.
-fn browser_python() -> std::ffi::OsString {
-    let Some(python) = std::env::var_os("GANTRY_PYTHON") else {
-        panic!(
-            "GANTRY_PYTHON is not set. The browser test drives chromium with Playwright's \
-             Python package: run the tests with scripts/test.sh, or set \
-             GANTRY_PYTHON=$(scripts/python-env.sh | tail -1)."
-        );
-    };
-    let has_playwright = std::process::Command::new(&python)
-        .args(["-c", "import playwright.sync_api"])
-        .status()
-        .unwrap_or_else(|e| panic!("run {python:?}: {e}"));
-    assert!(
-        has_playwright.success(),
-        "{python:?} cannot import playwright: the browser test needs Playwright's Python \
-         package in the environment scripts/python-env.sh makes"
-    );
-    python
-}
-
-/// Debian's chromium (`GANTRY_CHROMIUM` names another): Playwright drives it through
-/// `executable_path` and downloads no browser of its own.
-fn chromium() -> PathBuf {
-    let path = std::env::var_os("GANTRY_CHROMIUM")
-        .map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
-    assert!(
-        path.is_file(),
-        "no browser at {}: install Debian's chromium (apt-get install chromium) or set \
-         GANTRY_CHROMIUM",
-        path.display()
-    );
-    path
-}
-
-/// Screenshot files under `target/tmp/ui-screenshots/`, earlier ones removed, so a test
-/// that takes none fails.
-fn screenshot_paths(names: &[&str]) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
-    std::fs::create_dir_all(&dir).unwrap();
-    names
-        .iter()
-        .map(|name| {
-            let path = dir.join(format!("{name}.png"));
-            let _ = std::fs::remove_file(&path);
-            path
-        })
-        .collect()
-}
-
 /// Runs `tests/ui_browser.py` with what the page must show, and checks that it passed and
 /// took its screenshots.
 async fn run_browser_checks(expected: &serde_json::Value, screenshots: &[PathBuf]) {
-    let python = browser_python();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui_browser.py");
-    let output = tokio::process::Command::new(&python)
-        .arg(&script)
-        .arg(expected.to_string())
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("run {python:?} {}: {e}", script.display()));
-    assert!(
-        output.status.success(),
-        "the browser checks failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    for taken in screenshots {
-        assert!(taken.is_file(), "no screenshot at {}", taken.display());
-        println!("screenshot: {}", taken.display());
-    }
+    gantry_testkit::browser::run_checks(&script, expected, screenshots).await;
+}
+
+fn screenshot_paths(names: &[&str]) -> Vec<PathBuf> {
+    gantry_testkit::browser::screenshot_paths(Path::new(env!("CARGO_TARGET_TMPDIR")), names)
 }
 
 /// The single test server registers itself and leads, so the servers screen shows one row
 /// with the leader's mark; a user who is not an admin has no servers screen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_the_servers_and_their_leader_in_a_real_browser() {
-    let chromium = chromium();
+    let chromium = gantry_testkit::browser::chromium();
     let server = TestServer::start(TestEngine::Sqlite).await;
     server
         .client()
@@ -565,7 +502,7 @@ async fn register_worker(
 /// nothing listens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_download_progress_and_model_files_in_a_real_browser() {
-    let chromium = chromium();
+    let chromium = gantry_testkit::browser::chromium();
     let server = TestServer::start(TestEngine::Sqlite).await;
     let admin = server.client();
 
@@ -714,7 +651,7 @@ const UI_UPLOAD_CHUNK: u64 = 8 << 20;
 /// test then checks what the page left on the server, in the API's words.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_uploads_a_model_file_and_deploys_it_in_a_real_browser() {
-    let chromium = chromium();
+    let chromium = gantry_testkit::browser::chromium();
     let server = TestServer::start(TestEngine::Sqlite).await;
     let screenshots = screenshot_paths(&[
         "uploads-progress",

@@ -2,7 +2,8 @@
 //! the macro that runs one test body against both, blocks of backend ports, and
 //! [`eventually`], the one loop that waits for something the system does a moment later;
 //! and [`hub`], a test double of the Hugging Face Hub to download models from;
-//! [`postgres::OwnPostgres`], a PostgreSQL server a test can stop and start.
+//! [`postgres::OwnPostgres`], a PostgreSQL server a test can stop and start; [`browser`],
+//! a page checked in a real chromium by a Playwright script.
 //!
 //! PostgreSQL tests need `GANTRY_TEST_POSTGRES_URL`, which `scripts/with-postgres.sh`
 //! (and so `scripts/test.sh`) sets. Without it they fail with a message saying so:
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use gantry_store::{Store, StoreConfig};
 
+pub mod browser;
 pub mod hub;
 pub mod modelscope;
 pub mod postgres;

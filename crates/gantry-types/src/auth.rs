@@ -71,9 +71,33 @@ pub fn bearer_token(header_value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// Name of the session cookie set by `POST /auth/login`.
+pub const SESSION_COOKIE: &str = "gantry_session";
+
+/// The session token in `Cookie` header values, if one names [`SESSION_COOKIE`].
+pub fn session_cookie<'a>(cookie_headers: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    cookie_headers
+        .into_iter()
+        .flat_map(|header| header.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, value)| *name == SESSION_COOKIE && !value.is_empty())
+        .map(|(_, value)| value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_session_cookie_is_found_among_others() {
+        assert_eq!(
+            session_cookie(["theme=dark; gantry_session=tok; x=1"]),
+            Some("tok")
+        );
+        assert_eq!(session_cookie(["a=1", "gantry_session=t2"]), Some("t2"));
+        assert_eq!(session_cookie(["gantry_session="]), None);
+        assert_eq!(session_cookie(["gantry_sessionx=1"]), None);
+    }
 
     #[test]
     fn bearer_scheme_is_case_insensitive() {

@@ -11,8 +11,7 @@ use gantry_types::ErrorCode;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Name of the session cookie set by `POST /auth/login`.
-pub const SESSION_COOKIE: &str = "gantry_session";
+pub use gantry_types::auth::SESSION_COOKIE;
 
 /// Extracts the caller and refuses users who must change their password first.
 #[derive(Debug, Clone)]
@@ -117,19 +116,14 @@ pub fn credential_of(parts: &Parts) -> Option<String> {
         let value = value.to_str().ok()?;
         return gantry_types::auth::bearer_token(value).map(str::to_owned);
     }
-    for header in parts.headers.get_all(COOKIE) {
-        let Ok(header) = header.to_str() else {
-            continue;
-        };
-        for pair in header.split(';') {
-            if let Some((name, value)) = pair.trim().split_once('=') {
-                if name == SESSION_COOKIE && !value.is_empty() {
-                    return Some(value.to_string());
-                }
-            }
-        }
-    }
-    None
+    gantry_types::auth::session_cookie(
+        parts
+            .headers
+            .get_all(COOKIE)
+            .iter()
+            .filter_map(|value| value.to_str().ok()),
+    )
+    .map(str::to_owned)
 }
 
 async fn authenticate(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {

@@ -1,0 +1,171 @@
+"""A newcomer's first session in the web console, in a real browser (Debian's chromium
+through Playwright's Python package, `executable_path`: no browser download), against a
+real `gantry start` with a real llama-server.
+
+Run by `tests/console_e2e.rs`, which passes one JSON argument:
+
+    {"base": "http://127.0.0.1:PORT", "chromium": "/usr/bin/chromium",
+     "initial_password": "...", "new_password": "...", "model_path": "/.../tiny.gguf",
+     "model": "tiny-chat", "screenshots": {"NAME": PNG, ...}}
+
+Log in with the generated password and change it, create a model from the form, see it
+reach running, chat with it in the playground (a streamed answer with its time to first
+token and speed; the request as curl and Python; two panes side by side), create an API key
+and copy it, see the usage of those chats, delete the model. It fails (exit status 1) on
+the first thing that is not as expected and on any console error or uncaught page error.
+"""
+
+import json
+import re
+import sys
+
+from playwright.sync_api import expect, sync_playwright
+
+# Long enough for a loaded 2-core machine; a working page answers in well under a second.
+TIMEOUT_MS = 20_000
+# A model's start: llama-server loading the tiny model on a busy machine.
+RUNNING_TIMEOUT_MS = 90_000
+
+
+def screenshot(page, path):
+    page.screenshot(path=path, full_page=True)
+    print("screenshot", path)
+
+
+def first_login(page, expected, shots):
+    page.goto(expected["base"] + "/")
+    page.locator("input[name=username]").fill("admin")
+    page.locator("input[name=password]").fill(expected["initial_password"])
+    page.get_by_role("button", name="Log in").click()
+    # The generated password must be replaced before anything else.
+    new = page.locator("input[autocomplete=new-password]")
+    expect(new.first).to_be_visible()
+    new.nth(0).fill(expected["new_password"])
+    new.nth(1).fill(expected["new_password"])
+    screenshot(page, shots["password"])
+    page.get_by_role("button", name="Set password and continue").click()
+    expect(page.locator("header.topbar")).to_be_visible()
+
+
+def create_model(page, expected, shots):
+    page.locator("nav a[data-screen=models]").click()
+    page.get_by_role("button", name="New model").click()
+    form = page.locator("form", has=page.get_by_role("heading", name="New model"))
+    form.get_by_role("textbox", name=re.compile(r"^Name")).fill(expected["model"])
+    form.get_by_role("textbox", name=re.compile(r"^Path")).fill(expected["model_path"])
+    form.get_by_role("textbox", name=re.compile(r"^Backend arguments")).fill("-c 256 -t 1 -tb 1 -np 1")
+    screenshot(page, shots["model_form"])
+    form.get_by_role("button", name="Create model").click()
+    row = page.locator("tr", has=page.get_by_text(expected["model"], exact=True))
+    expect(row.locator(".badge")).to_have_text("1 / 1", timeout=RUNNING_TIMEOUT_MS)
+    screenshot(page, shots["models"])
+    return row
+
+
+def chat(page, expected, shots, row):
+    row.get_by_role("link", name="Chat", exact=True).click()
+    expect(page.locator("h1")).to_have_text("Playground")
+    expect(page.locator("[data-pane-model='0']")).to_have_value(expected["model"])
+    page.get_by_label("System prompt").fill("Answer in a few words.")
+    page.get_by_label("Max tokens").fill("24")
+    page.get_by_label("Message").fill("Say hello to the cluster.")
+    with page.expect_response("**/v1/chat/completions") as answered:
+        page.get_by_role("button", name="Send").click()
+    response = answered.value
+    assert response.status == 200, f"the gateway answered {response.status}"
+    kind = response.headers.get("content-type", "")
+    assert "text/event-stream" in kind, f"not streamed: {kind}"
+    answer = page.locator("[data-pane='0'] [data-answer]").first
+    stats = page.locator("[data-pane='0'] [data-stats]").first
+    expect(stats).to_contain_text("first token")
+    expect(stats).to_contain_text(re.compile(r"\d+ tokens"))
+    assert answer.inner_text().strip(), "the answer is empty"
+    outcome = page.locator("[data-pane='0'] .message.assistant").first.get_attribute("data-outcome")
+    assert outcome == "done", f"the answer ended {outcome}"
+    print("playground answer:", repr(answer.inner_text()), "|", stats.inner_text())
+    screenshot(page, shots["playground"])
+
+    # The same request as code, to copy.
+    page.get_by_label("Message").fill("And now as code.")
+    page.get_by_role("button", name="View as code").click()
+    code = page.locator("dialog [data-code]")
+    expect(code).to_contain_text("curl -N " + expected["base"] + "/v1/chat/completions")
+    expect(code).to_contain_text('"model": "' + expected["model"] + '"')
+    expect(code).to_contain_text("Answer in a few words.")
+    page.locator("dialog").get_by_role("button", name="Python").click()
+    expect(code).to_contain_text("from openai import OpenAI")
+    expect(code).to_contain_text('base_url="' + expected["base"] + '/v1"')
+    expect(code).to_contain_text("max_tokens=24")
+    screenshot(page, shots["playground_code"])
+    page.locator("dialog").get_by_role("button", name="Close").click()
+    expect(page.locator("dialog")).to_have_count(0)
+
+    # Two panes, one prompt: each answers on its own.
+    page.get_by_label("Compare two models").check()
+    expect(page.locator("[data-pane]")).to_have_count(2)
+    page.get_by_label("Message").fill("Compare this.")
+    page.get_by_role("button", name="Send").click()
+    for pane in ("0", "1"):
+        expect(page.locator(f"[data-pane='{pane}'] [data-stats]").last).to_contain_text("first token")
+    # The first pane kept its conversation; the second began with this prompt.
+    expect(page.locator("[data-pane='0'] .message.assistant")).to_have_count(2)
+    expect(page.locator("[data-pane='1'] .message.assistant")).to_have_count(1)
+    screenshot(page, shots["playground_compare"])
+
+
+def api_key(page, shots):
+    page.locator("nav a[data-screen=api-keys]").click()
+    page.get_by_placeholder("laptop").fill("browser-key")
+    page.get_by_role("button", name="Create key").click()
+    key = page.get_by_label("The new API key")
+    expect(key).to_have_value(re.compile(r"^gantry_"))
+    page.get_by_role("button", name="Copy", exact=True).click()
+    expect(page.get_by_role("button", name="Copied")).to_be_visible()
+    copied = page.evaluate("navigator.clipboard.readText()")
+    assert copied == key.input_value(), "the clipboard does not hold the key"
+    screenshot(page, shots["api_key"])
+
+
+def delete_model(page, expected, shots):
+    page.locator("nav a[data-screen=models]").click()
+    row = page.locator("tr", has=page.get_by_text(expected["model"], exact=True))
+    row.get_by_role("button", name="Delete").click()
+    page.locator("dialog").get_by_role("button", name="Delete model").click()
+    expect(page.get_by_text("No models yet.", exact=False)).to_be_visible()
+    screenshot(page, shots["models_empty"])
+
+
+def main():
+    expected = json.loads(sys.argv[1])
+    shots = expected["screenshots"]
+    problems = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=expected["chromium"])
+        try:
+            context = browser.new_context(viewport={"width": 1360, "height": 760})
+            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=expected["base"])
+            context.set_default_timeout(TIMEOUT_MS)
+            expect.set_options(timeout=TIMEOUT_MS)
+            page = context.new_page()
+            page.on(
+                "console",
+                lambda message: problems.append(f"console {message.type}: {message.text}")
+                if message.type == "error"
+                else None,
+            )
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            first_login(page, expected, shots)
+            row = create_model(page, expected, shots)
+            chat(page, expected, shots, row)
+            api_key(page, shots)
+            delete_model(page, expected, shots)
+        finally:
+            browser.close()
+    # A page opened before logging in asks for the session and is refused (401).
+    problems = [p for p in problems if "status of 401" not in p]
+    assert not problems, "the page reported problems:\n" + "\n".join(problems)
+    print("console checks passed")
+
+
+if __name__ == "__main__":
+    main()
