@@ -125,10 +125,16 @@ pub struct ServerConfig {
     pub sources: gantry_source::SourceConfig,
     /// The largest file accepted by `POST /api/v1/model-files/uploads`.
     pub upload_max_size: u64,
+    /// How long usage is kept per minute before whole days are rolled up.
+    pub usage_retention: Duration,
     /// The bucket (of the `s3_*` store) complete uploads are moved to, so every server
     /// reaches them; `None` keeps them on the disk of the server they reached.
     pub upload_bucket: Option<String>,
 }
+
+/// How long usage is kept per minute when `usage_retention` is not set: a week, so the
+/// console's 7-day chart has its hours.
+pub const DEFAULT_USAGE_RETENTION: Duration = Duration::from_secs(8 * 24 * 3600);
 
 /// The largest upload when `upload_max_size` is not set.
 pub const DEFAULT_UPLOAD_MAX_SIZE: u64 = 200 << 30;
@@ -169,6 +175,7 @@ impl ServerConfig {
             sources: gantry_source::SourceConfig::default(),
             upload_max_size: DEFAULT_UPLOAD_MAX_SIZE,
             upload_bucket: None,
+            usage_retention: DEFAULT_USAGE_RETENTION,
         }
     }
 

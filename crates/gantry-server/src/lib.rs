@@ -217,6 +217,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);
+    controllers::usage_archive::spawn(&state);
     controllers::spawn(&state);
     cluster::registry::spawn_heartbeat(&state);
 

@@ -27,7 +27,7 @@ use futures_util::StreamExt;
 use gantry_client::Client;
 use gantry_server::ServerConfig;
 use gantry_testkit::{test_both_engines, TestEngine};
-use gantry_types::usage::{UsageQuery, UsageReport};
+use gantry_types::usage::{UsageBucket, UsageQuery, UsageReport};
 use gantry_types::{
     ApiKeyQuery, ErrorCode, InstancePatch, InstanceState, InstanceStateReport, Timestamp,
 };
@@ -556,6 +556,41 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded(engine: TestEngi
     };
     let report = admin.usage(&long_ago).await.unwrap();
     assert_eq!(report.total.requests, 0, "{report:?}");
+    // Over time: per-minute points of the last hour that add up to the totals, each on a
+    // minute's start.
+    let hour_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 3_600_000);
+    let over_time = UsageQuery {
+        from: Some(hour_ago),
+        bucket: Some(UsageBucket::Minute),
+        ..UsageQuery::default()
+    };
+    let report = admin.usage(&over_time).await.unwrap();
+    let series = report
+        .series
+        .clone()
+        .expect("a series when a bucket is asked for");
+    assert_eq!(
+        series.iter().map(|p| p.totals.requests).sum::<u64>(),
+        report.total.requests,
+        "{report:?}"
+    );
+    assert!(report.total.requests >= 6, "{report:?}");
+    assert!(series.iter().all(|p| p.start.as_millis() % 60_000 == 0));
+    assert!(admin.usage(&everything).await.unwrap().series.is_none());
+    // A bucket needs a start, and at most 2000 buckets.
+    let no_start = UsageQuery {
+        bucket: Some(UsageBucket::Hour),
+        ..UsageQuery::default()
+    };
+    let refused = admin.usage(&no_start).await.unwrap_err();
+    assert!(refused.to_string().contains("from"), "{refused}");
+    let too_many = UsageQuery {
+        from: Some(Timestamp::from_millis(946_684_800_000)),
+        bucket: Some(UsageBucket::Minute),
+        ..UsageQuery::default()
+    };
+    let refused = admin.usage(&too_many).await.unwrap_err();
+    assert!(refused.to_string().contains("bucket"), "{refused}");
     // Raw: a time the typed query cannot hold.
     let (status, body) = cluster
         .server
@@ -1010,7 +1045,10 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
     // wrong one is refused like a wrong key.
     let session = cluster.admin().token().unwrap().to_owned();
     for (cookie, expected) in [
-        (format!("theme=dark; gantry_session={session}"), StatusCode::OK),
+        (
+            format!("theme=dark; gantry_session={session}"),
+            StatusCode::OK,
+        ),
         ("gantry_session=nope".to_owned(), StatusCode::UNAUTHORIZED),
     ] {
         let response = cluster

@@ -73,8 +73,8 @@ pub use servers::{RegistryConflict, ServerRecord, ServerRegistration};
 pub use settings::REGISTRATION_TOKEN_DIGEST;
 pub use uploads::UploadDone;
 pub use usage::{
-    usage_minute_of, UsageByApiKey, UsageByModel, UsageFilter, UsageIncrement, UsageSums,
-    USAGE_BUCKET_MILLIS,
+    usage_minute_of, UsageByApiKey, UsageByModel, UsageFilter, UsageIncrement, UsagePoint,
+    UsageSums, USAGE_BUCKET_MILLIS, USAGE_DAY_MILLIS,
 };
 pub use users::{NewUser, UserRecord};
 pub use workers::WorkerRegistration;

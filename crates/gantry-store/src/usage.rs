@@ -9,6 +9,11 @@
 //!
 //! Rows are not tied to users or keys by foreign keys on purpose: usage is history and
 //! stays when a key or a user is deleted.
+//!
+//! Minutes are kept for a retention period; then [`Store::roll_up_usage`] folds each day's
+//! minutes into one row per (user, API key, model) at the day's first minute, so the table
+//! grows by days, not minutes. A report over a window that reaches rolled-up days counts
+//! each day whole at its start.
 
 use gantry_types::{InstanceState, Timestamp, WorkerState};
 use sqlx::any::{AnyArguments, AnyRow};
@@ -86,6 +91,21 @@ pub struct UsageByApiKey {
     pub sums: UsageSums,
 }
 
+/// Usage of one user's API key (or session tokens) on one model during one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsagePoint {
+    /// Start of the bucket (a multiple of its length since the Unix epoch, UTC).
+    pub start: Timestamp,
+    pub user_id: i64,
+    /// `None`: requests made with a session token.
+    pub api_key_id: Option<i64>,
+    pub model: String,
+    pub sums: UsageSums,
+}
+
+/// Length of a day, the unit usage is rolled up into.
+pub const USAGE_DAY_MILLIS: i64 = 86_400_000;
+
 /// The minute a time falls in.
 pub fn usage_minute_of(at: Timestamp) -> Timestamp {
     Timestamp::from_millis(at.as_millis().div_euclid(USAGE_BUCKET_MILLIS) * USAGE_BUCKET_MILLIS)
@@ -113,6 +133,16 @@ const SUMS_SQL: &str = "CAST(SUM(request_count) AS BIGINT) AS requests, \
      CAST(SUM(prompt_tokens) AS BIGINT) AS prompt_tokens, \
      CAST(SUM(completion_tokens) AS BIGINT) AS completion_tokens, \
      CAST(SUM(total_tokens) AS BIGINT) AS total_tokens";
+
+/// Adds one row's sums to its (minute, user, API key, model) row, creating it if needed.
+const ADD_SQL: &str = "INSERT INTO usage_records (minute_start, user_id, api_key_id, model_name, \
+     request_count, prompt_tokens, completion_tokens, total_tokens) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+     ON CONFLICT (minute_start, user_id, api_key_id, model_name) DO UPDATE SET \
+     request_count = usage_records.request_count + excluded.request_count, \
+     prompt_tokens = usage_records.prompt_tokens + excluded.prompt_tokens, \
+     completion_tokens = usage_records.completion_tokens + excluded.completion_tokens, \
+     total_tokens = usage_records.total_tokens + excluded.total_tokens";
 
 fn where_of(filter: &UsageFilter) -> (String, AnyArguments<'static>) {
     let mut clauses = Vec::new();
@@ -154,26 +184,17 @@ impl Store {
         }
         let mut tx = self.writes.begin().await?;
         for increment in increments {
-            sqlx::query(
-                "INSERT INTO usage_records (minute_start, user_id, api_key_id, model_name, \
-                 request_count, prompt_tokens, completion_tokens, total_tokens) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (minute_start, user_id, api_key_id, model_name) DO UPDATE SET \
-                 request_count = usage_records.request_count + excluded.request_count, \
-                 prompt_tokens = usage_records.prompt_tokens + excluded.prompt_tokens, \
-                 completion_tokens = usage_records.completion_tokens + excluded.completion_tokens, \
-                 total_tokens = usage_records.total_tokens + excluded.total_tokens",
-            )
-            .bind(usage_minute_of(increment.minute_start).as_millis())
-            .bind(increment.user_id)
-            .bind(increment.api_key_id.unwrap_or(NO_API_KEY))
-            .bind(&increment.model)
-            .bind(to_i64(increment.sums.requests))
-            .bind(to_i64(increment.sums.prompt_tokens))
-            .bind(to_i64(increment.sums.completion_tokens))
-            .bind(to_i64(increment.sums.total_tokens))
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(ADD_SQL)
+                .bind(usage_minute_of(increment.minute_start).as_millis())
+                .bind(increment.user_id)
+                .bind(increment.api_key_id.unwrap_or(NO_API_KEY))
+                .bind(&increment.model)
+                .bind(to_i64(increment.sums.requests))
+                .bind(to_i64(increment.sums.prompt_tokens))
+                .bind(to_i64(increment.sums.completion_tokens))
+                .bind(to_i64(increment.sums.total_tokens))
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -231,6 +252,116 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// Usage summed per bucket of `bucket_millis` (a multiple of a minute), user, API key
+    /// and model, ordered by bucket.
+    pub async fn usage_series(
+        &self,
+        filter: &UsageFilter,
+        bucket_millis: i64,
+    ) -> Result<Vec<UsagePoint>, StoreError> {
+        let bucket_millis = bucket_millis.max(USAGE_BUCKET_MILLIS);
+        let (where_sql, arguments) = where_of(filter);
+        // Rows start at or after the epoch, so integer division rounds down.
+        let bucket = format!("(minute_start / {bucket_millis}) * {bucket_millis}");
+        let rows = sqlx::query_with(
+            &format!(
+                "SELECT {bucket} AS bucket_start, user_id, api_key_id, model_name, {SUMS_SQL} \
+                 FROM usage_records{where_sql} \
+                 GROUP BY {bucket}, user_id, api_key_id, model_name \
+                 ORDER BY bucket_start, user_id, api_key_id, model_name"
+            ),
+            arguments,
+        )
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let api_key_id = int(row, "usage_records", "api_key_id")?;
+                Ok(UsagePoint {
+                    start: Timestamp::from_millis(int(row, "usage_records", "bucket_start")?),
+                    user_id: int(row, "usage_records", "user_id")?,
+                    api_key_id: (api_key_id != NO_API_KEY).then_some(api_key_id),
+                    model: text(row, "usage_records", "model_name")?,
+                    sums: sums_of(row)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Folds the minutes of every whole day that ends at or before `before` into one row
+    /// per (user, API key, model) at the day's first minute. Returns how many minute rows
+    /// were folded.
+    ///
+    /// Each day is one transaction that deletes its minutes (all but the first, which
+    /// takes the sums) and adds them up: a server doing the same day at the same moment
+    /// finds the rows already deleted (PostgreSQL makes it wait for the first's
+    /// transaction; SQLite has one writer), so nothing is counted twice.
+    pub async fn roll_up_usage(&self, before: Timestamp) -> Result<u64, StoreError> {
+        let mut folded = 0;
+        loop {
+            let next = sqlx::query(
+                "SELECT MIN(minute_start) AS first FROM usage_records \
+                 WHERE minute_start < $1 AND minute_start % $2 <> 0",
+            )
+            .bind(before.as_millis().div_euclid(USAGE_DAY_MILLIS) * USAGE_DAY_MILLIS)
+            .bind(USAGE_DAY_MILLIS)
+            .fetch_one(&self.reads)
+            .await?;
+            let Some(first) = crate::rows::opt_int(&next, "usage_records", "first")? else {
+                return Ok(folded);
+            };
+            let day = first.div_euclid(USAGE_DAY_MILLIS) * USAGE_DAY_MILLIS;
+            folded += self.roll_up_usage_day(day).await?;
+        }
+    }
+
+    async fn roll_up_usage_day(&self, day: i64) -> Result<u64, StoreError> {
+        let mut tx = self.writes.begin().await?;
+        let rows = sqlx::query(
+            "DELETE FROM usage_records WHERE minute_start > $1 AND minute_start < $2 \
+             RETURNING user_id, api_key_id, model_name, request_count AS requests, \
+             prompt_tokens, completion_tokens, total_tokens",
+        )
+        .bind(day)
+        .bind(day + USAGE_DAY_MILLIS)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut days: std::collections::BTreeMap<(i64, i64, String), UsageSums> =
+            std::collections::BTreeMap::new();
+        for row in &rows {
+            let key = (
+                int(row, "usage_records", "user_id")?,
+                int(row, "usage_records", "api_key_id")?,
+                text(row, "usage_records", "model_name")?,
+            );
+            days.entry(key).or_default().add(&sums_of(row)?);
+        }
+        for ((user_id, api_key_id, model), sums) in &days {
+            sqlx::query(ADD_SQL)
+                .bind(day)
+                .bind(user_id)
+                .bind(api_key_id)
+                .bind(model)
+                .bind(to_i64(sums.requests))
+                .bind(to_i64(sums.prompt_tokens))
+                .bind(to_i64(sums.completion_tokens))
+                .bind(to_i64(sums.total_tokens))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        let folded = rows.len() as u64;
+        if folded > 0 {
+            tracing::info!(
+                day = %Timestamp::from_millis(day),
+                minutes = folded,
+                rows = days.len(),
+                "rolled a day of usage up"
+            );
+        }
+        Ok(folded)
     }
 
     /// How many instances are in each state (states with none are absent). One

@@ -21,12 +21,71 @@ pub struct UsageQuery {
     /// RFC 3339; minutes starting before this time. A window that ends at or before it
     /// begins holds nothing: the report is empty.
     pub to: Option<Timestamp>,
+    /// Also answer `series`: the usage per bucket of this length (UTC), per user, API key
+    /// and model. Needs `from`; at most [`MAX_USAGE_BUCKETS`] buckets from `from` to `to`
+    /// (or now).
+    pub bucket: Option<UsageBucket>,
+}
+
+/// The most buckets one report's `series` spans.
+pub const MAX_USAGE_BUCKETS: i64 = 2000;
+
+/// The length of one bucket of a usage series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageBucket {
+    Minute,
+    Hour,
+    Day,
+}
+
+impl UsageBucket {
+    pub fn millis(self) -> i64 {
+        match self {
+            UsageBucket::Minute => 60_000,
+            UsageBucket::Hour => 3_600_000,
+            UsageBucket::Day => 86_400_000,
+        }
+    }
 }
 
 impl Validate for UsageQuery {
     fn validate(&self) -> Result<(), FieldError> {
+        let Some(bucket) = self.bucket else {
+            return Ok(());
+        };
+        let Some(from) = self.from else {
+            return Err(FieldError::new(
+                "from",
+                "is needed with bucket: the series starts there",
+            ));
+        };
+        let to = self.to.unwrap_or_else(Timestamp::now);
+        let buckets = (to.as_millis() - from.as_millis()) / bucket.millis();
+        if buckets > MAX_USAGE_BUCKETS {
+            return Err(FieldError::new(
+                "bucket",
+                format!(
+                    "spans {buckets} buckets from `from` to `to`, more than \
+                     {MAX_USAGE_BUCKETS}; take a longer bucket or a shorter window"
+                ),
+            ));
+        }
         Ok(())
     }
+}
+
+/// Usage of one user's API key (or session tokens) on one model during one bucket.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UsagePoint {
+    /// The bucket's start.
+    pub start: Timestamp,
+    pub user_id: i64,
+    /// `null`: requests made with the user's session (the console).
+    pub api_key_id: Option<i64>,
+    pub model: String,
+    #[serde(flatten)]
+    pub totals: UsageTotals,
 }
 
 /// Request count and token sums.
@@ -71,4 +130,10 @@ pub struct UsageReport {
     pub models: Vec<ModelUsage>,
     /// Per user, API key and model.
     pub api_keys: Vec<ApiKeyUsage>,
+    /// With `bucket`: per bucket, user, API key and model, by bucket. Days older than the
+    /// server's `usage_retention` are rolled up: they count whole at their start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<UsageBucket>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<Vec<UsagePoint>>,
 }

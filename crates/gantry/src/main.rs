@@ -237,6 +237,7 @@ fn server_config(config: &Config) -> ServerConfig {
         gateway_eject_cooldown: config.gateway_eject_cooldown,
         gateway_first_byte_timeout: config.gateway_first_byte_timeout,
         api_key_cache_ttl: config.api_key_cache_ttl,
+        usage_retention: config.usage_retention,
         heartbeat_interval: config.heartbeat_interval,
         server_timeout: config.server_timeout,
         server_urls: config.server_urls.clone(),

@@ -113,6 +113,34 @@ def chat(page, expected, shots, row):
     screenshot(page, shots["playground_compare"])
 
 
+def usage(page, expected, shots):
+    """The usage page counts the playground's requests, and moves when another arrives."""
+    page.locator("nav a[data-screen=usage]").click()
+    requests = page.locator("[data-total=requests]")
+    # The playground sent 3 chats (one, then two side by side).
+    expect(requests).to_have_text(re.compile(r"^[3-9]$|^\d\d+$"))
+    before = int(requests.inner_text().replace(",", ""))
+    expect(page.locator("[data-chart] rect").first).to_be_visible()
+    expect(page.locator("[data-usage-table] tbody tr")).to_have_count(1)
+    expect(page.locator("[data-usage-table] tbody tr td").first).to_have_text(expected["model"])
+    screenshot(page, shots["usage"])
+    # One more request, sent by the page with its session, shows up on the open page.
+    status = page.evaluate(
+        """async (model) => (await fetch('/v1/chat/completions', {method: 'POST',
+            headers: {'content-type': 'application/json'},
+            body: JSON.stringify({model, max_tokens: 4, messages: [{role: 'user', content: 'count me'}]})})).status""",
+        expected["model"],
+    )
+    assert status == 200, f"the extra chat answered {status}"
+    expect(requests).to_have_text(str(before + 1), timeout=30_000)
+    # By API key: the console's own requests carry no key.
+    page.get_by_role("button", name="API key", exact=True).click()
+    expect(page.locator("[data-usage-table] tbody tr td").first).to_contain_text("console session")
+    page.get_by_role("button", name="Requests", exact=True).click()
+    expect(page.locator("[data-chart]")).to_have_attribute("aria-label", "requests over time")
+    screenshot(page, shots["usage_by_key"])
+
+
 def api_key(page, shots):
     page.locator("nav a[data-screen=api-keys]").click()
     page.get_by_placeholder("laptop").fill("browser-key")
@@ -157,6 +185,7 @@ def main():
             first_login(page, expected, shots)
             row = create_model(page, expected, shots)
             chat(page, expected, shots, row)
+            usage(page, expected, shots)
             api_key(page, shots)
             delete_model(page, expected, shots)
         finally:

@@ -25,6 +25,8 @@ async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browse
         "playground",
         "playground_code",
         "playground_compare",
+        "usage",
+        "usage_by_key",
         "api_key",
         "models_empty",
     ];

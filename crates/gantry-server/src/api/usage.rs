@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::Json;
-use gantry_store::{UsageFilter, UsageSums};
-use gantry_types::usage::{ApiKeyUsage, ModelUsage, UsageQuery, UsageReport, UsageTotals};
+use gantry_store::{UsageByApiKey, UsageFilter, UsageSums};
+use gantry_types::usage::{
+    ApiKeyUsage, ModelUsage, UsagePoint, UsageQuery, UsageReport, UsageTotals,
+};
 use gantry_types::Role;
 
 use crate::auth::Auth;
@@ -16,10 +18,11 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiQuery;
 use crate::state::AppState;
 
-/// Requests and tokens served by the gateway, per model and per API key.
+/// Requests and tokens served by the gateway, per model and per API key; with `bucket`,
+/// also over time (`series`).
 #[utoipa::path(get, path = "/api/v1/usage", tag = "usage", security(("bearer" = [])), params(UsageQuery),
     responses((status = 200, body = UsageReport), (status = 400, body = gantry_types::ErrorBody),
-        (status = 403, body = gantry_types::ErrorBody)))]
+        (status = 403, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn report(
     State(state): State<AppState>,
     Auth(principal): Auth,
@@ -43,9 +46,44 @@ pub async fn report(
         from: query.from,
         to: query.to,
     };
-    // One read, so that the totals, the models and the keys agree (a flush between two
-    // reads would make them differ).
-    let by_key = state.store.usage_by_api_key(&filter).await?;
+    // One read, so that the totals, the models, the keys and the series agree (a flush
+    // between two reads would make them differ): with a bucket, the rest is summed from
+    // the series.
+    let (by_key, series) = match query.bucket {
+        None => (state.store.usage_by_api_key(&filter).await?, None),
+        Some(bucket) => {
+            let points = state.store.usage_series(&filter, bucket.millis()).await?;
+            let mut keys: BTreeMap<(i64, i64, &str), UsageByApiKey> = BTreeMap::new();
+            for point in &points {
+                let key = (
+                    point.user_id,
+                    point.api_key_id.unwrap_or(0),
+                    point.model.as_str(),
+                );
+                keys.entry(key)
+                    .or_insert_with(|| UsageByApiKey {
+                        user_id: point.user_id,
+                        api_key_id: point.api_key_id,
+                        model: point.model.clone(),
+                        sums: UsageSums::default(),
+                    })
+                    .sums
+                    .add(&point.sums);
+            }
+            let by_key = keys.into_values().collect();
+            let series = points
+                .into_iter()
+                .map(|point| UsagePoint {
+                    start: point.start,
+                    user_id: point.user_id,
+                    api_key_id: point.api_key_id,
+                    model: point.model,
+                    totals: totals(point.sums),
+                })
+                .collect();
+            (by_key, Some(series))
+        }
+    };
     let mut total = UsageSums::default();
     let mut by_model: BTreeMap<&str, UsageSums> = BTreeMap::new();
     for row in &by_key {
@@ -79,6 +117,8 @@ pub async fn report(
                 totals: totals(row.sums),
             })
             .collect(),
+        bucket: query.bucket,
+        series,
     }))
 }
 

@@ -9,7 +9,8 @@
 //!   [`placement`] (with [`analyze`] and [`snapshot`]);
 //! * [`scheduling`]: placement on every server under the scheduling lock, when
 //!   scheduling is distributed (otherwise placement is part of the leader's pass);
-//! * [`worker_health`]: marks silent workers, leader only.
+//! * [`worker_health`]: marks silent workers, leader only;
+//! * [`usage_archive`]: rolls old per-minute usage up into days, leader only.
 
 pub mod analyze;
 pub mod instance;
@@ -21,6 +22,7 @@ pub mod run_loop;
 pub mod scheduling;
 pub mod snapshot;
 pub mod triggers;
+pub mod usage_archive;
 pub mod worker_health;
 
 use std::sync::Arc;

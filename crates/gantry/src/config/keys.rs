@@ -124,6 +124,10 @@ config_table! {
         /// long, should the change notification be lost). While the database cannot be
         /// reached, keys verified before keep working regardless.
         api_key_cache_ttl: Duration = server::DEFAULT_API_KEY_CACHE_TTL;
+        /// How long the gateway's usage is kept per minute; whole days older than this
+        /// are rolled up into one row per day, user, API key and model (charts over
+        /// them show days).
+        usage_retention: Duration = server::DEFAULT_USAGE_RETENTION;
         /// Largest file `POST /api/v1/model-files/uploads` accepts.
         upload_max_size: Size = server::DEFAULT_UPLOAD_MAX_SIZE;
         /// Bucket of the `s3_*` store that complete uploads are moved to, so that every

@@ -759,6 +759,7 @@
     { id: 'models', title: 'Models', render: renderModels },
     { id: 'instances', title: 'Instances', render: renderInstances },
     { id: 'playground', title: 'Playground', render: renderPlayground },
+    { id: 'usage', title: 'Usage', render: renderUsage },
     { id: 'workers', title: 'Workers', render: renderWorkers, admin: true },
     { id: 'model-files', title: 'Model files', render: renderModelFiles, admin: true },
     { id: 'servers', title: 'Servers', render: renderServers, admin: true },
@@ -1555,6 +1556,207 @@
       closed = true;
       panes.forEach((p) => p.stop());
     };
+  }
+
+  // ---------------------------------------------------------------- usage
+
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  /** Builds an SVG element: svg('rect', {x: 1}, child...). */
+  function svg(tag, attrs, ...children) {
+    const el = document.createElementNS(SVG_NS, tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value != null) el.setAttribute(key, String(value));
+    }
+    append(el, children);
+    return el;
+  }
+
+  /** Colours of a chart's series, in order; the last is "other". */
+  const SERIES_COLOURS = ['#3b6fe0', '#18a078', '#e08a1e', '#b04fd1', '#d9434a', '#2aa3c4', '#8a93a3'];
+  const USAGE_WINDOWS = {
+    '24h': { label: 'Last 24 h', hours: 24, bucket: 'hour' },
+    '7d': { label: 'Last 7 days', hours: 24 * 7, bucket: 'hour' },
+    '30d': { label: 'Last 30 days', hours: 24 * 30, bucket: 'day' },
+  };
+  const BUCKET_MS = { hour: 3600000, day: 86400000 };
+
+  function fmtCount(n) {
+    return Number(n || 0).toLocaleString('en-US');
+  }
+
+  /**
+   * A stacked bar chart: one bar per bucket from `start` (`count` buckets of `step` ms),
+   * one segment per series. `series`: [{name, colour, values: Map(bucketIndex → value)}].
+   */
+  function stackedBars(series, start, step, count, unit) {
+    const width = 960;
+    const height = 240;
+    const left = 56;
+    const bottom = 24;
+    const plotW = width - left - 8;
+    const plotH = height - bottom - 8;
+    const totals = new Array(count).fill(0);
+    for (const s of series) for (const [i, v] of s.values) totals[i] += v;
+    const max = Math.max(1, ...totals);
+    // A round top for the axis: 1, 2 or 5 times a power of ten.
+    const magnitude = Math.pow(10, Math.floor(Math.log10(max)));
+    const top = [1, 2, 5, 10].map((m) => m * magnitude).find((t) => t >= max);
+    const barW = plotW / count;
+    const chart = svg('svg', { viewBox: '0 0 ' + width + ' ' + height, class: 'chart', role: 'img', 'aria-label': unit + ' over time', 'data-chart': '' });
+    for (const fraction of [0, 0.5, 1]) {
+      const y = 8 + plotH * (1 - fraction);
+      chart.append(
+        svg('line', { x1: left, x2: width - 8, y1: y, y2: y, class: 'grid' }),
+        svg('text', { x: left - 6, y: y + 4, 'text-anchor': 'end', class: 'axis' },
+          Number.isInteger(top * fraction) ? fmtCount(top * fraction) : (top * fraction).toFixed(1)));
+    }
+    const labelEvery = Math.max(1, Math.ceil(count / 8));
+    for (let i = 0; i < count; i++) {
+      const at = new Date(start + i * step);
+      let y = 8 + plotH;
+      for (const s of series) {
+        const value = s.values.get(i) || 0;
+        if (!value) continue;
+        const barH = (value / top) * plotH;
+        y -= barH;
+        chart.append(svg('rect', {
+          x: (left + i * barW + barW * 0.12).toFixed(1),
+          y: y.toFixed(1),
+          width: Math.max(1, barW * 0.76).toFixed(1),
+          height: Math.max(0.5, barH).toFixed(1),
+          fill: s.colour,
+          'data-series': s.name,
+        }, svg('title', null, s.name + ' · ' + at.toLocaleString() + ': ' + fmtCount(value) + ' ' + unit)));
+      }
+      if (i % labelEvery === 0) {
+        const text = step >= 86400000
+          ? at.toLocaleDateString(undefined, { month: 'short', day: 'numeric' })
+          : at.toLocaleString(undefined, count > 48 ? { month: 'short', day: 'numeric', hour: '2-digit' } : { hour: '2-digit', minute: '2-digit' });
+        chart.append(svg('text', { x: left + i * barW + barW / 2, y: height - 6, 'text-anchor': 'middle', class: 'axis' }, text));
+      }
+    }
+    return chart;
+  }
+
+  function renderUsage(main, parts, params) {
+    let windowKey = USAGE_WINDOWS[params.get('window')] ? params.get('window') : '24h';
+    let groupBy = params.get('by') || 'model';
+    let metric = params.get('metric') === 'requests' ? 'requests' : 'tokens';
+    if (groupBy === 'user' && !isAdmin()) groupBy = 'model';
+    const body = h('div', null, h('div', { class: 'panel empty' }, 'Loading usage…'));
+    const choice = (name, options, current, set) => h('div', { class: 'segmented', role: 'group', 'aria-label': name },
+      options.map(([value, label]) => h('button', {
+        type: 'button',
+        class: 'small' + (value === current ? ' primary' : ''),
+        'aria-pressed': value === current ? 'true' : 'false',
+        onclick: () => { set(value); controls(); load(); },
+      }, label)));
+    const controlBox = h('div', { class: 'usage-controls' });
+    const controls = () => {
+      const groups = [['model', 'Model'], ['key', 'API key']];
+      if (isAdmin()) groups.push(['user', 'User']);
+      controlBox.replaceChildren(
+        choice('Window', Object.entries(USAGE_WINDOWS).map(([k, w]) => [k, w.label]), windowKey, (v) => (windowKey = v)),
+        choice('Group by', groups, groupBy, (v) => (groupBy = v)),
+        choice('Show', [['tokens', 'Tokens'], ['requests', 'Requests']], metric, (v) => (metric = v)));
+      history.replaceState(null, '', '#/usage?window=' + windowKey + '&by=' + groupBy + '&metric=' + metric);
+    };
+    main.append(pageHead('Usage', controlBox), body);
+    controls();
+
+    let names = { keys: new Map(), users: new Map() };
+    const loadNames = async () => {
+      const [keys, users] = await Promise.all([
+        listAll('/api/v1/api-keys').catch(() => []),
+        isAdmin() ? listAll('/api/v1/users').catch(() => []) : Promise.resolve([session.user]),
+      ]);
+      names = { keys: new Map(keys.map((k) => [k.id, k.name])), users: new Map(users.map((u) => [u.id, u.username])) };
+    };
+    const groupOf = (point) => {
+      if (groupBy === 'key') {
+        if (point.api_key_id == null) return 'console session' + (isAdmin() ? ' (' + (names.users.get(point.user_id) || 'user ' + point.user_id) + ')' : '');
+        return names.keys.get(point.api_key_id) || 'deleted key ' + point.api_key_id;
+      }
+      if (groupBy === 'user') return names.users.get(point.user_id) || 'user ' + point.user_id;
+      return point.model;
+    };
+
+    let loading = false;
+    const load = async () => {
+      if (loading) return;
+      loading = true;
+      try {
+        const w = USAGE_WINDOWS[windowKey];
+        const step = BUCKET_MS[w.bucket];
+        // Whole buckets: the first starts on a bucket boundary (UTC), the last holds now.
+        const now = Date.now();
+        const start = Math.floor((now - w.hours * 3600000) / step) * step + step;
+        const count = Math.round((Math.floor(now / step) * step - start) / step) + 1;
+        const report = await api('GET', '/api/v1/usage?bucket=' + w.bucket + '&from=' + encodeURIComponent(new Date(start).toISOString()));
+        draw(report, start, step, count);
+      } catch (e) {
+        body.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
+      } finally {
+        loading = false;
+      }
+    };
+
+    const draw = (report, start, step, count) => {
+      const value = (p) => (metric === 'tokens' ? p.total_tokens : p.requests);
+      const groups = new Map();
+      for (const p of report.series) {
+        const name = groupOf(p);
+        const g = groups.get(name) || { name, requests: 0, prompt_tokens: 0, completion_tokens: 0, total_tokens: 0, values: new Map() };
+        g.requests += p.requests;
+        g.prompt_tokens += p.prompt_tokens;
+        g.completion_tokens += p.completion_tokens;
+        g.total_tokens += p.total_tokens;
+        const i = Math.round((Date.parse(p.start) - start) / step);
+        if (i >= 0 && i < count) g.values.set(i, (g.values.get(i) || 0) + value(p));
+        groups.set(name, g);
+      }
+      const ranked = [...groups.values()].sort((a, b) => value(b) - value(a) || a.name.localeCompare(b.name));
+      // The biggest series by name, the rest as one "other".
+      const shown = ranked.slice(0, SERIES_COLOURS.length - 1).map((g, i) => ({ name: g.name, colour: SERIES_COLOURS[i], values: g.values }));
+      const rest = ranked.slice(SERIES_COLOURS.length - 1);
+      if (rest.length) {
+        const values = new Map();
+        for (const g of rest) for (const [i, v] of g.values) values.set(i, (values.get(i) || 0) + v);
+        shown.push({ name: rest.length + ' others', colour: SERIES_COLOURS[SERIES_COLOURS.length - 1], values });
+      }
+      const t = report.total;
+      const cards = h('div', { class: 'cards' },
+        h('div', { class: 'card' }, h('h2', null, 'Requests'), h('div', { class: 'big', 'data-total': 'requests' }, fmtCount(t.requests))),
+        h('div', { class: 'card' }, h('h2', null, 'Prompt tokens'), h('div', { class: 'big', 'data-total': 'prompt_tokens' }, fmtCount(t.prompt_tokens))),
+        h('div', { class: 'card' }, h('h2', null, 'Completion tokens'), h('div', { class: 'big', 'data-total': 'completion_tokens' }, fmtCount(t.completion_tokens))));
+      const unit = metric === 'tokens' ? 'tokens' : 'requests';
+      const legend = h('div', { class: 'legend' }, shown.map((s) =>
+        h('span', { class: 'legend-item' }, h('span', { class: 'swatch', 'data-colour': s.colour }), s.name)));
+      for (const swatch of legend.querySelectorAll('.swatch')) swatch.style.background = swatch.dataset.colour;
+      const chartPanel = h('div', { class: 'panel' },
+        h('h2', null, (metric === 'tokens' ? 'Tokens' : 'Requests') + ' per ' + (step >= 86400000 ? 'day' : 'hour') + ', by ' + ({ model: 'model', key: 'API key', user: 'user' })[groupBy]),
+        ranked.length ? [stackedBars(shown, start, step, count, unit), legend]
+          : h('div', { class: 'empty muted' }, 'Nothing served in this window yet.'));
+      const rows = ranked.map((g) => h('tr', null,
+        h('td', null, g.name),
+        h('td', { class: 'num' }, fmtCount(g.requests)),
+        h('td', { class: 'num' }, fmtCount(g.prompt_tokens)),
+        h('td', { class: 'num' }, fmtCount(g.completion_tokens)),
+        h('td', { class: 'num' }, fmtCount(g.total_tokens))));
+      const table = ranked.length ? h('div', { class: 'panel flush' }, h('table', { 'data-usage-table': '' },
+        h('thead', null, h('tr', null,
+          h('th', null, ({ model: 'Model', key: 'API key', user: 'User' })[groupBy]),
+          h('th', { class: 'num' }, 'Requests'), h('th', { class: 'num' }, 'Prompt tokens'),
+          h('th', { class: 'num' }, 'Completion tokens'), h('th', { class: 'num' }, 'Total tokens'))),
+        h('tbody', null, rows))) : null;
+      body.replaceChildren(cards, chartPanel, table,
+        h('p', { class: 'muted small' }, 'Times are in your browser\'s time zone; buckets start on the hour or at midnight UTC. Usage older than the server\'s usage_retention is kept per day.'));
+    };
+
+    loadNames().finally(load);
+    // Usage arrives about once a second; every 10 s is enough to watch it move.
+    const timer = setInterval(load, 10000);
+    return () => clearInterval(timer);
   }
 
   // ---------------------------------------------------------------- instances
