@@ -1,9 +1,11 @@
 //! The `gantry` command: `server`, `worker`, `start` (server and worker in one process)
-//! and `version`. This file only reads the command line and the configuration, sets up
-//! logging and wires the crates together; the keys and their parsing live in `config/`,
-//! behaviour in the library crates.
+//! and `version`, and the client commands of `cli/` (`login`, `models`, `chat`, …). This
+//! file only reads the command line and the configuration, sets up logging and wires the
+//! crates together; the keys and their parsing live in `config/`, behaviour in the
+//! library crates.
 
 mod backup;
+mod cli;
 mod config;
 
 /// mimalloc instead of glibc's malloc: the gateway allocates per request, and glibc's
@@ -47,6 +49,7 @@ fn run(invocation: Invocation) -> anyhow::Result<()> {
             println!("gantry {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
+        Invocation::Client(command) => cli::run(command),
         Invocation::Backup {
             out,
             config_file,

@@ -2,12 +2,16 @@
 //! flag for every key it reads (`--key-name`, plus the table's other spellings), and
 //! `--help` shows each key's doc, default and environment variable. Flags only collect
 //! raw text; the table's kinds parse it, whatever the source, in [`super::Layers`].
+//! The client commands (`gantry login`, `models`, `chat`, …) are declared in
+//! [`crate::cli`] and merged in; they read no keys.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Arg, ArgAction, Command};
+use clap::{Arg, ArgAction, Command, FromArgMatches, Subcommand};
+
+use crate::cli::ClientCommand;
 
 use super::{DefaultText, Key, Scope, KEYS};
 
@@ -85,6 +89,8 @@ pub enum Invocation {
         config_file: Option<PathBuf>,
         flags: BTreeMap<&'static str, String>,
     },
+    /// A client command: `gantry login`, `models`, `chat`, …
+    Client(ClientCommand),
     /// `gantry server`, `worker` or `start`.
     Run {
         role: Role,
@@ -103,20 +109,12 @@ pub fn command() -> Command {
         .propagate_version(true)
         .subcommand_required(true)
         .arg_required_else_help(true)
-        .arg(
-            Arg::new(CONFIG)
-                .long("config")
-                .global(true)
-                .value_name("FILE")
-                .value_parser(clap::value_parser!(PathBuf))
-                .display_order(0)
-                .help("YAML configuration file holding any of the keys [env: GANTRY_CONFIG]"),
-        );
+        .arg(config_flag().global(true));
     let root = KEYS
         .iter()
         .filter(|key| key.scope == Scope::Global)
         .fold(root, |command, key| command.arg(flag(key).global(true)));
-    Role::COMMANDS
+    let root = Role::COMMANDS
         .iter()
         .fold(root, |root, (role, name, about)| {
             let command = KEYS
@@ -186,7 +184,44 @@ pub fn command() -> Command {
                         |command, key| command.arg(flag(key)),
                     ),
                 ),
-        )
+        );
+    // Taken from a command of their own: augmenting the root would give it the enum's
+    // doc as its `about`.
+    let client = ClientCommand::augment_subcommands(Command::new("gantry"));
+    let root = client
+        .get_subcommands()
+        .fold(root, |root, command| root.subcommand(command.clone()));
+    without_key_flags(root)
+}
+
+/// `--config FILE`.
+fn config_flag() -> Arg {
+    Arg::new(CONFIG)
+        .long("config")
+        .value_name("FILE")
+        .value_parser(clap::value_parser!(PathBuf))
+        .display_order(0)
+        .help("YAML configuration file holding any of the keys [env: GANTRY_CONFIG]")
+}
+
+/// The client commands with the global key flags hidden: clap gives every command the
+/// root's global flags, but a command that already has a flag keeps its own, so each
+/// client command gets hidden ones (global, for its subcommands) and its `--help` lists
+/// only what it reads.
+fn without_key_flags(root: Command) -> Command {
+    let client_commands: Vec<String> = root
+        .get_subcommands()
+        .map(|command| command.get_name().to_owned())
+        .filter(|name| ClientCommand::has_subcommand(name))
+        .collect();
+    client_commands.iter().fold(root, |root, name| {
+        root.mut_subcommand(name, |command| {
+            KEYS.iter().filter(|key| key.scope == Scope::Global).fold(
+                command.arg(config_flag().global(true).hide(true)),
+                |command, key| command.arg(flag(key).global(true).hide(true)),
+            )
+        })
+    })
 }
 
 /// The flag of one key. `--help` lists flags in the table's order, under a heading per
@@ -243,10 +278,13 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let matches = command().try_get_matches_from(args)?;
-    let (name, matches) = matches
+    let root = command().try_get_matches_from(args)?;
+    let (name, matches) = root
         .subcommand()
         .expect("clap requires a command (subcommand_required)");
+    if ClientCommand::has_subcommand(name) {
+        return ClientCommand::from_arg_matches(&root).map(Invocation::Client);
+    }
     if name == "backup" || name == "restore" {
         let file = |arg: &str| matches.get_one::<PathBuf>(arg).cloned().unwrap_or_default();
         let config_file = matches.get_one::<PathBuf>(CONFIG).cloned();
