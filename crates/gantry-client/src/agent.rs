@@ -43,11 +43,22 @@ impl Client {
     /// Records a heartbeat, giving each server `timeout` to answer before the next one is
     /// tried: a server that hangs (stopped, overloaded, cut off) is left within one
     /// heartbeat instead of after the default timeout.
+    /// With `sample`, the server keeps how busy the worker is (its history).
     pub async fn heartbeat_within(
         &self,
         timeout: std::time::Duration,
+        sample: Option<&gantry_types::WorkerSample>,
     ) -> Result<Worker, ClientError> {
-        let mut call = Call::new(Method::POST, "/api/v1/worker/heartbeat");
+        let call = Call::new(Method::POST, "/api/v1/worker/heartbeat");
+        let Some(sample) = sample else {
+            let mut call = call;
+            call.timeout = Some(timeout);
+            return self.json(call).await;
+        };
+        let body = gantry_types::WorkerHeartbeat {
+            sample: Some(sample.clone()),
+        };
+        let mut call = call.body(&body);
         call.timeout = Some(timeout);
         self.json(call).await
     }

@@ -62,6 +62,32 @@ where
     }
 }
 
+/// [`ApiJson`] for a body that may be left out: a request without a body (no
+/// `Content-Type`, no or zero `Content-Length`) is `None`.
+#[derive(Debug)]
+pub struct OptionalApiJson<T>(pub Option<T>);
+
+impl<T, S> FromRequest<S> for OptionalApiJson<T>
+where
+    T: DeserializeOwned + Validate,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let headers = req.headers();
+        let no_body = headers.get(axum::http::header::CONTENT_TYPE).is_none()
+            && headers
+                .get(axum::http::header::CONTENT_LENGTH)
+                .is_none_or(|length| length.as_bytes() == b"0");
+        if no_body {
+            return Ok(Self(None));
+        }
+        let ApiJson(value) = ApiJson::<T>::from_request(req, state).await?;
+        Ok(Self(Some(value)))
+    }
+}
+
 fn json_rejection(rejection: JsonRejection) -> ApiError {
     let status = rejection.status();
     let detail = rejection.body_text();

@@ -15,6 +15,7 @@ pub mod controllers;
 pub mod error;
 pub mod extract;
 pub mod feeds;
+pub mod history;
 mod http_server;
 pub mod login_limit;
 pub mod service;
@@ -214,6 +215,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         sources,
         assignment_feeds,
         logins: login_limit::LoginLimiter::default(),
+        histories: history::WorkerHistories::default(),
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);

@@ -43,6 +43,8 @@ pub struct Shared {
     pub assignment_feeds: Arc<crate::feeds::AssignmentFeeds>,
     /// Failed logins per (username, address) and per address.
     pub logins: crate::login_limit::LoginLimiter,
+    /// How busy each worker was over the last hour, from the heartbeats this server heard.
+    pub histories: crate::history::WorkerHistories,
 }
 
 /// The client of model sources a server analyses models with: the configured hubs, and

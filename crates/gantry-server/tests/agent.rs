@@ -8,6 +8,9 @@ mod common;
 
 use std::time::Duration;
 
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
 use common::{
     expect_error, labels, next_change, simulated_worker, tiny_model, Options, TestServer,
 };
@@ -315,7 +318,82 @@ async fn the_assignment_watch_moves_to_the_bare_connection_only_when_asked(engin
     server.shutdown().await;
 }
 
+/// Heartbeats may carry how busy the worker is; the server keeps an hour of it, one sample
+/// per 10 s, and an admin reads it back.
+async fn heartbeat_samples_make_the_workers_history(engine: TestEngine) {
+    let server = TestServer::start(engine).await;
+    let admin = server.client();
+    let (registered, worker) = server.register(&registration("w1", 2)).await;
+    let history = format!("/api/v1/workers/{}/history", registered.id);
+    let (status, body) = server
+        .raw(Method::GET, &history, admin.token().as_deref(), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["samples"], json!([]));
+
+    let sample = |used: u64| gantry_types::WorkerSample {
+        cpu_percent: Some(12.5),
+        memory_used: used,
+        memory_total: 64 << 30,
+        gpus: vec![gantry_types::GpuSample {
+            index: 0,
+            memory_used: used,
+            memory_total: 24 << 30,
+            utilization: Some(40),
+        }],
+        ..Default::default()
+    };
+    let timeout = Duration::from_secs(5);
+    worker
+        .heartbeat_within(timeout, Some(&sample(1 << 30)))
+        .await
+        .unwrap();
+    // Within 10 s of the first: not kept.
+    worker
+        .heartbeat_within(timeout, Some(&sample(2 << 30)))
+        .await
+        .unwrap();
+    // No sample at all: still a heartbeat.
+    worker.heartbeat().await.unwrap();
+    let (status, body) = server
+        .raw(Method::GET, &history, admin.token().as_deref(), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let samples = body["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 1, "{body}");
+    assert_eq!(samples[0]["gpus"][0]["memory_used"], json!(1u64 << 30));
+    assert_eq!(samples[0]["cpu_percent"], json!(12.5));
+    assert!(samples[0]["at"].is_string(), "{body}");
+
+    // Bad samples are refused, naming the field; the history keeps what it had.
+    let (status, body) = server
+        .raw(
+            Method::POST,
+            "/api/v1/worker/heartbeat",
+            worker.token().as_deref(),
+            Some(json!({"sample": {"cpu_percent": 150, "memory_used": 1, "memory_total": 2}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("cpu_percent"), "{body}");
+    let (status, body) = server
+        .raw(Method::GET, &history, worker.token().as_deref(), None)
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, _) = server
+        .raw(
+            Method::GET,
+            "/api/v1/workers/424242/history",
+            admin.token().as_deref(),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    server.shutdown().await;
+}
+
 test_both_engines!(
+    heartbeat_samples_make_the_workers_history,
     the_assignment_watch_moves_to_the_bare_connection_only_when_asked,
     workers_register_once_and_reregister_idempotently,
     silent_workers_become_not_ready_then_unreachable_and_recover,

@@ -83,6 +83,7 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
         config,
         assignment_feeds: gantry_server::feeds::AssignmentFeeds::attach(&store),
         logins: Default::default(),
+        histories: Default::default(),
     });
     gantry_server::controllers::spawn(&state);
 

@@ -69,6 +69,6 @@ pub use time::Timestamp;
 pub use user::{Role, User, UserCreate, UserUpdate};
 pub use validate::{FieldError, Validate};
 pub use worker::{
-    GpuDevice, SystemInfo, Worker, WorkerLabelsUpdate, WorkerRegister, WorkerRegistered,
-    WorkerState, WorkerStatus,
+    GpuDevice, GpuSample, SystemInfo, Worker, WorkerHeartbeat, WorkerHistory, WorkerLabelsUpdate,
+    WorkerRegister, WorkerRegistered, WorkerSample, WorkerState, WorkerStatus,
 };

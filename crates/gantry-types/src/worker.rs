@@ -75,6 +75,84 @@ pub struct SystemInfo {
     pub hostname: String,
 }
 
+/// How busy a worker is at one moment, sent with its heartbeats and kept by the server
+/// that receives them for an hour (`GET /api/v1/workers/{id}/history`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSample {
+    /// When the server received it (set by the server; ignored when sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Timestamp>,
+    /// Percent of all CPUs busy since the previous sample; `None` for the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 100)]
+    pub cpu_percent: Option<f32>,
+    pub memory_used: u64,
+    pub memory_total: u64,
+    #[serde(default)]
+    #[schema(max_items = 64)]
+    pub gpus: Vec<GpuSample>,
+}
+
+/// One GPU in a [`WorkerSample`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSample {
+    pub index: u32,
+    pub memory_used: u64,
+    pub memory_total: u64,
+    /// Percent, 0-100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 100)]
+    pub utilization: Option<u32>,
+}
+
+/// `POST /api/v1/worker/heartbeat`: the body is optional; a worker sends how busy it is.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerHeartbeat {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<WorkerSample>,
+}
+
+impl Validate for WorkerHeartbeat {
+    fn validate(&self) -> Result<(), FieldError> {
+        let Some(sample) = &self.sample else {
+            return Ok(());
+        };
+        if sample
+            .cpu_percent
+            .is_some_and(|p| !(0.0..=100.0).contains(&p))
+        {
+            return Err(FieldError::new("sample.cpu_percent", "must be 0 to 100"));
+        }
+        if sample.gpus.len() > 64 {
+            return Err(FieldError::new("sample.gpus", "at most 64 GPUs"));
+        }
+        if sample
+            .gpus
+            .iter()
+            .any(|g| g.utilization.is_some_and(|u| u > 100))
+        {
+            return Err(FieldError::new(
+                "sample.gpus.utilization",
+                "must be 0 to 100",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The last hour of a worker's samples, oldest first.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct WorkerHistory {
+    pub worker_id: i64,
+    pub samples: Vec<WorkerSample>,
+    /// Servers whose part of the hour could not be read (their samples are missing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers_missing: Vec<String>,
+}
+
 /// What a worker reports about itself: hardware and backends it can run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct WorkerStatus {

@@ -62,6 +62,25 @@ def create_model(page, expected, shots):
     return row
 
 
+def overview_and_worker(page, expected, shots):
+    """The overview shows GPU memory claimed and in use; the worker's page its last hour."""
+    page.locator("nav a[data-screen=overview]").click()
+    claimed = page.locator("[data-gpu-memory=claimed] .num")
+    expect(claimed).not_to_have_text("0 B")
+    screenshot(page, shots["overview"])
+    page.locator("nav a[data-screen=workers]").click()
+    page.locator("table a[href^='#/workers/']").first.click()
+    expect(page.locator("h1")).to_contain_text("Worker ")
+    # The first sample comes with a heartbeat; the page reads the history every 10 s.
+    for title in ("CPU busy", "GPU memory used", "GPU utilisation"):
+        expect(page.locator(f"[data-history-chart='{title}']")).to_be_visible(timeout=40_000)
+    expect(page.locator("[data-history-chart^='RAM used of']")).to_be_visible()
+    expect(page.locator("[data-history-chart^='RAM used of'] polyline")).to_have_count(1)
+    expect(page.get_by_text("Installed backends")).to_be_visible()
+    screenshot(page, shots["worker"])
+    page.locator("nav a[data-screen=models]").click()
+
+
 def chat(page, expected, shots, row):
     row.get_by_role("link", name="Chat", exact=True).click()
     expect(page.locator("h1")).to_have_text("Playground")
@@ -184,6 +203,7 @@ def main():
             page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
             first_login(page, expected, shots)
             row = create_model(page, expected, shots)
+            overview_and_worker(page, expected, shots)
             chat(page, expected, shots, row)
             usage(page, expected, shots)
             api_key(page, shots)

@@ -22,6 +22,8 @@ async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browse
         "password",
         "model_form",
         "models",
+        "overview",
+        "worker",
         "playground",
         "playground_code",
         "playground_compare",

@@ -22,7 +22,7 @@ use super::watch;
 use crate::auth::principal::credential_of;
 use crate::auth::{Auth, Principal};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, OptionalApiJson};
 use crate::service;
 use crate::state::AppState;
 
@@ -61,16 +61,25 @@ pub async fn register(
     }
 }
 
-/// Records a heartbeat of the calling worker.
+/// Records a heartbeat of the calling worker, with how busy it is when the body carries a
+/// sample (kept an hour in this server's memory: `GET /api/v1/workers/{id}/history`).
 #[utoipa::path(post, path = "/api/v1/worker/heartbeat", tag = "worker-agent", security(("bearer" = [])),
-    responses((status = 200, body = Worker), (status = 403, body = gantry_types::ErrorBody)))]
+    request_body(content = Option<gantry_types::WorkerHeartbeat>, description = "Optional."),
+    responses((status = 200, body = Worker), (status = 403, body = gantry_types::ErrorBody),
+        (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn heartbeat(
     State(state): State<AppState>,
     Auth(principal): Auth,
+    OptionalApiJson(body): OptionalApiJson<gantry_types::WorkerHeartbeat>,
 ) -> ApiResult<Json<Worker>> {
     let (worker_id, _) = calling_worker(&principal)?;
     state.cluster.worker_seen(worker_id);
     let (worker, before) = service::workers::heartbeat(&state.store, worker_id).await?;
+    if let Some(sample) = body.and_then(|body| body.sample) {
+        state
+            .histories
+            .record(worker_id, sample, gantry_types::Timestamp::now());
+    }
     if before != worker.state {
         tracing::info!(worker_id, worker = %worker.name, from = before.as_str(), to = worker.state.as_str(), "worker state changed on heartbeat");
     }

@@ -59,6 +59,7 @@ pub fn router(state: AppState) -> Router {
         .route("/workers", get(workers::list))
         .route("/workers/{id}", get(workers::get).delete(workers::delete))
         .route("/workers/{id}/labels", put(workers::set_labels))
+        .route("/workers/{id}/history", get(workers::history))
         .route(
             "/workers/{id}/backends",
             get(worker_backends::list).post(worker_backends::install),

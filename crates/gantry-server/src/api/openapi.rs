@@ -29,7 +29,7 @@ use super::{
         users::list, users::create, users::get, users::update, users::delete,
         api_keys::list, api_keys::create, api_keys::get, api_keys::delete,
         backends::list, backends::create, backends::get, backends::update, backends::delete,
-        workers::list, workers::get, workers::delete, workers::set_labels,
+        workers::list, workers::get, workers::delete, workers::set_labels, workers::history,
         worker_backends::list, worker_backends::install, worker_backends::remove,
         models::list, models::create, models::estimate, models::get, models::update,
         models::delete,

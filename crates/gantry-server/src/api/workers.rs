@@ -1,11 +1,15 @@
-//! `/api/v1/workers` (admin only): list, show, delete, label.
+//! `/api/v1/workers` (admin only): list, show, delete, label, and the last hour of how busy
+//! each was.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::header::{HeaderName, HeaderValue, AUTHORIZATION, COOKIE};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use gantry_store::Change;
-use gantry_types::{ListResponse, Worker, WorkerLabelsUpdate, WorkerQuery};
+use gantry_types::{
+    ListResponse, ServerInfo, Timestamp, Worker, WorkerHistory, WorkerLabelsUpdate, WorkerQuery,
+};
 
 use crate::auth::AdminAuth;
 use crate::auth::Auth;
@@ -49,6 +53,7 @@ pub async fn delete(
 ) -> ApiResult<StatusCode> {
     let admin = principal.require_admin()?;
     let worker = state.store.delete_worker(id).await?;
+    state.histories.forget(id);
     tracing::info!(by = %admin.username, worker_id = id, worker = %worker.name, "deleted worker");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -69,3 +74,96 @@ pub async fn set_labels(
     tracing::info!(by = %admin.username, worker_id = id, "set worker labels");
     Ok(Json(worker))
 }
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct HistoryQuery {
+    /// Only the samples this server heard (servers ask each other with it).
+    pub local: Option<bool>,
+}
+
+impl gantry_types::Validate for HistoryQuery {
+    fn validate(&self) -> Result<(), gantry_types::FieldError> {
+        Ok(())
+    }
+}
+
+/// How busy a worker was over the last hour: CPU, RAM and each GPU's memory and
+/// utilisation, one sample per 10 s or so from its heartbeats, oldest first. Gathered from
+/// every active server (each keeps what it heard); `servers_missing` names those that did
+/// not answer.
+#[utoipa::path(get, path = "/api/v1/workers/{id}/history", tag = "workers", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "worker id"), HistoryQuery),
+    responses((status = 200, body = WorkerHistory), (status = 403, body = gantry_types::ErrorBody),
+        (status = 404, body = gantry_types::ErrorBody)))]
+pub async fn history(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+    ApiPath(id): ApiPath<i64>,
+    ApiQuery(query): ApiQuery<HistoryQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Json<WorkerHistory>> {
+    principal.require_admin()?;
+    state.store.get_worker(id).await?;
+    let mine = state.histories.of(id, Timestamp::now());
+    if query.local == Some(true) {
+        return Ok(Json(WorkerHistory {
+            worker_id: id,
+            samples: mine,
+            servers_missing: Vec::new(),
+        }));
+    }
+    let peers: Vec<ServerInfo> = super::coordinator::servers_of(&state)
+        .await?
+        .into_iter()
+        .filter(|s| s.active && s.server_id != state.config.server_id)
+        .collect();
+    let credentials: Vec<(HeaderName, HeaderValue)> = [AUTHORIZATION, COOKIE]
+        .into_iter()
+        .filter_map(|name| headers.get(&name).map(|value| (name, value.clone())))
+        .collect();
+    let asked = peers.into_iter().map(|peer| {
+        let mut request = state
+            .worker_http
+            .get(format!(
+                "{}/api/v1/workers/{id}/history?local=true",
+                peer.url.trim_end_matches('/')
+            ))
+            .timeout(PEER_TIMEOUT);
+        for (name, value) in &credentials {
+            request = request.header(name, value);
+        }
+        async move {
+            let answer = async {
+                request
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .json::<WorkerHistory>()
+                    .await
+            }
+            .await;
+            (peer.server_id, answer)
+        }
+    });
+    let mut parts = vec![mine];
+    let mut servers_missing = Vec::new();
+    for (server_id, answer) in futures_util::future::join_all(asked).await {
+        match answer {
+            Ok(part) => parts.push(part.samples),
+            Err(e) => {
+                tracing::warn!(server = %server_id, worker_id = id, error = %e, "a server did not give its part of a worker's history");
+                servers_missing.push(server_id);
+            }
+        }
+    }
+    Ok(Json(WorkerHistory {
+        worker_id: id,
+        samples: crate::history::merge(parts),
+        servers_missing,
+    }))
+}
+
+/// How long another server has to give its part of a worker's history.
+const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);

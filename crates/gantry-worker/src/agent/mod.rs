@@ -110,6 +110,32 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// How busy this machine is now, for a heartbeat.
+    pub(crate) fn sample(&self, cpu: &mut crate::system::CpuMeter) -> gantry_types::WorkerSample {
+        let status = self.status();
+        gantry_types::WorkerSample {
+            at: None,
+            cpu_percent: cpu.percent(),
+            memory_used: status
+                .system
+                .memory_total
+                .saturating_sub(status.system.memory_available),
+            memory_total: status.system.memory_total,
+            gpus: status
+                .gpus
+                .iter()
+                .map(|gpu| gantry_types::GpuSample {
+                    index: gpu.index,
+                    memory_used: gpu.memory_used,
+                    memory_total: gpu.memory_total,
+                    utilization: gpu.utilization,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Registers and starts every loop of the worker. Returns once registered.
 pub async fn start(config: WorkerConfig) -> anyhow::Result<RunningWorker> {
     std::fs::create_dir_all(&config.data_dir)
@@ -298,12 +324,14 @@ fn spawn_heartbeat(shared: Arc<Shared>) {
         let mut tick = tokio::time::interval(shared.config.heartbeat_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        let mut cpu = crate::system::CpuMeter::default();
         loop {
             tokio::select! {
                 () = shared.shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let result = shared.client.heartbeat_within(timeout).await;
+            let sample = shared.sample(&mut cpu);
+            let result = shared.client.heartbeat_within(timeout, Some(&sample)).await;
             match result {
                 Ok(_) if failing => {
                     failing = false;

@@ -917,12 +917,26 @@
           h('h2', null, 'Workers', h('a', { href: '#/workers' }, 'View')),
           h('div', { class: 'big' }, workers.length),
           breakdown(countBy(workers, 'state'), WORKER_STATES, WORKER_STATE_CLASS)));
+        // Claimed: what the scheduler booked for the instances placed; used: what the
+        // workers last reported in use.
+        const total = gpus.reduce((sum, g) => sum + (g.memory_total || 0), 0);
+        const used = gpus.reduce((sum, g) => sum + (g.memory_used || 0), 0);
+        const claimed = instances
+          .filter((i) => i.worker_id != null && i.placement && i.placement.reservation)
+          .reduce((sum, i) => sum + i.placement.reservation.placement.gpus.reduce((s, g) => s + g.bytes, 0), 0);
+        const meter = (value, cls, what) => {
+          const bar = h('div', { class: 'meter-fill ' + cls });
+          bar.style.width = (total ? Math.min(100, (value / total) * 100) : 0).toFixed(1) + '%';
+          return h('div', { class: 'gpu-memory-line', 'data-gpu-memory': what },
+            h('span', null, what), h('div', { class: 'meter' }, bar), h('span', { class: 'num' }, fmtBytes(value)));
+        };
         cards.push(h('div', { class: 'card' },
           h('h2', null, 'GPUs', h('a', { href: '#/workers' }, 'View')),
           h('div', { class: 'big' }, gpus.length),
           h('div', { class: 'breakdown' },
-            h('span', { class: 'badge idle' }, fmtBytes(gpus.reduce((sum, g) => sum + (g.memory_total || 0), 0)) + ' memory'),
-            simulated ? h('span', { class: 'badge sim' }, simulated + ' simulated') : null)));
+            h('span', { class: 'badge idle' }, fmtBytes(total) + ' memory'),
+            simulated ? h('span', { class: 'badge sim' }, simulated + ' simulated') : null),
+          gpus.length ? h('div', { class: 'gpu-memory' }, meter(claimed, 'claimed', 'claimed'), meter(used, 'used', 'in use')) : null));
       }
       const desired = models.reduce((sum, m) => sum + m.replicas, 0);
       cards.push(h('div', { class: 'card' },
@@ -1966,7 +1980,8 @@
       h('div', { class: 'muted' }, fmtBytes(system.disk_free) + ' disk free'));
   }
 
-  function renderWorkers(main) {
+  function renderWorkers(main, parts) {
+    if (parts[0]) return renderWorker(main, Number(parts[0]));
     const tableBox = h('div');
     main.append(pageHead('Workers', h('span', { class: 'muted small' },
       'Workers join with the registration token: gantry worker --server-url … --token …')), tableBox);
@@ -1984,7 +1999,7 @@
       }
       const instancesOn = countBy(live.instances.values().filter((i) => i.worker_id != null), 'worker_id');
       const rows = workers.map((w) => h('tr', null,
-        h('td', null, h('strong', null, w.name), h('div', { class: 'muted small mono' }, w.address),
+        h('td', null, h('a', { href: '#/workers/' + w.id, title: 'The last hour of ' + w.name }, h('strong', null, w.name)), h('div', { class: 'muted small mono' }, w.address),
           w.status && w.status.backends && w.status.backends.length
             ? h('div', { class: 'small muted' }, 'backends: ' + w.status.backends.join(', ')) : null),
         h('td', null, stateBadge(w.state, WORKER_STATE_CLASS),
@@ -2004,6 +2019,130 @@
         h('tbody', null, rows))));
     };
     return combine(follow([live.workers, live.instances], draw), ticker(draw, 5000));
+  }
+
+  /**
+   * A small line chart of the last hour: `lines` [{name, colour, points: [[ms, value]]}]
+   * on one scale from 0 to `max` (the largest value when null), `format` for its labels.
+   */
+  function hourChart(title, lines, max, format, empty) {
+    const width = 460;
+    const height = 130;
+    const left = 52;
+    const top = 8;
+    const plotW = width - left - 8;
+    const plotH = height - top - 22;
+    const now = Date.now();
+    const from = now - 3600000;
+    const values = lines.flatMap((l) => l.points.map((p) => p[1]));
+    const ceiling = max || Math.max(1, ...values);
+    const x = (ms) => left + ((ms - from) / 3600000) * plotW;
+    const y = (v) => top + plotH * (1 - Math.min(1, v / ceiling));
+    const chart = svg('svg', { viewBox: '0 0 ' + width + ' ' + height, class: 'chart', role: 'img', 'aria-label': title, 'data-history-chart': title });
+    for (const fraction of [0, 0.5, 1]) {
+      chart.append(
+        svg('line', { x1: left, x2: width - 8, y1: y(ceiling * fraction), y2: y(ceiling * fraction), class: 'grid' }),
+        svg('text', { x: left - 6, y: y(ceiling * fraction) + 4, 'text-anchor': 'end', class: 'axis' }, format(ceiling * fraction)));
+    }
+    for (const [ms, label] of [[from, '60 min ago'], [from + 1800000, '30 min'], [now, 'now']]) {
+      chart.append(svg('text', { x: x(ms), y: height - 4, 'text-anchor': ms === from ? 'start' : ms === now ? 'end' : 'middle', class: 'axis' }, label));
+    }
+    if (!lines.some((l) => l.points.some((p) => p[0] >= from))) {
+      chart.append(svg('text', { x: left + plotW / 2, y: top + plotH / 2, 'text-anchor': 'middle', class: 'axis' },
+        empty || 'nothing reported yet'));
+    }
+    for (const line of lines) {
+      const points = line.points.filter((p) => p[0] >= from);
+      if (!points.length) continue;
+      chart.append(svg('polyline', {
+        points: points.map((p) => x(p[0]).toFixed(1) + ',' + y(p[1]).toFixed(1)).join(' '),
+        fill: 'none',
+        stroke: line.colour,
+        'stroke-width': 1.8,
+        'data-line': line.name,
+      }, svg('title', null, line.name + ': ' + format(points[points.length - 1][1]) + ' now')));
+      // The newest point as a dot, so a line of one sample shows too.
+      const [lastMs, lastValue] = points[points.length - 1];
+      chart.append(svg('circle', { cx: x(lastMs).toFixed(1), cy: y(lastValue).toFixed(1), r: 2.5, fill: line.colour }));
+    }
+    const legend = lines.length > 1 ? h('div', { class: 'legend' }, lines.map((l) => {
+      const swatch = h('span', { class: 'swatch' });
+      swatch.style.background = l.colour;
+      return h('span', { class: 'legend-item' }, swatch, l.name);
+    })) : null;
+    return h('div', { class: 'history-chart' }, h('h3', null, title), chart, legend);
+  }
+
+  const pct = (v) => Math.round(v) + '%';
+
+  /** One worker: its facts, the last hour of how busy it was, its installed backends. */
+  function renderWorker(main, id) {
+    const head = h('div');
+    const facts = h('div');
+    const charts = h('div', { class: 'panel' }, h('div', { class: 'empty muted' }, 'Loading the last hour…'));
+    const backends = h('div');
+    main.append(head, facts, charts, backends);
+    const drawFacts = () => {
+      const w = live.workers.items.get(id);
+      head.replaceChildren(pageHead('Worker ' + (w ? w.name : id), h('a', { href: '#/workers' }, '← Workers')));
+      if (!w) return;
+      facts.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'facts' },
+        h('div', { class: 'fact' }, h('span', null, 'State'), stateBadge(w.state, WORKER_STATE_CLASS)),
+        h('div', { class: 'fact' }, h('span', null, 'Address'), h('code', null, w.address)),
+        h('div', { class: 'fact' }, h('span', null, 'Last heartbeat'), timeCell(w.last_heartbeat_at)),
+        h('div', { class: 'fact' }, h('span', null, 'Labels'), labelChips(w.labels)),
+        h('div', { class: 'fact' }, h('span', null, 'Host'), systemCell(w.status && w.status.system))),
+      h('div', null, gpuList(w.status && w.status.gpus))));
+    };
+    const load = async () => {
+      try {
+        const history = await api('GET', '/api/v1/workers/' + id + '/history');
+        const samples = history.samples.map((s) => Object.assign({ ms: Date.parse(s.at) }, s));
+        const boxes = [];
+        if (!samples.length) {
+          charts.replaceChildren(h('div', { class: 'empty muted' }, 'No samples yet: the worker sends one with its heartbeats (one kept per 10 s).'));
+        } else {
+          boxes.push(hourChart('CPU busy', [{ name: 'CPU', colour: SERIES_COLOURS[0], points: samples.filter((s) => s.cpu_percent != null).map((s) => [s.ms, s.cpu_percent]) }], 100, pct,
+            'measured from the second sample on'));
+          const ramTotal = samples[samples.length - 1].memory_total;
+          boxes.push(hourChart('RAM used of ' + fmtBytes(ramTotal), [{ name: 'RAM', colour: SERIES_COLOURS[1], points: samples.map((s) => [s.ms, s.memory_used]) }], ramTotal, fmtBytes));
+          const indexes = [...new Set(samples.flatMap((s) => s.gpus.map((g) => g.index)))].sort((a, b) => a - b);
+          const gpuLine = (value) => indexes.map((index, i) => ({
+            name: 'GPU ' + index,
+            colour: SERIES_COLOURS[i % (SERIES_COLOURS.length - 1)],
+            points: samples.flatMap((s) => s.gpus.filter((g) => g.index === index).map((g) => [s.ms, value(g)]).filter((p) => p[1] != null)),
+          }));
+          if (indexes.length) {
+            boxes.push(hourChart('GPU memory used', gpuLine((g) => (g.memory_total ? (g.memory_used / g.memory_total) * 100 : null)), 100, pct));
+            boxes.push(hourChart('GPU utilisation', gpuLine((g) => g.utilization), 100, pct,
+              'not reported (simulated GPUs have none)'));
+          }
+          const missing = history.servers_missing || [];
+          charts.replaceChildren(h('h2', null, 'Last hour'),
+            ...(missing.length ? [h('div', { class: 'alert' }, 'Missing the part heard by ' + missing.join(', ') + ' (did not answer).')] : []),
+            h('div', { class: 'history-charts' }, boxes));
+        }
+      } catch (e) {
+        charts.replaceChildren(h('div', { class: 'alert' }, e.message));
+      }
+      try {
+        const installed = await api('GET', '/api/v1/workers/' + id + '/backends');
+        backends.replaceChildren(h('h2', null, 'Installed backends'), installed.length
+          ? h('div', { class: 'panel flush' }, h('table', { 'data-installed-backends': '' },
+            h('thead', null, h('tr', null, h('th', null, 'Backend'), h('th', null, 'Version'), h('th', null, 'State'), h('th', null, 'Used by'))),
+            h('tbody', null, installed.map((b) => h('tr', null,
+              h('td', null, b.name), h('td', null, h('code', null, b.version)),
+              h('td', null, h('span', { class: 'badge ' + ({ installed: 'ok', installing: 'info', failed: 'danger' })[b.state] }, b.state),
+                b.state !== 'installed' ? h('div', { class: 'state-message' }, b.message) : h('span', { class: 'muted small' }, ' ' + b.message)),
+              h('td', null, b.used_by && b.used_by.length ? b.used_by.join(', ') : h('span', { class: 'muted' }, '—')))))))
+          : h('div', { class: 'panel empty' }, 'Nothing installed by gantry on this worker yet.'));
+      } catch (e) {
+        backends.replaceChildren(h('h2', null, 'Installed backends'), h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
+      }
+    };
+    load();
+    const timer = setInterval(load, 10000);
+    return combine(follow([live.workers], drawFacts), () => clearInterval(timer));
   }
 
   function editLabels(worker) {
