@@ -127,6 +127,8 @@ pub struct ServerConfig {
     pub upload_max_size: u64,
     /// How long usage is kept per minute before whole days are rolled up.
     pub usage_retention: Duration,
+    /// The model catalog's file; `None` serves the built-in catalog.
+    pub model_catalog_file: Option<PathBuf>,
     /// The bucket (of the `s3_*` store) complete uploads are moved to, so every server
     /// reaches them; `None` keeps them on the disk of the server they reached.
     pub upload_bucket: Option<String>,
@@ -176,6 +178,7 @@ impl ServerConfig {
             upload_max_size: DEFAULT_UPLOAD_MAX_SIZE,
             upload_bucket: None,
             usage_retention: DEFAULT_USAGE_RETENTION,
+            model_catalog_file: None,
         }
     }
 

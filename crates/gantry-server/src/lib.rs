@@ -9,6 +9,7 @@
 pub mod api;
 pub mod auth;
 pub mod bootstrap;
+pub mod catalog;
 pub mod cluster;
 pub mod config;
 pub mod controllers;
@@ -119,6 +120,7 @@ impl RunningServer {
 /// listener is bound.
 pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     bootstrap::ensure_data_dir(&config.data_dir)?;
+    let catalog = catalog::load(config.model_catalog_file.as_deref())?;
     let jwt_secret = bootstrap::jwt_secret(&config)?;
     let url = config.effective_database_url();
     let store = Store::open(&StoreConfig {
@@ -216,6 +218,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         assignment_feeds,
         logins: login_limit::LoginLimiter::default(),
         histories: history::WorkerHistories::default(),
+        catalog,
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);

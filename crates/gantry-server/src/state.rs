@@ -45,6 +45,8 @@ pub struct Shared {
     pub logins: crate::login_limit::LoginLimiter,
     /// How busy each worker was over the last hour, from the heartbeats this server heard.
     pub histories: crate::history::WorkerHistories,
+    /// The model catalog, read at start-up.
+    pub catalog: gantry_types::ModelCatalog,
 }
 
 /// The client of model sources a server analyses models with: the configured hubs, and

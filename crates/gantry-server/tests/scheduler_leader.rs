@@ -84,6 +84,7 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
         assignment_feeds: gantry_server::feeds::AssignmentFeeds::attach(&store),
         logins: Default::default(),
         histories: Default::default(),
+        catalog: Default::default(),
     });
     gantry_server::controllers::spawn(&state);
 

@@ -8,6 +8,7 @@
 pub mod api_key;
 pub mod auth;
 pub mod backend;
+pub mod catalog;
 pub mod claim;
 pub mod coordination;
 pub mod error;
@@ -35,6 +36,7 @@ pub use backend::{
     CustomBackendSpec, DefinedBackend, InferenceBackend, InferenceBackendCreate,
     InferenceBackendUpdate, InstallMethod, InstalledBackend, InstalledOn,
 };
+pub use catalog::{CatalogEntry, ModelCatalog};
 pub use claim::{
     EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
 };

@@ -241,6 +241,10 @@ fn server_config(config: &Config) -> ServerConfig {
         gateway_first_byte_timeout: config.gateway_first_byte_timeout,
         api_key_cache_ttl: config.api_key_cache_ttl,
         usage_retention: config.usage_retention,
+        model_catalog_file: config
+            .model_catalog_file
+            .as_ref()
+            .map(std::path::PathBuf::from),
         heartbeat_interval: config.heartbeat_interval,
         server_timeout: config.server_timeout,
         server_urls: config.server_urls.clone(),

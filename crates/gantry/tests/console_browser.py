@@ -62,6 +62,28 @@ def create_model(page, expected, shots):
     return row
 
 
+def deploy_from_the_catalog(page, shots):
+    """The catalog's entry fills the form and shows where it fits before it is created."""
+    page.locator("nav a[data-screen=catalog]").click()
+    card = page.locator("[data-catalog-entry=tiny-catalog]")
+    expect(card).to_contain_text("Tiny test model")
+    expect(card).to_contain_text("1M parameters")
+    screenshot(page, shots["catalog"])
+    card.get_by_role("button", name="Deploy").click()
+    form = page.locator("form", has=page.get_by_role("heading", name="Deploy Tiny test model"))
+    expect(form.get_by_role("textbox", name=re.compile(r"^Name"))).to_have_value("tiny-catalog")
+    expect(form.locator("[data-estimate-fits]")).to_have_text("1 of 1 workers")
+    expect(form.locator("[data-estimate-worker] .badge.ok")).to_have_text("yes")
+    screenshot(page, shots["catalog_deploy"])
+    form.get_by_role("button", name="Create model").click()
+    expect(page.locator("h1")).to_have_text("Models")
+    row = page.locator("tr", has=page.get_by_text("tiny-catalog", exact=True))
+    expect(row.locator(".badge")).to_have_text("1 / 1", timeout=RUNNING_TIMEOUT_MS)
+    row.get_by_role("button", name="Delete").click()
+    page.locator("dialog").get_by_role("button", name="Delete model").click()
+    expect(row).to_have_count(0)
+
+
 def overview_and_worker(page, expected, shots):
     """The overview shows GPU memory claimed and in use; the worker's page its last hour."""
     page.locator("nav a[data-screen=overview]").click()
@@ -203,6 +225,7 @@ def main():
             page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
             first_login(page, expected, shots)
             row = create_model(page, expected, shots)
+            deploy_from_the_catalog(page, shots)
             overview_and_worker(page, expected, shots)
             chat(page, expected, shots, row)
             usage(page, expected, shots)

@@ -16,12 +16,38 @@ use serde_json::json;
 async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browser() {
     let dir = tempfile::tempdir().unwrap();
     let model_path = tiny_model(dir.path());
-    let (gantry, base) = start_gantry(dir.path(), &["--simulate-gpus", "1x8GiB"]).await;
+    // A catalog of one model, on this machine, instead of the built-in one (whose models
+    // come from Hugging Face, which the tests cannot reach).
+    let catalog = dir.path().join("catalog.yaml");
+    std::fs::write(
+        &catalog,
+        format!(
+            "- name: tiny-catalog\n  title: Tiny test model\n  description: Random weights, for tests.\n  \
+             tags: [chat, tiny]\n  parameters: 1M\n  size: 0.5 MB\n  \
+             source: {{type: local_path, path: {}}}\n  backend: llama.cpp\n  \
+             backend_args: [-c, \"256\", -t, \"1\", -tb, \"1\", -np, \"1\"]\n",
+            model_path.display()
+        ),
+    )
+    .unwrap();
+    let catalog_arg = catalog.display().to_string();
+    let (gantry, base) = start_gantry(
+        dir.path(),
+        &[
+            "--simulate-gpus",
+            "1x8GiB",
+            "--model-catalog-file",
+            &catalog_arg,
+        ],
+    )
+    .await;
     let initial = std::fs::read_to_string(dir.path().join("data/initial_admin_password")).unwrap();
     let names = [
         "password",
         "model_form",
         "models",
+        "catalog",
+        "catalog_deploy",
         "overview",
         "worker",
         "playground",

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod api_keys;
 pub mod auth;
 pub mod backends;
+pub mod catalog;
 pub mod coordinator;
 pub mod health;
 pub mod instances;
@@ -56,6 +57,7 @@ pub fn router(state: AppState) -> Router {
                 .patch(backends::update)
                 .delete(backends::delete),
         )
+        .route("/model-catalog", get(catalog::list))
         .route("/workers", get(workers::list))
         .route("/workers/{id}", get(workers::get).delete(workers::delete))
         .route("/workers/{id}/labels", put(workers::set_labels))

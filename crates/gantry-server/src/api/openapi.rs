@@ -7,8 +7,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    agent, api_keys, auth, backends, coordinator, health, instances, model_files, models, uploads,
-    usage, users, worker_backends, workers,
+    agent, api_keys, auth, backends, catalog, coordinator, health, instances, model_files, models,
+    uploads, usage, users, worker_backends, workers,
 };
 
 /// The management API's description.
@@ -32,7 +32,7 @@ use super::{
         workers::list, workers::get, workers::delete, workers::set_labels, workers::history,
         worker_backends::list, worker_backends::install, worker_backends::remove,
         models::list, models::create, models::estimate, models::get, models::update,
-        models::delete,
+        models::delete, catalog::list,
         instances::list, instances::get, instances::update, instances::delete, instances::logs,
         model_files::list, model_files::delete,
         uploads::create, uploads::list, uploads::get, uploads::append, uploads::delete,

@@ -128,6 +128,9 @@ config_table! {
         /// are rolled up into one row per day, user, API key and model (charts over
         /// them show days).
         usage_retention: Duration = server::DEFAULT_USAGE_RETENTION;
+        /// A YAML file of model catalog entries served at `GET /api/v1/model-catalog`
+        /// (and in the console's catalog) instead of the built-in one.
+        model_catalog_file: Optional<Text> = None, shown "the built-in catalog";
         /// Largest file `POST /api/v1/model-files/uploads` accepts.
         upload_max_size: Size = server::DEFAULT_UPLOAD_MAX_SIZE;
         /// Bucket of the `s3_*` store that complete uploads are moved to, so that every

@@ -758,6 +758,7 @@
     { id: 'overview', title: 'Overview', render: renderOverview },
     { id: 'models', title: 'Models', render: renderModels },
     { id: 'instances', title: 'Instances', render: renderInstances },
+    { id: 'catalog', title: 'Catalog', render: renderCatalog },
     { id: 'playground', title: 'Playground', render: renderPlayground },
     { id: 'usage', title: 'Usage', render: renderUsage },
     { id: 'workers', title: 'Workers', render: renderWorkers, admin: true },
@@ -1091,7 +1092,38 @@
     return text.length > max ? text.slice(0, max - 1) + '…' : text;
   }
 
-  function modelForm(onDone) {
+  /** What an estimate says: the parts of one instance, and where replicas would go. */
+  function estimateView(estimate) {
+    const p = estimate.parts;
+    const total = p.weights_bytes + p.kv_cache_bytes + p.host_compute_buffer_bytes + p.base_ram_bytes +
+      (p.per_gpu_compute_buffer_bytes + p.per_gpu_overhead_bytes) * Math.max(1, p.declared_gpu_count || 1);
+    const fitting = estimate.workers.filter((w) => w.fits);
+    const where = (v) => {
+      const placement = v.placement;
+      if (!placement) return '';
+      const gpus = placement.gpus.map((g) => 'GPU ' + g.index + ' ' + fmtBytes(g.bytes)).join(', ');
+      return (gpus || 'CPU only') + (placement.ram_bytes ? ' + ' + fmtBytes(placement.ram_bytes) + ' RAM' : '');
+    };
+    return h('div', { class: 'estimate', 'data-estimate': '' },
+      h('div', { class: 'facts' },
+        h('div', { class: 'fact' }, h('span', null, 'One instance needs'), h('strong', { 'data-estimate-total': '' }, fmtBytes(total))),
+        h('div', { class: 'fact' }, h('span', null, 'Weights'), fmtBytes(p.weights_bytes)),
+        h('div', { class: 'fact' }, h('span', null, 'KV cache'), fmtBytes(p.kv_cache_bytes) +
+          (estimate.context_size ? ' (' + estimate.context_size.toLocaleString('en-US') + ' tokens)' : '')),
+        h('div', { class: 'fact' }, h('span', null, 'Fits on'), h('strong', { 'data-estimate-fits': fitting.length }, fitting.length + ' of ' + estimate.workers.length + ' workers'))),
+      estimate.workers.length ? h('table', { class: 'compact' },
+        h('thead', null, h('tr', null, h('th', null, 'Worker'), h('th', null, 'Fits'), h('th', null, 'Where, or why not'))),
+        h('tbody', null, estimate.workers.map((w) => h('tr', { 'data-estimate-worker': w.worker_name },
+          h('td', null, w.worker_name, w.simulated_gpus ? h('span', { class: 'badge sim' }, 'simulated') : null),
+          h('td', null, h('span', { class: 'badge ' + (w.fits ? 'ok' : 'warn') }, w.fits ? 'yes' : 'no')),
+          h('td', { class: 'small' }, w.fits ? where(w) : w.reason))))) : h('div', { class: 'muted' }, 'No workers yet.'));
+  }
+
+  /**
+   * The new-model form. `preset` (a catalog entry) fills it in and checks at once where the
+   * model would fit.
+   */
+  function modelForm(onDone, preset) {
     const name = h('input', { required: true, placeholder: 'llama-3-8b', maxlength: 63 });
     const description = h('input', { placeholder: 'optional' });
     const sourceType = h('select', null,
@@ -1162,9 +1194,44 @@
         case 'upload':
           if (!upload.value) throw new Error('Choose an uploaded file: upload one on the Model files screen first.');
           return { type: 'upload', id: Number(upload.value) };
+        case 'preset': return preset.source;
         default: return { type: 'url', url: url.value.trim() };
       }
     };
+
+    /** The `POST /api/v1/models` body the fields make. */
+    const request = () => {
+      const body = {
+        name: name.value.trim(),
+        description: description.value.trim(),
+        source: source(),
+        backend: backend.value,
+        replicas: Number(replicas.value),
+        backend_args: splitArgs(args.value),
+        placement_strategy: strategy.value,
+        worker_selector: parseLabels(selector.value),
+      };
+      if (backend.value === 'custom' && customCommand.value.trim()) body.custom_command = customCommand.value.trim();
+      if (backend.value === 'llama.cpp') body.cpu_offload = cpuOffload.checked;
+      return body;
+    };
+    const estimateBox = h('div');
+    const checkFit = h('button', {
+      type: 'button',
+      onclick: async () => {
+        error.textContent = '';
+        checkFit.disabled = true;
+        estimateBox.replaceChildren(h('div', { class: 'muted' }, 'Reading the model’s headers…'));
+        try {
+          estimateBox.replaceChildren(estimateView(await api('POST', '/api/v1/models/estimate', request())));
+        } catch (e) {
+          estimateBox.replaceChildren();
+          error.textContent = e.message;
+        } finally {
+          checkFit.disabled = false;
+        }
+      },
+    }, 'Check fit');
 
     const form = h('form', {
       class: 'panel',
@@ -1173,18 +1240,7 @@
         error.textContent = '';
         let body;
         try {
-          body = {
-            name: name.value.trim(),
-            description: description.value.trim(),
-            source: source(),
-            backend: backend.value,
-            replicas: Number(replicas.value),
-            backend_args: splitArgs(args.value),
-            placement_strategy: strategy.value,
-            worker_selector: parseLabels(selector.value),
-          };
-          if (backend.value === 'custom' && customCommand.value.trim()) body.custom_command = customCommand.value.trim();
-          if (backend.value === 'llama.cpp') body.cpu_offload = cpuOffload.checked;
+          body = request();
         } catch (e) {
           error.textContent = e.message;
           return;
@@ -1194,8 +1250,9 @@
           const model = await api('POST', '/api/v1/models', body);
           toast('Model ' + model.name + ' created with ' + model.replicas + ' replica' + (model.replicas === 1 ? '' : 's') + '.');
           form.reset();
+          estimateBox.replaceChildren();
           sync();
-          onDone();
+          onDone(model);
         } catch (e) {
           error.textContent = e.message;
         } finally {
@@ -1203,7 +1260,7 @@
         }
       },
     },
-    h('h2', null, 'New model'),
+    h('h2', null, preset ? 'Deploy ' + preset.title : 'New model'),
     h('div', { class: 'form-grid' },
       field('Name', name, 'Lowercase letters, digits, “-”, “_”, “.”'),
       field('Backend', backend),
@@ -1216,12 +1273,72 @@
       field('Worker selector', selector, 'Labels a worker must have: k=v, comma-separated.'),
       field('Description', description),
       offloadField),
+    estimateBox,
     error,
     h('div', { class: 'form-actions' },
       submit,
-      h('button', { type: 'button', onclick: () => { form.reset(); sync(); error.textContent = ''; onDone(); } }, 'Cancel')));
+      checkFit,
+      h('button', { type: 'button', onclick: () => { form.reset(); estimateBox.replaceChildren(); sync(); error.textContent = ''; onDone(); } }, 'Cancel')));
     sync();
+    if (preset) {
+      name.value = preset.name;
+      description.value = preset.description || '';
+      backend.value = preset.backend;
+      args.value = joinArgs(preset.backend_args || []);
+      const src = preset.source;
+      if (!['local_path', 'huggingface', 'url'].includes(src.type)) {
+        // A source the form has no fields for (ModelScope, S3, an upload): kept as it is.
+        sourceType.append(h('option', { value: 'preset' }, 'As in the catalog: ' + describeSource(src)));
+      }
+      sourceType.value = ['local_path', 'huggingface', 'url'].includes(src.type) ? src.type : 'preset';
+      if (src.type === 'local_path') path.value = src.path;
+      if (src.type === 'huggingface') {
+        repo.value = src.repo_id;
+        file.value = src.file || '';
+      }
+      if (src.type === 'url') url.value = [].concat(src.url)[0];
+      sync();
+      checkFit.click();
+    }
     return form;
+  }
+
+  // ---------------------------------------------------------------- catalog
+
+  function renderCatalog(main) {
+    const deploy = h('div');
+    const list = h('div', null, h('div', { class: 'panel empty' }, 'Loading the catalog…'));
+    main.append(pageHead('Catalog', h('span', { class: 'muted small' }, 'Well-known models; the server’s model_catalog_file replaces this list.')), deploy, list);
+    (async () => {
+      let catalog;
+      try {
+        catalog = await api('GET', '/api/v1/model-catalog');
+      } catch (e) {
+        list.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
+        return;
+      }
+      if (!catalog.items.length) {
+        list.replaceChildren(h('div', { class: 'panel empty' }, 'The catalog is empty.'));
+        return;
+      }
+      const open = (entry) => {
+        deploy.replaceChildren(modelForm((model) => {
+          deploy.replaceChildren();
+          if (model) location.hash = '#/models';
+        }, entry));
+        deploy.scrollIntoView({ block: 'start' });
+      };
+      list.replaceChildren(h('div', { class: 'catalog' }, catalog.items.map((entry) => h('div', { class: 'card', 'data-catalog-entry': entry.name },
+        h('h2', null, entry.title),
+        h('div', { class: 'muted small mono' }, describeSource(entry.source)),
+        entry.description ? h('p', { class: 'small' }, entry.description) : null,
+        h('div', { class: 'breakdown' },
+          h('span', { class: 'chip' }, entry.backend),
+          entry.parameters ? h('span', { class: 'badge idle' }, entry.parameters + ' parameters') : null,
+          entry.size ? h('span', { class: 'badge idle' }, '≈ ' + entry.size) : null,
+          (entry.tags || []).map((t) => h('span', { class: 'chip' }, t))),
+        isAdmin() ? h('div', { class: 'form-actions' }, h('button', { class: 'primary small', onclick: () => open(entry) }, 'Deploy')) : null))));
+    })();
   }
 
   function editModel(model) {
