@@ -1,7 +1,10 @@
 //! How busy each worker was over the last hour: the samples its heartbeats carry, kept in
 //! memory by the server that received them (no table: an hour of load is not worth a
 //! write per heartbeat). Bounded: at most one sample per [`SPACING`] per worker, none
-//! older than [`KEPT_FOR`] — about 360 samples, some 30 KiB for an 8-GPU worker.
+//! older than [`KEPT_FOR`] — about 360 samples, some 120 KiB for an 8-GPU worker — and
+//! never more than [`MAX_SAMPLES`] in all: with more than 333 workers the spacing grows
+//! with their number (10,000 workers: one sample per 5 minutes each), so the history
+//! stays under about 40 MiB at any size of cluster.
 //!
 //! With several servers a worker's heartbeats go to one of them at a time, so each server
 //! holds the part of the hour it heard; `GET /api/v1/workers/{id}/history` gathers the
@@ -18,6 +21,8 @@ pub const KEPT_FOR: Duration = Duration::from_secs(3600);
 /// The least time between two samples kept of one worker: heartbeats closer together
 /// than this only replace nothing.
 pub const SPACING: Duration = Duration::from_secs(10);
+/// The most samples kept for all workers together.
+pub const MAX_SAMPLES: usize = 120_000;
 /// How often workers that stopped sending are forgotten.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
@@ -65,9 +70,10 @@ impl WorkerHistories {
                     .is_some_and(|at| at.as_millis() >= oldest)
             });
         }
+        let spacing = spacing_for(inner.by_worker.len().max(1));
         let samples = inner.by_worker.entry(worker_id).or_default();
         let last = samples.back().and_then(|s| s.at).map(|at| at.as_millis());
-        if last.is_some_and(|last| now_ms - last < millis(SPACING)) {
+        if last.is_some_and(|last| now_ms - last < millis(spacing)) {
             return;
         }
         while samples
@@ -101,6 +107,13 @@ impl WorkerHistories {
     pub fn forget(&self, worker_id: i64) {
         self.lock().by_worker.remove(&worker_id);
     }
+}
+
+/// The least time between two samples of one worker kept when `workers` send them: at
+/// least [`SPACING`], more when keeping that many would exceed [`MAX_SAMPLES`].
+pub fn spacing_for(workers: usize) -> Duration {
+    let per_worker = (MAX_SAMPLES / workers).max(1) as u32;
+    (KEPT_FOR / per_worker).max(SPACING)
 }
 
 /// Merges the parts of a worker's hour that several servers hold, oldest first, one sample
@@ -142,6 +155,21 @@ mod tests {
             .windows(2)
             .all(|w| w[1].at.unwrap().as_millis() - w[0].at.unwrap().as_millis() == 10_000));
         assert!(histories.of(2, at(4000)).is_empty());
+    }
+
+    #[test]
+    fn the_spacing_grows_with_the_fleet_to_keep_the_total_bounded() {
+        assert_eq!(spacing_for(1), SPACING);
+        assert_eq!(spacing_for(333), SPACING);
+        assert_eq!(spacing_for(1_000), Duration::from_secs(30));
+        assert_eq!(spacing_for(10_000), Duration::from_secs(300));
+        for workers in [1, 10, 500, 2_000, 10_000, 100_000] {
+            let per_worker = KEPT_FOR.as_secs() / spacing_for(workers).as_secs();
+            assert!(
+                per_worker as usize * workers <= MAX_SAMPLES.max(workers),
+                "{workers}"
+            );
+        }
     }
 
     #[test]

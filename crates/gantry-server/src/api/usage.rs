@@ -22,7 +22,7 @@ use crate::state::AppState;
 /// also over time (`series`).
 #[utoipa::path(get, path = "/api/v1/usage", tag = "usage", security(("bearer" = [])), params(UsageQuery),
     responses((status = 200, body = UsageReport), (status = 400, body = gantry_types::ErrorBody),
-        (status = 403, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
+        (status = 403, body = gantry_types::ErrorBody)))]
 pub async fn report(
     State(state): State<AppState>,
     Auth(principal): Auth,
