@@ -43,6 +43,29 @@ impl Client {
     /// Records a heartbeat, giving each server `timeout` to answer before the next one is
     /// tried: a server that hangs (stopped, overloaded, cut off) is left within one
     /// heartbeat instead of after the default timeout.
+    /// [`Client::heartbeat_within`] with how busy the worker is, which the server keeps
+    /// (its history); also answers how long to wait before the next sample (the server's
+    /// `x-gantry-sample-interval`), when it says.
+    pub async fn heartbeat_with_sample(
+        &self,
+        timeout: std::time::Duration,
+        sample: &gantry_types::WorkerSample,
+    ) -> Result<(Worker, Option<std::time::Duration>), ClientError> {
+        let body = gantry_types::WorkerHeartbeat {
+            sample: Some(sample.clone()),
+        };
+        let mut call = Call::new(Method::POST, "/api/v1/worker/heartbeat").body(&body);
+        call.timeout = Some(timeout);
+        let response = self.send(call).await?;
+        let every = response
+            .headers()
+            .get(gantry_types::worker::SAMPLE_INTERVAL_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(std::time::Duration::from_secs);
+        Ok((crate::transport::decode(response).await?, every))
+    }
+
     /// With `sample`, the server keeps how busy the worker is (its history).
     pub async fn heartbeat_within(
         &self,

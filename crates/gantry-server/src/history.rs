@@ -103,6 +103,11 @@ impl WorkerHistories {
             .unwrap_or_default()
     }
 
+    /// The spacing of samples for the workers heard now ([`spacing_for`]).
+    pub fn spacing(&self) -> Duration {
+        spacing_for(self.lock().by_worker.len().max(1))
+    }
+
     /// Forgets a worker (it was deleted).
     pub fn forget(&self, worker_id: i64) {
         self.lock().by_worker.remove(&worker_id);

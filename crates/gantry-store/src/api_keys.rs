@@ -58,6 +58,7 @@ const LISTING: Listing<ApiKey> = Listing {
     alias: None,
     order_by: "id",
     decode: |row| decode(row).map(|record| record.key),
+    id_of: |item| item.id,
 };
 
 impl Store {

@@ -98,6 +98,7 @@ const LISTING: Listing<ModelInstance> = Listing {
     alias: Some("i"),
     order_by: "i.id",
     decode,
+    id_of: |item| item.id,
 };
 
 impl Store {

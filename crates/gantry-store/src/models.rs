@@ -87,6 +87,7 @@ const LISTING: Listing<Model> = Listing {
     alias: None,
     order_by: "id",
     decode,
+    id_of: |item| item.id,
 };
 
 impl Store {

@@ -129,6 +129,8 @@ pub(crate) struct Listing<T> {
     /// The ordering column (`id`, or `<alias>.id`).
     pub order_by: &'static str,
     pub decode: fn(&AnyRow) -> Result<T, StoreError>,
+    /// The id of a decoded item (the ordering column's value).
+    pub id_of: fn(&T) -> i64,
 }
 
 impl Store {
@@ -141,11 +143,32 @@ impl Store {
     ) -> Result<(Vec<T>, u64), StoreError> {
         let f = Filter::of(filter, listing.alias);
         let total = self.count(listing.count_from, &f).await?;
-        let rows = sqlx::query_with(
+        if listing.from == listing.count_from {
+            let rows = sqlx::query_with(
+                &format!(
+                    "SELECT {} FROM {}{} ORDER BY {}{}",
+                    listing.columns,
+                    listing.from,
+                    f.where_sql(),
+                    listing.order_by,
+                    f.limit_sql()
+                ),
+                f.arguments_with_page(page),
+            )
+            .fetch_all(&self.reads)
+            .await?;
+            let items = rows.iter().map(listing.decode).collect::<Result<_, _>>()?;
+            return Ok((items, total));
+        }
+        // A listing that joins: the page's ids first, from its own table alone (a walk of
+        // the primary key), then those rows with their joins. Selecting the joined rows with
+        // OFFSET made PostgreSQL join every row before the page only to skip them (instances
+        // list p99 94 ms at 10,000 rows).
+        let ids: Vec<i64> = sqlx::query_with(
             &format!(
-                "SELECT {} FROM {}{} ORDER BY {}{}",
-                listing.columns,
-                listing.from,
+                "SELECT {} AS id FROM {}{} ORDER BY {}{}",
+                listing.order_by,
+                listing.count_from,
                 f.where_sql(),
                 listing.order_by,
                 f.limit_sql()
@@ -153,9 +176,31 @@ impl Store {
             f.arguments_with_page(page),
         )
         .fetch_all(&self.reads)
-        .await?;
-        let items = rows.iter().map(listing.decode).collect::<Result<_, _>>()?;
-        Ok((items, total))
+        .await?
+        .iter()
+        .map(|row| crate::rows::int(row, "listing", "id"))
+        .collect::<Result<_, _>>()?;
+        if ids.is_empty() {
+            return Ok((Vec::new(), total));
+        }
+        let mut connection = self.reads.acquire().await?;
+        let select = format!(
+            "SELECT {} FROM {} WHERE {} IN",
+            listing.columns, listing.from, listing.order_by
+        );
+        let mut items = by_ids(&mut connection, &select, &ids, listing.decode).await?;
+        // In the ids' order (the IN list does not keep it).
+        let position: std::collections::HashMap<i64, usize> =
+            ids.iter().enumerate().map(|(at, id)| (*id, at)).collect();
+        let mut keyed: Vec<(usize, T)> = items
+            .drain(..)
+            .map(|item| {
+                let id = (listing.id_of)(&item);
+                (position.get(&id).copied().unwrap_or(usize::MAX), item)
+            })
+            .collect();
+        keyed.sort_by_key(|(at, _)| *at);
+        Ok((keyed.into_iter().map(|(_, item)| item).collect(), total))
     }
 }
 

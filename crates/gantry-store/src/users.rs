@@ -56,6 +56,7 @@ const LISTING: Listing<User> = Listing {
     alias: None,
     order_by: "id",
     decode: |row| decode(row).map(|record| record.user),
+    id_of: |item| item.id,
 };
 
 impl Store {

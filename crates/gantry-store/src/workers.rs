@@ -60,6 +60,7 @@ const LISTING: Listing<Worker> = Listing {
     alias: Some("w"),
     order_by: "w.id",
     decode,
+    id_of: |item| item.id,
 };
 
 /// Workers as last read, by id, so that a heartbeat (a write of the heartbeat row only)

@@ -107,6 +107,10 @@ pub struct GpuSample {
     pub utilization: Option<u32>,
 }
 
+/// The heartbeat answer's header saying how many seconds a worker should let pass between
+/// two samples it sends (the server keeps no more; see `gantry_server::history`).
+pub const SAMPLE_INTERVAL_HEADER: &str = "x-gantry-sample-interval";
+
 /// `POST /api/v1/worker/heartbeat`: the body is optional; a worker sends how busy it is.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -419,22 +419,59 @@ async fn register(
     Some(worker)
 }
 
-/// Heartbeats every interval from `offset` on, recording each one.
+/// How long a heartbeat may take before it counts as failed (the client's default).
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A sample as a worker with `gpus` GPUs of `memory` each sends it with its heartbeats.
+pub fn busy_sample(gpus: u32, memory: u64) -> gantry_types::WorkerSample {
+    gantry_types::WorkerSample {
+        at: None,
+        cpu_percent: Some(37.5),
+        memory_used: 96 << 30,
+        memory_total: 512 << 30,
+        gpus: (0..gpus)
+            .map(|index| gantry_types::GpuSample {
+                index,
+                memory_used: memory / 2,
+                memory_total: memory,
+                utilization: Some(60),
+            })
+            .collect(),
+    }
+}
+
+/// Heartbeats every interval from `offset` on, recording each one, with a sample.
 async fn heartbeats(worker_id: i64, client: Client, offset: Duration, shared: Arc<Shared>) {
     let interval = shared.config.heartbeat_interval;
     let limit = interval + ON_TIME_SLACK;
     let mut last_answered = Instant::now();
     let mut tick = tokio::time::interval_at(Instant::now() + offset, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // What a real worker sends with each heartbeat: how busy its host and GPUs are.
+    // Sent as often as the server asks, as a worker does.
+    let sample = busy_sample(shared.config.gpus_per_worker, shared.config.gpu_memory);
+    let mut sample_due = Instant::now();
     loop {
         tokio::select! {
             () = shared.shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         let sent = Instant::now();
+        let with_sample = sent >= sample_due;
+        let call = async {
+            if with_sample {
+                let (worker, every) = client
+                    .heartbeat_with_sample(HEARTBEAT_TIMEOUT, &sample)
+                    .await?;
+                sample_due = Instant::now() + every.unwrap_or(Duration::from_secs(10));
+                Ok(worker)
+            } else {
+                client.heartbeat_within(HEARTBEAT_TIMEOUT, None).await
+            }
+        };
         let result = tokio::select! {
             () = shared.shutdown.cancelled() => return,
-            result = client.heartbeat() => result,
+            result = call => result,
         };
         match result {
             Ok(_) => {

@@ -65,13 +65,14 @@ pub async fn register(
 /// sample (kept an hour in this server's memory: `GET /api/v1/workers/{id}/history`).
 #[utoipa::path(post, path = "/api/v1/worker/heartbeat", tag = "worker-agent", security(("bearer" = [])),
     request_body(content = Option<gantry_types::WorkerHeartbeat>, description = "Optional."),
-    responses((status = 200, body = Worker), (status = 403, body = gantry_types::ErrorBody),
-        (status = 422, body = gantry_types::ErrorBody)))]
+    responses((status = 200, body = Worker, headers(("x-gantry-sample-interval" = u64,
+            description = "Seconds to let pass before the next sample: the server keeps no more."))),
+        (status = 403, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn heartbeat(
     State(state): State<AppState>,
     Auth(principal): Auth,
     OptionalApiJson(body): OptionalApiJson<gantry_types::WorkerHeartbeat>,
-) -> ApiResult<Json<Worker>> {
+) -> ApiResult<Response> {
     let (worker_id, _) = calling_worker(&principal)?;
     state.cluster.worker_seen(worker_id);
     let (worker, before) = service::workers::heartbeat(&state.store, worker_id).await?;
@@ -83,7 +84,13 @@ pub async fn heartbeat(
     if before != worker.state {
         tracing::info!(worker_id, worker = %worker.name, from = before.as_str(), to = worker.state.as_str(), "worker state changed on heartbeat");
     }
-    Ok(Json(worker))
+    // How often this server wants samples: no more often than it keeps them.
+    let every = state.histories.spacing().as_secs().to_string();
+    Ok((
+        [(gantry_types::worker::SAMPLE_INTERVAL_HEADER, every)],
+        Json(worker),
+    )
+        .into_response())
 }
 
 /// The active servers a worker may call, lowest load score first: a worker keeps its list

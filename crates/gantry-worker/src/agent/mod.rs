@@ -317,6 +317,9 @@ fn spawn_server_refresh(shared: Arc<Shared>) {
 /// heartbeat interval, and at least this much (a busy server is not a dead one).
 const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often a sample goes with the heartbeats when the server does not say.
+const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
+
 fn spawn_heartbeat(shared: Arc<Shared>) {
     let tasks = shared.tasks.clone();
     tasks.spawn(async move {
@@ -325,13 +328,27 @@ fn spawn_heartbeat(shared: Arc<Shared>) {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         let mut cpu = crate::system::CpuMeter::default();
+        // A sample goes with a heartbeat as often as the server asks (it keeps no more).
+        let mut sample_due = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 () = shared.shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let sample = shared.sample(&mut cpu);
-            let result = shared.client.heartbeat_within(timeout, Some(&sample)).await;
+            let result = if tokio::time::Instant::now() >= sample_due {
+                let sample = shared.sample(&mut cpu);
+                shared
+                    .client
+                    .heartbeat_with_sample(timeout, &sample)
+                    .await
+                    .map(|(worker, every)| {
+                        sample_due = tokio::time::Instant::now()
+                            + every.unwrap_or(DEFAULT_SAMPLE_INTERVAL);
+                        worker
+                    })
+            } else {
+                shared.client.heartbeat_within(timeout, None).await
+            };
             match result {
                 Ok(_) if failing => {
                     failing = false;
