@@ -16,8 +16,10 @@ the first thing that is not as expected and on any console error or uncaught pag
 """
 
 import json
+import os
 import re
 import sys
+import time
 
 from playwright.sync_api import expect, sync_playwright
 
@@ -182,6 +184,48 @@ def usage(page, expected, shots):
     screenshot(page, shots["usage_by_key"])
 
 
+def stop(page, expected, shots):
+    """Stop cancels a streaming answer, and the cancel reaches the backend: a slow
+    backend double (`slow_openai.py`, run as a custom backend) notes when its client left."""
+    base = expected["base"]
+    slow = expected["slow"]
+    command = f"{slow['python']} {slow['script']} --host {{host}} --port {{port}} --cancelled {slow['cancelled']}"
+    created = page.request.post(
+        base + "/api/v1/models",
+        data=json.dumps({
+            "name": "slow", "backend": "custom", "replicas": 1, "custom_command": command,
+            "source": {"type": "local_path", "path": expected["model_path"]},
+        }),
+        headers={"content-type": "application/json"},
+    )
+    assert created.status == 201, created.text()
+    model_id = created.json()["id"]
+    deadline = time.time() + RUNNING_TIMEOUT_MS / 1000
+    while "slow" not in [m["id"] for m in page.request.get(base + "/v1/models").json()["data"]]:
+        assert time.time() < deadline, "the slow model never ran"
+        time.sleep(0.2)
+    page.goto(base + "/#/playground?model=slow")
+    expect(page.locator("[data-pane-model='0']")).to_have_value("slow")
+    page.get_by_label("Message").fill("Count slowly.")
+    page.get_by_role("button", name="Send").click()
+    answer = page.locator("[data-pane='0'] [data-answer]").last
+    expect(answer).to_contain_text("tick 3")
+    page.get_by_role("button", name="Stop").click()
+    message = page.locator("[data-pane='0'] .message.assistant").last
+    expect(message).to_have_attribute("data-outcome", "stopped")
+    expect(page.locator("[data-pane='0'] [data-stats]").last).to_contain_text("stopped")
+    expect(page.get_by_role("button", name="Send")).to_be_enabled()
+    text = answer.inner_text()
+    assert "tick 60" not in text, f"it went on after Stop: {text}"
+    deadline = time.time() + 10
+    while not os.path.exists(slow["cancelled"]):
+        assert time.time() < deadline, "the backend never saw its client go"
+        time.sleep(0.1)
+    screenshot(page, shots["playground_stop"])
+    deleted = page.request.delete(f"{base}/api/v1/models/{model_id}")
+    assert deleted.status == 204, deleted.text()
+
+
 def api_key(page, shots):
     page.locator("nav a[data-screen=api-keys]").click()
     page.get_by_placeholder("laptop").fill("browser-key")
@@ -229,6 +273,7 @@ def main():
             overview_and_worker(page, expected, shots)
             chat(page, expected, shots, row)
             usage(page, expected, shots)
+            stop(page, expected, shots)
             api_key(page, shots)
             delete_model(page, expected, shots)
         finally:

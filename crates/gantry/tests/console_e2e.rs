@@ -55,6 +55,7 @@ async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browse
         "playground_compare",
         "usage",
         "usage_by_key",
+        "playground_stop",
         "api_key",
         "models_empty",
     ];
@@ -74,6 +75,11 @@ async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browse
         "new_password": "a-console-password",
         "model_path": model_path,
         "model": "tiny-chat",
+        "slow": {
+            "python": gantry_testkit::browser::python().to_string_lossy(),
+            "script": Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slow_openai.py"),
+            "cancelled": dir.path().join("cancelled"),
+        },
         "screenshots": screenshots,
     });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console_browser.py");
