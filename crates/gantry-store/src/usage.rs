@@ -96,11 +96,7 @@ pub struct UsageByApiKey {
 pub struct UsagePoint {
     /// Start of the bucket (a multiple of its length since the Unix epoch, UTC).
     pub start: Timestamp,
-    pub user_id: i64,
-    /// `None`: requests made with a session token.
-    pub api_key_id: Option<i64>,
-    pub model: String,
-    pub sums: UsageSums,
+    pub usage: UsageByApiKey,
 }
 
 /// Length of a day, the unit usage is rolled up into.
@@ -144,6 +140,37 @@ const ADD_SQL: &str = "INSERT INTO usage_records (minute_start, user_id, api_key
      completion_tokens = usage_records.completion_tokens + excluded.completion_tokens, \
      total_tokens = usage_records.total_tokens + excluded.total_tokens";
 
+/// Adds `usage` to its caller's row of the minute (or day) starting at `start`.
+async fn add_row(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    start: Timestamp,
+    usage: &UsageByApiKey,
+) -> Result<(), StoreError> {
+    sqlx::query(ADD_SQL)
+        .bind(start.as_millis())
+        .bind(usage.user_id)
+        .bind(usage.api_key_id.unwrap_or(NO_API_KEY))
+        .bind(&usage.model)
+        .bind(to_i64(usage.sums.requests))
+        .bind(to_i64(usage.sums.prompt_tokens))
+        .bind(to_i64(usage.sums.completion_tokens))
+        .bind(to_i64(usage.sums.total_tokens))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// A row's caller (user and API key), model and sums.
+fn caller_usage_of(row: &AnyRow) -> Result<UsageByApiKey, StoreError> {
+    let api_key_id = int(row, "usage_records", "api_key_id")?;
+    Ok(UsageByApiKey {
+        user_id: int(row, "usage_records", "user_id")?,
+        api_key_id: (api_key_id != NO_API_KEY).then_some(api_key_id),
+        model: text(row, "usage_records", "model_name")?,
+        sums: sums_of(row)?,
+    })
+}
+
 fn where_of(filter: &UsageFilter) -> (String, AnyArguments<'static>) {
     let mut clauses = Vec::new();
     let mut arguments = AnyArguments::default();
@@ -184,17 +211,13 @@ impl Store {
         }
         let mut tx = self.writes.begin().await?;
         for increment in increments {
-            sqlx::query(ADD_SQL)
-                .bind(usage_minute_of(increment.minute_start).as_millis())
-                .bind(increment.user_id)
-                .bind(increment.api_key_id.unwrap_or(NO_API_KEY))
-                .bind(&increment.model)
-                .bind(to_i64(increment.sums.requests))
-                .bind(to_i64(increment.sums.prompt_tokens))
-                .bind(to_i64(increment.sums.completion_tokens))
-                .bind(to_i64(increment.sums.total_tokens))
-                .execute(&mut *tx)
-                .await?;
+            let usage = UsageByApiKey {
+                user_id: increment.user_id,
+                api_key_id: increment.api_key_id,
+                model: increment.model.clone(),
+                sums: increment.sums,
+            };
+            add_row(&mut tx, usage_minute_of(increment.minute_start), &usage).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -241,17 +264,7 @@ impl Store {
         )
         .fetch_all(&self.reads)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let api_key_id = int(row, "usage_records", "api_key_id")?;
-                Ok(UsageByApiKey {
-                    user_id: int(row, "usage_records", "user_id")?,
-                    api_key_id: (api_key_id != NO_API_KEY).then_some(api_key_id),
-                    model: text(row, "usage_records", "model_name")?,
-                    sums: sums_of(row)?,
-                })
-            })
-            .collect()
+        rows.iter().map(caller_usage_of).collect()
     }
 
     /// Usage summed per bucket of `bucket_millis` (a multiple of a minute), user, API key
@@ -278,13 +291,9 @@ impl Store {
         .await?;
         rows.iter()
             .map(|row| {
-                let api_key_id = int(row, "usage_records", "api_key_id")?;
                 Ok(UsagePoint {
                     start: Timestamp::from_millis(int(row, "usage_records", "bucket_start")?),
-                    user_id: int(row, "usage_records", "user_id")?,
-                    api_key_id: (api_key_id != NO_API_KEY).then_some(api_key_id),
-                    model: text(row, "usage_records", "model_name")?,
-                    sums: sums_of(row)?,
+                    usage: caller_usage_of(row)?,
                 })
             })
             .collect()
@@ -328,28 +337,27 @@ impl Store {
         .bind(day + USAGE_DAY_MILLIS)
         .fetch_all(&mut *tx)
         .await?;
-        let mut days: std::collections::BTreeMap<(i64, i64, String), UsageSums> =
+        // One row per caller and model, in a stable order.
+        let mut days: std::collections::BTreeMap<(i64, i64, String), UsageByApiKey> =
             std::collections::BTreeMap::new();
         for row in &rows {
+            let usage = caller_usage_of(row)?;
             let key = (
-                int(row, "usage_records", "user_id")?,
-                int(row, "usage_records", "api_key_id")?,
-                text(row, "usage_records", "model_name")?,
+                usage.user_id,
+                usage.api_key_id.unwrap_or(NO_API_KEY),
+                usage.model.clone(),
             );
-            days.entry(key).or_default().add(&sums_of(row)?);
+            match days.entry(key) {
+                std::collections::btree_map::Entry::Occupied(mut day) => {
+                    day.get_mut().sums.add(&usage.sums)
+                }
+                std::collections::btree_map::Entry::Vacant(day) => {
+                    day.insert(usage);
+                }
+            }
         }
-        for ((user_id, api_key_id, model), sums) in &days {
-            sqlx::query(ADD_SQL)
-                .bind(day)
-                .bind(user_id)
-                .bind(api_key_id)
-                .bind(model)
-                .bind(to_i64(sums.requests))
-                .bind(to_i64(sums.prompt_tokens))
-                .bind(to_i64(sums.completion_tokens))
-                .bind(to_i64(sums.total_tokens))
-                .execute(&mut *tx)
-                .await?;
+        for usage in days.values() {
+            add_row(&mut tx, Timestamp::from_millis(day), usage).await?;
         }
         tx.commit().await?;
         let folded = rows.len() as u64;

@@ -34,7 +34,7 @@ fn at(millis: i64, key: Option<i64>, model: &str, s: UsageSums) -> UsageIncremen
 fn total(points: &[gantry_store::UsagePoint]) -> UsageSums {
     let mut sum = UsageSums::default();
     for point in points {
-        sum.add(&point.sums);
+        sum.add(&point.usage.sums);
     }
     sum
 }
@@ -60,10 +60,10 @@ async fn usage_is_summed_per_bucket_key_and_model(engine: TestEngine) {
         .map(|p| {
             (
                 p.start.as_millis() - DAY0,
-                p.api_key_id,
-                p.model.as_str(),
-                p.sums.requests,
-                p.sums.total_tokens,
+                p.usage.api_key_id,
+                p.usage.model.as_str(),
+                p.usage.sums.requests,
+                p.usage.sums.total_tokens,
             )
         })
         .collect();
@@ -139,9 +139,9 @@ async fn old_minutes_roll_up_into_days_and_keep_every_count(engine: TestEngine) 
         .all(|p| p.start.as_millis() % USAGE_DAY_MILLIS == 0));
     let key_a = closed
         .iter()
-        .find(|p| p.model == "a" && p.start.as_millis() == DAY0)
+        .find(|p| p.usage.model == "a" && p.start.as_millis() == DAY0)
         .unwrap();
-    assert_eq!(key_a.sums, sums(5, 10, 15));
+    assert_eq!(key_a.usage.sums, sums(5, 10, 15));
     assert_eq!(minutes.len() - closed.len(), 10);
     // Nothing left to do.
     assert_eq!(store.roll_up_usage(cutoff).await.unwrap(), 0);

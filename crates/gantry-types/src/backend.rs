@@ -292,6 +292,15 @@ impl CustomBackendSpec {
         }
     }
 
+    /// Its versions, comma-separated: what an error about a missing version lists.
+    pub fn version_names(&self) -> String {
+        self.versions
+            .iter()
+            .map(|v| v.version.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     pub fn version(&self, version: &str) -> Option<&BackendVersion> {
         self.versions.iter().find(|v| v.version == version)
     }

@@ -112,16 +112,10 @@ async fn api(
     )
 }
 
-fn tiny_args() -> Vec<&'static str> {
-    vec!["-c", "256", "-t", "1", "-tb", "1", "-np", "1"]
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_without_llama_server_installs_it_on_demand_once() {
-    let cluster = Cluster::start(&[]).await;
-    // The machine-wide cache holds the binary the test script built (the installer's own
-    // cache layout), so the install links it instead of building for ten minutes; the
-    // worker itself has no llama-server anywhere.
+/// A worker named `bare` with no llama-server anywhere. The machine-wide cache it installs
+/// from holds the binary the test script built (the installer's own cache layout), so an
+/// install links it instead of building for ten minutes.
+async fn bare_worker(cluster: &Cluster) -> (common::Process, i64) {
     let cache = cluster.dir.path().join("backend-cache");
     let cached = gantry_install::cache_version_dir(
         &cache,
@@ -141,6 +135,17 @@ async fn a_worker_without_llama_server_installs_it_on_demand_once() {
         ],
     );
     let worker_id = cluster.worker_id("bare", &worker).await;
+    (worker, worker_id)
+}
+
+fn tiny_args() -> Vec<&'static str> {
+    vec!["-c", "256", "-t", "1", "-tb", "1", "-np", "1"]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_llama_server_installs_it_on_demand_once() {
+    let cluster = Cluster::start(&[]).await;
+    let (worker, worker_id) = bare_worker(&cluster).await;
     let registered = cluster
         .wait_worker(
             worker_id,
@@ -536,23 +541,8 @@ async fn wait_backends(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_the_server() {
     let cluster = Cluster::start(&[]).await;
-    let cache = cluster.dir.path().join("backend-cache");
     let default = gantry_install::DEFAULT_LLAMA_CPP_VERSION;
-    let cached =
-        gantry_install::cache_version_dir(&cache, default, gantry_install::LlamaCppVariant::Cpu);
-    std::fs::create_dir_all(&cached).unwrap();
-    std::fs::copy(llama_server(), cached.join("llama-server")).unwrap();
-    let cache_arg = cache.display().to_string();
-    let worker = cluster.worker(
-        "bare",
-        &[
-            "--llama-server-path",
-            "/nonexistent/llama-server",
-            "--backend-cache-dir",
-            &cache_arg,
-        ],
-    );
-    let worker_id = cluster.worker_id("bare", &worker).await;
+    let (worker, worker_id) = bare_worker(&cluster).await;
     let backends = format!("/api/v1/workers/{worker_id}/backends");
     let (status, body) = api(&cluster, reqwest::Method::GET, &backends, None).await;
     assert_eq!((status, body.clone()), (200, json!([])), "{body}");

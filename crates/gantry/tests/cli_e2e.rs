@@ -441,23 +441,7 @@ fn follow_logs_until_interrupted(user: &User, instance_id: i64) {
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
-    let status = wait_with_timeout(&mut child, Duration::from_secs(10));
+    let status = common::wait_exit(&mut child, Duration::from_secs(10))
+        .expect("the process did not end within 10 s");
     assert!(status.success(), "Ctrl-C ended the follow with {status}");
-}
-
-fn wait_with_timeout(
-    child: &mut std::process::Child,
-    within: Duration,
-) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the process did not end within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

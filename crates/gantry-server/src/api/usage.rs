@@ -55,30 +55,29 @@ pub async fn report(
             let points = state.store.usage_series(&filter, bucket.millis()).await?;
             let mut keys: BTreeMap<(i64, i64, &str), UsageByApiKey> = BTreeMap::new();
             for point in &points {
+                let usage = &point.usage;
                 let key = (
-                    point.user_id,
-                    point.api_key_id.unwrap_or(0),
-                    point.model.as_str(),
+                    usage.user_id,
+                    usage.api_key_id.unwrap_or(0),
+                    usage.model.as_str(),
                 );
                 keys.entry(key)
                     .or_insert_with(|| UsageByApiKey {
-                        user_id: point.user_id,
-                        api_key_id: point.api_key_id,
-                        model: point.model.clone(),
                         sums: UsageSums::default(),
+                        ..usage.clone()
                     })
                     .sums
-                    .add(&point.sums);
+                    .add(&usage.sums);
             }
             let by_key = keys.into_values().collect();
             let series = points
                 .into_iter()
                 .map(|point| UsagePoint {
                     start: point.start,
-                    user_id: point.user_id,
-                    api_key_id: point.api_key_id,
-                    model: point.model,
-                    totals: totals(point.sums),
+                    user_id: point.usage.user_id,
+                    api_key_id: point.usage.api_key_id,
+                    model: point.usage.model,
+                    totals: totals(point.usage.sums),
                 })
                 .collect();
             (by_key, Some(series))

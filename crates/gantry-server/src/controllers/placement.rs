@@ -512,13 +512,7 @@ pub(crate) async fn defined_backend(
             format!(
                 "backend {name} has no version {}; its versions: {}",
                 model.backend_version.as_deref().unwrap_or("(default)"),
-                stored
-                    .spec
-                    .versions
-                    .iter()
-                    .map(|v| v.version.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                stored.spec.version_names()
             )
         }))
 }

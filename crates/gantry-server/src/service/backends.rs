@@ -93,31 +93,28 @@ pub async fn check_model_backend(
     let Some(name) = backend.defined() else {
         return Ok(());
     };
-    let stored = match store.get_backend(name).await {
-        Ok(stored) => stored,
-        Err(StoreError::NotFound { .. }) => {
-            return Err(ApiError::validation(format!(
-                "backend: {name} is not llama.cpp, vllm, sglang, custom or a defined backend \
-                 (see GET /api/v1/inference-backends)"
-            )))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let stored = defined_backend(store, name, "backend").await?;
     if let Some(version) = version {
         if stored.spec.version(version).is_none() {
             return Err(ApiError::validation(format!(
                 "backend_version: backend {name} has no version {version}; its versions: {}",
-                stored
-                    .spec
-                    .versions
-                    .iter()
-                    .map(|v| v.version.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                stored.spec.version_names()
             )));
         }
     }
     Ok(())
+}
+
+/// The defined backend `name`; a 422 naming `field` when there is none.
+async fn defined_backend(store: &Store, name: &str, field: &str) -> ApiResult<StoredBackend> {
+    match store.get_backend(name).await {
+        Ok(stored) => Ok(stored),
+        Err(StoreError::NotFound { .. }) => Err(ApiError::validation(format!(
+            "{field}: {name} is not llama.cpp, vllm, sglang, custom or a defined backend \
+             (see GET /api/v1/inference-backends)"
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What a worker is asked to install for `request`: a built-in by name (llama.cpp's
@@ -139,17 +136,7 @@ pub async fn install_order(
             defined: None,
         });
     }
-    let stored = match store.get_backend(&request.name).await {
-        Ok(stored) => stored,
-        Err(StoreError::NotFound { .. }) => {
-            return Err(ApiError::validation(format!(
-                "name: {} is not llama.cpp, vllm, sglang or a defined backend (see GET \
-                 /api/v1/inference-backends)",
-                request.name
-            )))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let stored = defined_backend(store, &request.name, "name").await?;
     let Some(defined) = stored
         .spec
         .runtime(&request.name, request.version.as_deref())
@@ -161,13 +148,7 @@ pub async fn install_order(
                 .version
                 .as_deref()
                 .unwrap_or(&stored.spec.default_version),
-            stored
-                .spec
-                .versions
-                .iter()
-                .map(|v| v.version.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            stored.spec.version_names()
         )));
     };
     if defined.requirements.is_empty() {

@@ -91,12 +91,8 @@ pub(crate) struct Shared {
 impl Shared {
     /// The hardware report as it is now.
     pub(crate) fn status(&self) -> WorkerStatus {
-        let gpus = match self.config.simulate_gpus {
-            Some(simulated) => simulated.devices(&self.config.name),
-            None => self.gpus.devices(),
-        };
         WorkerStatus {
-            gpus,
+            gpus: self.gpus(),
             system: crate::system::system_info(&self.config.data_dir),
             backends: self.backends.clone(),
             installed_backends: self
@@ -108,22 +104,25 @@ impl Shared {
                 .unwrap_or_default(),
         }
     }
-}
 
-impl Shared {
+    /// The GPUs as they are now: simulated, or from NVML.
+    fn gpus(&self) -> Vec<gantry_types::GpuDevice> {
+        match self.config.simulate_gpus {
+            Some(simulated) => simulated.devices(&self.config.name),
+            None => self.gpus.devices(),
+        }
+    }
+
     /// How busy this machine is now, for a heartbeat.
     pub(crate) fn sample(&self, cpu: &mut crate::system::CpuMeter) -> gantry_types::WorkerSample {
-        let status = self.status();
+        let system = crate::system::system_info(&self.config.data_dir);
         gantry_types::WorkerSample {
             at: None,
             cpu_percent: cpu.percent(),
-            memory_used: status
-                .system
-                .memory_total
-                .saturating_sub(status.system.memory_available),
-            memory_total: status.system.memory_total,
-            gpus: status
-                .gpus
+            memory_used: system.memory_total.saturating_sub(system.memory_available),
+            memory_total: system.memory_total,
+            gpus: self
+                .gpus()
                 .iter()
                 .map(|gpu| gantry_types::GpuSample {
                     index: gpu.index,

@@ -122,21 +122,13 @@ impl Process {
     pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         let mut child = self.child.take().unwrap();
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "{} did not exit within {within:?}; log:\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_exit(&mut child, within).unwrap_or_else(|| {
+            panic!(
+                "{} did not exit within {within:?}; log:\n{}",
+                self.name,
+                self.log_text()
+            )
+        })
     }
 
     /// Sends SIGTERM and asserts that the process exits 0 within `within`.
@@ -244,6 +236,25 @@ fn model_dirs_unless_given(dir: &Path, extra: &[&str]) -> Vec<String> {
         return Vec::new();
     }
     vec!["--model-dirs".into(), dir.display().to_string()]
+}
+
+/// Waits up to `within` for `child` to exit; `None` (and the child killed) when it did
+/// not.
+pub fn wait_exit(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A client of the server at `base`, logged in as the admin.

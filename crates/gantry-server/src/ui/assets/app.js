@@ -1716,6 +1716,30 @@
   }
 
   /**
+   * The value axis of a chart from 0 to `top`: a grid line and a label at 0, half and the
+   * top, from `left` to `right`; `yOf` places a value, `format` writes it.
+   */
+  function valueAxis(chart, left, right, top, yOf, format) {
+    for (const fraction of [0, 0.5, 1]) {
+      const value = top * fraction;
+      const y = yOf(value);
+      chart.append(
+        svg('line', { x1: left, x2: right, y1: y, y2: y, class: 'grid' }),
+        svg('text', { x: left - 6, y: y + 4, 'text-anchor': 'end', class: 'axis' }, format(value)));
+    }
+  }
+
+  /** A chart's legend: one swatch of its colour and the name per series. */
+  function chartLegend(series) {
+    return h('div', { class: 'legend' }, series.map((s) => {
+      const swatch = h('span', { class: 'swatch' });
+      // Set through the CSSOM: the page's CSP allows no inline style attribute.
+      swatch.style.background = s.colour;
+      return h('span', { class: 'legend-item' }, swatch, s.name);
+    }));
+  }
+
+  /**
    * A stacked bar chart: one bar per bucket from `start` (`count` buckets of `step` ms),
    * one segment per series. `series`: [{name, colour, values: Map(bucketIndex → value)}].
    */
@@ -1734,13 +1758,8 @@
     const top = [1, 2, 5, 10].map((m) => m * magnitude).find((t) => t >= max);
     const barW = plotW / count;
     const chart = svg('svg', { viewBox: '0 0 ' + width + ' ' + height, class: 'chart', role: 'img', 'aria-label': unit + ' over time', 'data-chart': '' });
-    for (const fraction of [0, 0.5, 1]) {
-      const y = 8 + plotH * (1 - fraction);
-      chart.append(
-        svg('line', { x1: left, x2: width - 8, y1: y, y2: y, class: 'grid' }),
-        svg('text', { x: left - 6, y: y + 4, 'text-anchor': 'end', class: 'axis' },
-          Number.isInteger(top * fraction) ? fmtCount(top * fraction) : (top * fraction).toFixed(1)));
-    }
+    valueAxis(chart, left, width - 8, top, (v) => 8 + plotH * (1 - v / top),
+      (v) => (Number.isInteger(v) ? fmtCount(v) : v.toFixed(1)));
     const labelEvery = Math.max(1, Math.ceil(count / 8));
     for (let i = 0; i < count; i++) {
       const at = new Date(start + i * step);
@@ -1861,9 +1880,7 @@
         h('div', { class: 'card' }, h('h2', null, 'Prompt tokens'), h('div', { class: 'big', 'data-total': 'prompt_tokens' }, fmtCount(t.prompt_tokens))),
         h('div', { class: 'card' }, h('h2', null, 'Completion tokens'), h('div', { class: 'big', 'data-total': 'completion_tokens' }, fmtCount(t.completion_tokens))));
       const unit = metric === 'tokens' ? 'tokens' : 'requests';
-      const legend = h('div', { class: 'legend' }, shown.map((s) =>
-        h('span', { class: 'legend-item' }, h('span', { class: 'swatch', 'data-colour': s.colour }), s.name)));
-      for (const swatch of legend.querySelectorAll('.swatch')) swatch.style.background = swatch.dataset.colour;
+      const legend = chartLegend(shown);
       const chartPanel = h('div', { class: 'panel' },
         h('h2', null, (metric === 'tokens' ? 'Tokens' : 'Requests') + ' per ' + (step >= 86400000 ? 'day' : 'hour') + ', by ' + ({ model: 'model', key: 'API key', user: 'user' })[groupBy]),
         ranked.length ? [stackedBars(shown, start, step, count, unit), legend]
@@ -2156,11 +2173,7 @@
     const x = (ms) => left + ((ms - from) / 3600000) * plotW;
     const y = (v) => top + plotH * (1 - Math.min(1, v / ceiling));
     const chart = svg('svg', { viewBox: '0 0 ' + width + ' ' + height, class: 'chart', role: 'img', 'aria-label': title, 'data-history-chart': title });
-    for (const fraction of [0, 0.5, 1]) {
-      chart.append(
-        svg('line', { x1: left, x2: width - 8, y1: y(ceiling * fraction), y2: y(ceiling * fraction), class: 'grid' }),
-        svg('text', { x: left - 6, y: y(ceiling * fraction) + 4, 'text-anchor': 'end', class: 'axis' }, format(ceiling * fraction)));
-    }
+    valueAxis(chart, left, width - 8, ceiling, y, format);
     for (const [ms, label] of [[from, '60 min ago'], [from + 1800000, '30 min'], [now, 'now']]) {
       chart.append(svg('text', { x: x(ms), y: height - 4, 'text-anchor': ms === from ? 'start' : ms === now ? 'end' : 'middle', class: 'axis' }, label));
     }
@@ -2182,11 +2195,7 @@
       const [lastMs, lastValue] = points[points.length - 1];
       chart.append(svg('circle', { cx: x(lastMs).toFixed(1), cy: y(lastValue).toFixed(1), r: 2.5, fill: line.colour }));
     }
-    const legend = lines.length > 1 ? h('div', { class: 'legend' }, lines.map((l) => {
-      const swatch = h('span', { class: 'swatch' });
-      swatch.style.background = l.colour;
-      return h('span', { class: 'legend-item' }, swatch, l.name);
-    })) : null;
+    const legend = lines.length > 1 ? chartLegend(lines) : null;
     return h('div', { class: 'history-chart' }, h('h3', null, title), chart, legend);
   }
 
