@@ -194,7 +194,11 @@ impl CredentialCache {
         match change {
             Change::ApiKey(kind, key) => self.invalidate(*kind, |k| k.key_id == key.id),
             Change::User(kind, user) => self.invalidate(*kind, |k| k.user.id == user.id),
-            Change::Worker(..) | Change::Model(..) | Change::Instance(..) => {}
+            Change::Worker(..)
+            | Change::Model(..)
+            | Change::Instance(..)
+            | Change::Provider(..)
+            | Change::Route(..) => {}
         }
     }
 
@@ -387,6 +391,7 @@ mod tests {
             expires_at: None,
             last_used_at: None,
             created_at: Timestamp::from_millis(0),
+            limits: Default::default(),
         }
     }
 

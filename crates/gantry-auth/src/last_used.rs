@@ -132,6 +132,7 @@ mod tests {
                 lookup_digest: "digest".into(),
                 secret_hash: "hash".into(),
                 expires_at: None,
+                limits: Default::default(),
             })
             .await
             .unwrap();

@@ -9,7 +9,9 @@
 //! - `principal.rs`: who is calling, a user (session or API key) or a worker;
 //! - `authenticator.rs`: a raw token → a principal, with
 //! - `cache.rs`: the one cache of accepted API keys, and
-//! - `last_used.rs`: API-key last-used times, batched and written by a task.
+//! - `last_used.rs`: API-key last-used times, batched and written by a task;
+//! - `sealed.rs`: secrets gantry must send on (a model provider's API key), sealed with
+//!   a key derived from the server secret before they are stored.
 //!
 //! No HTTP here (each plane has its own extractors and error shape) and no IO beyond
 //! the store.
@@ -21,6 +23,7 @@ pub mod jwt;
 pub mod last_used;
 pub mod password;
 pub mod principal;
+pub mod sealed;
 pub mod secrets;
 pub mod worker_cache;
 

@@ -73,6 +73,7 @@ impl Fixture {
                 lookup_digest: digest(&full),
                 secret_hash: password::hash(generated.secret.clone()).await.unwrap(),
                 expires_at,
+                limits: Default::default(),
             })
             .await
             .unwrap();

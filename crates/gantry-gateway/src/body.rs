@@ -19,6 +19,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -29,7 +30,8 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::metrics::{ErrorKind, InFlight, ModelMetrics};
+use crate::limits::KeyWindow;
+use crate::metrics::{ErrorKind, InFlight, ModelMetrics, TargetMetrics};
 use crate::routing::InFlightGuard;
 use crate::upstream::UpstreamConnection;
 use crate::usage::{Caller, TokenUsage, UsageAggregator};
@@ -322,7 +324,14 @@ pub struct Completion {
     pub metrics: Arc<ModelMetrics>,
     pub usage: Arc<UsageAggregator>,
     pub caller: Caller,
+    /// The name the client sent: a route's or a deployed model's.
     pub model: Arc<str>,
+    /// What answered: the route target's label (the model itself for a plain model).
+    pub target: Arc<str>,
+    /// A route target's counters; `None` for a plain model.
+    pub target_metrics: Option<Arc<TargetMetrics>>,
+    /// The caller's key's window, when the key has a tokens-per-minute limit to count.
+    pub key_window: Option<Arc<KeyWindow>>,
     pub status: u16,
     pub started: Instant,
     pub backend: InFlightGuard,
@@ -443,11 +452,28 @@ impl Drop for ObservedBody {
             completion
                 .metrics
                 .count_tokens(usage.prompt_tokens, usage.completion_tokens);
+            if let Some(window) = &completion.key_window {
+                window.add_tokens(usage.total());
+            }
+        }
+        if let Some(target) = &completion.target_metrics {
+            target.answered.fetch_add(1, Ordering::Relaxed);
+            if let Some(usage) = usage {
+                target
+                    .prompt_tokens
+                    .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
+                target
+                    .completion_tokens
+                    .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+            }
         }
         if (200..300).contains(&completion.status) {
-            completion
-                .usage
-                .record(&completion.caller, &completion.model, usage);
+            completion.usage.record(
+                &completion.caller,
+                &completion.model,
+                &completion.target,
+                usage,
+            );
         }
         // The in-flight guards in `completion` are released here.
     }

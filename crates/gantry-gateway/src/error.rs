@@ -20,6 +20,8 @@ pub struct OpenAiError {
     /// The request field the error is about, when there is one.
     pub param: Option<&'static str>,
     pub message: String,
+    /// Sent as `Retry-After` (whole seconds, at least 1).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 /// The JSON body of a gateway error.
@@ -55,6 +57,7 @@ impl OpenAiError {
             code,
             param: None,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -116,6 +119,19 @@ impl OpenAiError {
         .with_param("model")
     }
 
+    /// No target of a route can take a request now.
+    pub fn no_available_target(route: &str, reasons: &str) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "model_not_ready",
+            format!(
+                "no target of the route `{route}` is available right now ({reasons}); retry later"
+            ),
+        )
+        .with_param("model")
+    }
+
     /// No instance sent a response head within `gateway_first_byte_timeout`.
     pub fn gateway_timeout(message: impl Into<String>) -> Self {
         Self::new(
@@ -133,6 +149,18 @@ impl OpenAiError {
             "upstream_error",
             message,
         )
+    }
+
+    /// A key past its requests- or tokens-per-minute limit.
+    pub fn rate_limited(message: impl Into<String>, retry_after: std::time::Duration) -> Self {
+        let mut error = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "rate_limit_exceeded",
+            message,
+        );
+        error.retry_after = Some(retry_after);
+        error
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
@@ -186,7 +214,7 @@ impl IntoResponse for OpenAiError {
         // Serialising a struct of strings cannot fail; an empty body would still carry
         // the status.
         let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        (
+        let mut response = (
             self.status,
             [(
                 header::CONTENT_TYPE,
@@ -194,6 +222,14 @@ impl IntoResponse for OpenAiError {
             )],
             bytes,
         )
-            .into_response()
+            .into_response();
+        if let Some(after) = self.retry_after {
+            // Rounded up: a client that waits this long is admitted.
+            let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        }
+        response
     }
 }

@@ -11,6 +11,12 @@
 //!
 //! - `routing.rs`: model name → running instances, kept current from the store's
 //!   change feed and a periodic re-read;
+//! - `model_routes.rs`: route name → weighted, prioritised targets (deployed models,
+//!   providers' models), rebuilt when a provider or route changes;
+//! - `providers.rs`: an external OpenAI-compatible endpoint as a backend (TLS, base
+//!   path, its key in a sensitive header), and asking one for its models;
+//! - `limits.rs`: per-key allowed routes, requests and tokens per minute, shared across
+//!   the cluster's servers through the store;
 //! - `balance.rs`: the least-requests-in-flight pick, ties round-robin;
 //! - `eject.rs`: passive ejection of an instance that keeps failing requests;
 //! - `proxy.rs`: one request: the caller through the shared authenticator, body read
@@ -28,7 +34,10 @@ pub mod balance;
 pub mod body;
 pub mod eject;
 pub mod error;
+pub mod limits;
 pub mod metrics;
+pub mod model_routes;
+pub mod providers;
 pub mod proxy;
 pub mod routing;
 pub mod upstream;
@@ -43,6 +52,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
+use gantry_auth::sealed::Sealer;
 use gantry_auth::Authenticator;
 use gantry_store::{Store, StoreError};
 use serde::Serialize;
@@ -52,7 +62,9 @@ use utoipa::ToSchema;
 
 use self::eject::EjectionPolicy;
 use self::error::OpenAiError;
+use self::limits::KeyLimiter;
 use self::metrics::{ClusterCounts, Metrics};
+use self::model_routes::RouteTable;
 use self::proxy::Endpoint;
 use self::routing::RoutingTable;
 use self::usage::UsageAggregator;
@@ -97,6 +109,11 @@ pub struct GatewayContext {
     pub shutdown: CancellationToken,
     /// Owns every task the gateway spawns; the server awaits it at shutdown.
     pub tasks: TaskTracker,
+    /// This server's id in the cluster: its share of each limited key's counts is
+    /// stored under it.
+    pub server_id: String,
+    /// Opens the providers' API keys.
+    pub provider_keys: Arc<Sealer>,
 }
 
 /// The gateway of one server. Cheap to clone.
@@ -109,6 +126,9 @@ pub struct GatewayInner {
     pub store: Store,
     pub authenticator: Arc<Authenticator>,
     pub routes: Arc<RoutingTable>,
+    /// Defined model routes and the providers they use.
+    pub model_routes: Arc<RouteTable>,
+    pub limiter: Arc<KeyLimiter>,
     pub metrics: Arc<Metrics>,
     pub usage: Arc<UsageAggregator>,
 }
@@ -134,6 +154,14 @@ impl std::fmt::Debug for Gateway {
 pub async fn start(config: GatewayConfig, context: GatewayContext) -> Result<Gateway, StoreError> {
     let routes = Arc::new(RoutingTable::default());
     routing::start(&context, Arc::clone(&routes)).await?;
+    let metrics = Arc::new(Metrics::default());
+    let model_routes = Arc::new(RouteTable::new(
+        Arc::clone(&context.provider_keys),
+        Arc::clone(&metrics),
+    ));
+    model_routes::start(&context, Arc::clone(&model_routes)).await?;
+    let limiter = Arc::new(KeyLimiter::default());
+    limits::start(&context, Arc::clone(&limiter)).await?;
     let usage = Arc::new(UsageAggregator::default());
     usage::spawn_flusher(&context, Arc::clone(&usage), config.usage_flush_interval);
     Ok(Gateway(Arc::new(GatewayInner {
@@ -141,7 +169,9 @@ pub async fn start(config: GatewayConfig, context: GatewayContext) -> Result<Gat
         store: context.store,
         authenticator: context.authenticator,
         routes,
-        metrics: Arc::new(Metrics::default()),
+        model_routes,
+        limiter,
+        metrics,
         usage,
     })))
 }
@@ -180,24 +210,34 @@ pub struct OpenAiModelList {
     pub data: Vec<OpenAiModel>,
 }
 
-/// Models with at least one running instance (OpenAI's list shape).
+/// The model routes, and the deployed models with at least one running instance that
+/// no route of the same name replaces (OpenAI's list shape).
 #[utoipa::path(get, path = "/v1/models", tag = "gateway", security(("bearer" = [])),
     responses((status = 200, body = OpenAiModelList), (status = 401, body = error::OpenAiErrorBody)))]
 pub async fn list_models(State(gateway): State<Gateway>, headers: HeaderMap) -> Response {
     if let Err(e) = proxy::authenticate(&gateway, &headers).await {
         return e.into_response();
     }
-    let data = gateway
+    let defined = gateway.model_routes.all();
+    let mut data: Vec<OpenAiModel> = gateway
         .routes
         .all()
         .iter()
+        .filter(|route| !defined.iter().any(|d| d.name == route.name))
         .map(|route| OpenAiModel {
             id: route.name.to_string(),
             object: "model",
             created: route.created,
             owned_by: "gantry",
         })
+        .chain(defined.iter().map(|route| OpenAiModel {
+            id: route.name.to_string(),
+            object: "model",
+            created: route.created,
+            owned_by: "gantry",
+        }))
         .collect();
+    data.sort_by(|a, b| a.id.cmp(&b.id));
     Json(OpenAiModelList {
         object: "list",
         data,

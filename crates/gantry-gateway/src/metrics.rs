@@ -130,10 +130,28 @@ impl ModelMetrics {
     }
 }
 
+/// The counters of one target of one route: which target answered how many requests,
+/// with the tokens it reported (a provider's own count, for a provider's model).
+#[derive(Debug, Default)]
+pub struct TargetMetrics {
+    /// Requests the target answered (any status), and those that fell through from it
+    /// to another target.
+    pub answered: AtomicU64,
+    pub fell_through: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+}
+
+/// A route's name and one of its targets' labels.
+type RouteTargetKey = (Arc<str>, Arc<str>);
+
 /// Every counter of the gateway.
 #[derive(Debug, Default)]
 pub struct Metrics {
     by_model: RwLock<HashMap<Arc<str>, Arc<ModelMetrics>>>,
+    /// Per (route, target) of defined routes; plain models are their own target and
+    /// count in `by_model` only.
+    by_target: RwLock<HashMap<RouteTargetKey, Arc<TargetMetrics>>>,
     /// Requests that named no known model (bad requests, unknown models, no key).
     unrouted: Arc<ModelMetrics>,
     in_flight: AtomicI64,
@@ -163,6 +181,17 @@ impl Metrics {
         }
         let mut by_model = self.by_model.write().unwrap_or_else(|e| e.into_inner());
         Arc::clone(by_model.entry(Arc::from(name)).or_default())
+    }
+
+    /// The counters of one target of a route (made once per route rebuild, not per
+    /// request).
+    pub fn target(&self, route: &str, target: &str) -> Arc<TargetMetrics> {
+        let mut by_target = self.by_target.write().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(
+            by_target
+                .entry((Arc::from(route), Arc::from(target)))
+                .or_default(),
+        )
     }
 
     /// The counters of requests that named no known model.
@@ -327,6 +356,46 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
         header(&mut out, name, "counter", help);
         for (model, m) in models.iter().filter(|(model, _)| !model.is_empty()) {
             let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", pick(m));
+        }
+    }
+
+    let mut targets: Vec<((String, String), Arc<TargetMetrics>)> = metrics
+        .by_target
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|((route, target), m)| ((escape(route), escape(target)), Arc::clone(m)))
+        .collect();
+    targets.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, help, pick) in [
+        (
+            "gantry_gateway_target_requests_total",
+            "Requests of a model route answered by each of its targets (model: the route).",
+            (|m: &TargetMetrics| m.answered.load(Ordering::Relaxed)) as fn(&TargetMetrics) -> u64,
+        ),
+        (
+            "gantry_gateway_target_fallthroughs_total",
+            "Tries of a model route's target that failed before the first byte and went on to another target.",
+            |m: &TargetMetrics| m.fell_through.load(Ordering::Relaxed),
+        ),
+        (
+            "gantry_gateway_target_prompt_tokens_total",
+            "Prompt tokens reported by each target of a model route (a provider's own count).",
+            |m: &TargetMetrics| m.prompt_tokens.load(Ordering::Relaxed),
+        ),
+        (
+            "gantry_gateway_target_completion_tokens_total",
+            "Completion tokens reported by each target of a model route.",
+            |m: &TargetMetrics| m.completion_tokens.load(Ordering::Relaxed),
+        ),
+    ] {
+        header(&mut out, name, "counter", help);
+        for ((route, target), m) in &targets {
+            let _ = writeln!(
+                out,
+                "{name}{{model=\"{route}\",target=\"{target}\"}} {}",
+                pick(m)
+            );
         }
     }
 

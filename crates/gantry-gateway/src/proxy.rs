@@ -1,7 +1,15 @@
-//! One gateway request: authenticate, read the body once, find the model's route,
-//! forward to the least-loaded running instance over a pooled keep-alive connection
-//! (`upstream.rs`), retry elsewhere when an instance cannot answer, and stream the
-//! answer back.
+//! One gateway request: authenticate, read the body once, check the key's limits
+//! (`limits.rs`), resolve the name — a defined route (`model_routes.rs`), else the
+//! deployed model of that name (`routing.rs`) — forward to the least-loaded running
+//! instance (or the route target's provider) over a pooled keep-alive connection
+//! (`upstream.rs`), retry elsewhere when a backend cannot answer, and stream the answer
+//! back. `x-gantry-instance` names the instance (or provider) that answered,
+//! `x-gantry-target` the target.
+//!
+//! For a route, a try that fails before the first byte — and an answer of 429 or 5xx
+//! while another target is left — falls through to the next target (`RoutePlan::pick`:
+//! the same priority's others by weight, then the next priority). A route target is
+//! sent its own model name in the body.
 //!
 //! Until the response head arrives, a try is abandoned — and the request sent to
 //! another instance, within [`MAX_TRIES`] — when the instance fails (connection
@@ -12,6 +20,7 @@
 //! response is the client's: nothing interrupts it.
 
 use std::borrow::Cow;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +43,7 @@ use crate::body::{Completion, Inspector, ObservedBody};
 use crate::eject::EjectionPolicy;
 use crate::error::OpenAiError;
 use crate::metrics::{ErrorKind, ModelMetrics};
+use crate::model_routes::RoutePlan;
 use crate::routing::{Backend, ModelRoute};
 use crate::upstream::{ConnectError, UpstreamConnection};
 use crate::usage::Caller;
@@ -47,8 +57,12 @@ pub const RETRY_BACKOFF: Duration = Duration::from_millis(50);
 /// How long an instance that refused a connection is avoided.
 pub const FAILING_COOLDOWN: Duration = Duration::from_secs(5);
 
-/// Response header naming the instance that served the request.
+/// Response header naming the instance that served the request (a provider's name for
+/// a provider).
 pub static INSTANCE_HEADER: HeaderName = HeaderName::from_static("x-gantry-instance");
+/// Response header naming the target that answered: the model's name, or a route
+/// target's `provider/model`.
+pub static TARGET_HEADER: HeaderName = HeaderName::from_static("x-gantry-target");
 
 /// The OpenAI endpoints the gateway forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,17 +325,29 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         );
     };
 
-    let route = match gateway.routes.get(model) {
-        Some(route) => route,
-        None => match route_after_miss(&gateway, model).await {
-            Ok(route) => route,
-            Err((metrics, error)) => {
-                let metrics = metrics.unwrap_or(unrouted);
-                return reject(&metrics, started, error);
-            }
+    // The key's limits: the routes it may call, its requests per minute (its tokens
+    // are counted in when the request ends).
+    let key_window = match gateway.limiter.admit(caller.api_key_id, model) {
+        Ok(window) => window,
+        Err(e) => return reject(&unrouted, started, e),
+    };
+
+    // A defined route by that name, else the deployed model of that name.
+    let selection = match gateway.model_routes.get(model) {
+        Some(plan) => Selection::Route(plan),
+        None => match gateway.routes.get(model) {
+            Some(route) => Selection::Model(route),
+            None => match route_after_miss(&gateway, model).await {
+                Ok(route) => Selection::Model(route),
+                Err((metrics, error)) => {
+                    let metrics = metrics.unwrap_or(unrouted);
+                    return reject(&metrics, started, error);
+                }
+            },
         },
     };
-    let metrics = gateway.metrics.model(&route.name);
+    let name = selection.name();
+    let metrics = gateway.metrics.model(&name);
 
     // Streams report usage only when asked; ask on the client's behalf and remove the
     // extra chunk from what it receives.
@@ -360,75 +386,157 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
 
     let uri = Uri::from(path_and_query);
     let policy = &gateway.config.ejection;
-    let first_byte_timeout = gateway.config.first_byte_timeout;
-    let mut route = route;
+    let mut selection = selection;
+    // Instances tried (a provider counts as minus its id), and for routes the targets
+    // tried (bit i: target i): a provider target is tried once per request, a local one
+    // while it has untried instances.
     let mut tried = [0i64; MAX_TRIES];
     let mut tried_count = 0;
+    let mut tried_targets: u64 = 0;
     let mut failures: Vec<String> = Vec::new();
     // After a try ran out of the first-byte timeout, the request goes only to
     // instances it has not tried: the same one would most likely keep it waiting again.
     let mut timed_out = false;
     let mut last_failure = LastFailure::None;
     for attempt in 0..MAX_TRIES {
-        if attempt > 0 {
-            // Instances may have left routing since the last try (that may be why it
-            // ended): pick from the table as it is now.
-            match gateway.routes.get(&route.name) {
-                Some(current) => route = current,
-                None => {
-                    last_failure = LastFailure::NoRouteLeft;
-                    break;
+        let (backend, target) = match &mut selection {
+            Selection::Model(route) => {
+                if attempt > 0 {
+                    // Instances may have left routing since the last try (that may be
+                    // why it ended): pick from the table as it is now.
+                    match gateway.routes.get(&route.name) {
+                        Some(current) => *route = current,
+                        None => {
+                            last_failure = LastFailure::NoRouteLeft;
+                            break;
+                        }
+                    }
                 }
+                let picked = if timed_out {
+                    route.pick_untried(&tried[..tried_count])
+                } else {
+                    route.pick(&tried[..tried_count])
+                };
+                let Some(backend) = picked else {
+                    break;
+                };
+                if tried[..tried_count].contains(&backend.instance_id) {
+                    // Only instances that already failed are left: give them a moment.
+                    tokio::time::sleep(RETRY_BACKOFF * attempt as u32).await;
+                } else {
+                    tried[tried_count] = backend.instance_id;
+                    tried_count += 1;
+                }
+                (backend, None)
             }
-        }
-        let picked = if timed_out {
-            route.pick_untried(&tried[..tried_count])
-        } else {
-            route.pick(&tried[..tried_count])
+            Selection::Route(plan) => {
+                let Some((index, backend)) =
+                    plan.pick(&gateway.routes, &tried[..tried_count], tried_targets)
+                else {
+                    if attempt == 0 {
+                        last_failure = LastFailure::NoTarget;
+                    }
+                    break;
+                };
+                if backend.provider.is_some() {
+                    tried_targets |= 1 << index;
+                } else {
+                    tried[tried_count] = backend.instance_id;
+                    tried_count += 1;
+                }
+                (backend, Some(index))
+            }
         };
-        let Some(backend) = picked else {
-            break;
+        let target = match (&selection, target) {
+            (Selection::Route(plan), Some(index)) => Some(&plan.targets[index]),
+            _ => None,
         };
-        if tried[..tried_count].contains(&backend.instance_id) {
-            // Only instances that already failed are left: give them a moment.
-            tokio::time::sleep(RETRY_BACKOFF * attempt as u32).await;
-        } else {
-            tried[tried_count] = backend.instance_id;
-            tried_count += 1;
-        }
         let guard = backend.start_request();
+        // What differs for this try: a provider's path, credentials and timeout; the
+        // `model` a route's target is sent.
+        let rewritten;
+        let try_body = match target {
+            Some(target) if target.upstream_model() != &*name => {
+                rewritten = match with_model(&upstream_body, target.upstream_model()) {
+                    Ok(body) => body,
+                    Err(e) => return reject(&metrics, started, e),
+                };
+                &rewritten
+            }
+            _ => &upstream_body,
+        };
+        let (try_uri, try_headers, first_byte_timeout) = match &backend.provider {
+            None => (
+                Cow::Borrowed(&uri),
+                Cow::Borrowed(&headers),
+                gateway.config.first_byte_timeout,
+            ),
+            Some(provider) => {
+                let path = provider.path_for(endpoint.path());
+                let path = match parts.uri.query() {
+                    None => path,
+                    Some(query) => format!("{path}?{query}"),
+                };
+                let Ok(provider_uri) = path.parse::<Uri>() else {
+                    failures.push(format!(
+                        "{}: bad request path {path:?}",
+                        backend.instance_name
+                    ));
+                    continue;
+                };
+                let mut with_credentials = headers.clone();
+                provider.add_headers(&mut with_credentials);
+                (
+                    Cow::Owned(provider_uri),
+                    Cow::Owned(with_credentials),
+                    Some(provider.timeout),
+                )
+            }
+        };
         let build = || {
-            let mut request = hyper::Request::new(Full::new(upstream_body.clone()));
+            let mut request = hyper::Request::new(Full::new(try_body.clone()));
             *request.method_mut() = Method::POST;
-            *request.uri_mut() = uri.clone();
-            *request.headers_mut() = headers.clone();
+            *request.uri_mut() = try_uri.as_ref().clone();
+            *request.headers_mut() = try_headers.as_ref().clone();
             request
                 .headers_mut()
                 .insert(header::HOST, backend.host_header.clone());
             request
         };
         last_failure = LastFailure::Other;
+        let fell_through = |failures: &mut Vec<String>, reason: String| {
+            if let Some(target) = target {
+                target.metrics.fell_through.fetch_add(1, Ordering::Relaxed);
+            }
+            failures.push(reason);
+        };
         match send_until_head(&backend, build, first_byte_timeout).await {
             Ok((response, _))
-                if matches!(
-                    response.status(),
-                    StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE
-                ) =>
+                if selection.falls_through(response.status())
+                    && (target.is_none()
+                        || another_target_left(
+                            &selection,
+                            &gateway,
+                            attempt,
+                            &tried[..tried_count],
+                            tried_targets,
+                        )) =>
             {
                 record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamUnavailable);
-                tracing::warn!(instance = %backend.instance_name, status = response.status().as_u16(), attempt, "instance cannot serve; trying another");
-                failures.push(format!(
-                    "{} answered {}",
-                    backend.instance_name,
-                    response.status()
-                ));
+                tracing::warn!(route = %name, instance = %backend.instance_name, status = response.status().as_u16(), attempt, "backend cannot serve; trying another");
+                fell_through(
+                    &mut failures,
+                    format!("{} answered {}", backend.instance_name, response.status()),
+                );
             }
             Ok((response, connection)) => {
                 backend.mark_healthy();
-                if response.status().is_server_error() {
-                    // Passed on to the client (the instance may mean it), but it
-                    // counts towards ejection like any failure.
+                if response.status().is_server_error()
+                    || (target.is_some() && response.status() == StatusCode::TOO_MANY_REQUESTS)
+                {
+                    // Passed on to the client (the backend may mean it), but it counts
+                    // towards ejection like any failure.
                     record_failure(&backend, policy);
                 } else {
                     record_success(&backend);
@@ -437,6 +545,20 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 head.headers.retain_returned();
                 head.headers
                     .insert(INSTANCE_HEADER.clone(), backend.header_value.clone());
+                let (target_label, target_header, target_metrics) = match (target, &selection) {
+                    (Some(target), _) => (
+                        Arc::clone(&target.label),
+                        target.header.clone(),
+                        Some(Arc::clone(&target.metrics)),
+                    ),
+                    (None, Selection::Model(route)) => {
+                        (Arc::clone(&route.name), route.name_header.clone(), None)
+                    }
+                    (None, Selection::Route(plan)) => {
+                        (Arc::clone(&plan.name), backend.header_value.clone(), None)
+                    }
+                };
+                head.headers.insert(TARGET_HEADER.clone(), target_header);
                 let status = head.status;
                 let is_sse = head
                     .headers
@@ -461,7 +583,10 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                         metrics,
                         usage: gateway.usage.clone(),
                         caller,
-                        model: route.name.clone(),
+                        model: name,
+                        target: target_label,
+                        target_metrics,
+                        key_window,
                         status: status.as_u16(),
                         started,
                         backend: guard,
@@ -471,32 +596,46 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 return Response::from_parts(head, AxumBody::new(body));
             }
             Err(TryError::Connect(e)) => {
-                // Nothing has reached the client yet, so another instance may answer
+                // Nothing has reached the client yet, so another backend may answer
                 // instead; this one is avoided for a while.
                 backend.mark_failing(FAILING_COOLDOWN);
                 record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamConnect);
-                tracing::warn!(instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "cannot connect to instance; trying another");
-                failures.push(format!("{}: {}", backend.instance_name, ErrorChain(&e)));
+                tracing::warn!(route = %name, instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "cannot connect to backend; trying another");
+                fell_through(
+                    &mut failures,
+                    format!("{}: {}", backend.instance_name, ErrorChain(&e)),
+                );
             }
             Err(TryError::Request(e)) => {
-                // The instance failed before answering (closed the connection, broke
+                // The backend failed before answering (closed the connection, broke
                 // the protocol): nothing has reached the client, so another may answer.
                 record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamRequest);
-                tracing::warn!(instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "request to instance failed; trying another");
-                failures.push(format!("{}: {}", backend.instance_name, ErrorChain(&e)));
+                tracing::warn!(route = %name, instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "request to backend failed; trying another");
+                fell_through(
+                    &mut failures,
+                    format!("{}: {}", backend.instance_name, ErrorChain(&e)),
+                );
             }
             Err(TryError::FirstByteTimeout(limit)) => {
                 // Dropping the try closed its connection, which cancels the work.
                 record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamTimeout);
-                tracing::warn!(instance = %backend.instance_name, timeout = ?limit, attempt, "instance sent no response head within gateway_first_byte_timeout; trying another");
-                failures.push(format!(
-                    "{} sent no response head within {} (gateway_first_byte_timeout)",
-                    backend.instance_name,
-                    units::format_duration(limit)
-                ));
+                tracing::warn!(route = %name, instance = %backend.instance_name, timeout = ?limit, attempt, "backend sent no response head in time; trying another");
+                let setting = if backend.provider.is_some() {
+                    "the provider's timeout_seconds"
+                } else {
+                    "gateway_first_byte_timeout"
+                };
+                fell_through(
+                    &mut failures,
+                    format!(
+                        "{} sent no response head within {} ({setting})",
+                        backend.instance_name,
+                        units::format_duration(limit)
+                    ),
+                );
                 timed_out = true;
                 last_failure = LastFailure::Timeout(limit);
             }
@@ -504,11 +643,14 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 // Not the instance's failure as far as ejection goes: it is out of
                 // routing already. The request goes elsewhere at once.
                 metrics.count_error(ErrorKind::InstanceLeftRouting);
-                tracing::info!(instance = %backend.instance_name, attempt, "instance left routing before answering; trying another");
-                failures.push(format!(
-                    "{} left routing (no longer running) before answering",
-                    backend.instance_name
-                ));
+                tracing::info!(route = %name, instance = %backend.instance_name, attempt, "instance left routing before answering; trying another");
+                fell_through(
+                    &mut failures,
+                    format!(
+                        "{} left routing (no longer running) before answering",
+                        backend.instance_name
+                    ),
+                );
             }
         }
         drop(guard);
@@ -520,8 +662,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 &metrics,
                 started,
                 OpenAiError::gateway_timeout(format!(
-                    "no instance of `{}` sent a response head within the gateway's first-byte timeout of {} (gateway_first_byte_timeout): {}",
-                    route.name,
+                    "no backend of `{name}` sent a response head within its first-byte timeout of {}: {}",
                     units::format_duration(limit),
                     failures.join("; ")
                 )),
@@ -533,7 +674,18 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
             reject(
                 &metrics,
                 started,
-                OpenAiError::no_running_instance_left(&route.name, &failures.join("; ")),
+                OpenAiError::no_running_instance_left(&name, &failures.join("; ")),
+            )
+        }
+        LastFailure::NoTarget => {
+            metrics.count_error(ErrorKind::NoRunningInstance);
+            let Selection::Route(plan) = &selection else {
+                return reject(&metrics, started, OpenAiError::no_running_instance(&name));
+            };
+            reject(
+                &metrics,
+                started,
+                OpenAiError::no_available_target(&name, &plan.unavailable_reasons(&gateway.routes)),
             )
         }
         LastFailure::None | LastFailure::Other => {
@@ -542,13 +694,71 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 &metrics,
                 started,
                 OpenAiError::bad_gateway(format!(
-                    "no instance of `{}` could answer: {}",
-                    route.name,
+                    "no backend of `{name}` could answer: {}",
                     failures.join("; ")
                 )),
             )
         }
     }
+}
+
+/// What a request's model name resolved to.
+enum Selection {
+    /// A deployed model with no route of its name: its running instances.
+    Model(Arc<ModelRoute>),
+    /// A defined route.
+    Route(Arc<RoutePlan>),
+}
+
+impl Selection {
+    fn name(&self) -> Arc<str> {
+        match self {
+            Selection::Model(route) => Arc::clone(&route.name),
+            Selection::Route(plan) => Arc::clone(&plan.name),
+        }
+    }
+
+    /// Whether an answer with this status goes to another backend instead of the
+    /// client. A plain model's instance that answers 502/503 cannot serve; a route also
+    /// passes over a target that answers 429 or any 5xx (a provider over its quota, a
+    /// provider's outage), as long as another target is left.
+    fn falls_through(&self, status: StatusCode) -> bool {
+        match self {
+            Selection::Model(_) => matches!(
+                status,
+                StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE
+            ),
+            Selection::Route(_) => {
+                status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS
+            }
+        }
+    }
+}
+
+/// Whether a route has a backend left for another try (else a failing target's answer
+/// goes to the client as it is: its 429 and `Retry-After` mean more than a 502).
+fn another_target_left(
+    selection: &Selection,
+    gateway: &Gateway,
+    attempt: usize,
+    tried: &[i64],
+    tried_targets: u64,
+) -> bool {
+    let Selection::Route(plan) = selection else {
+        return true;
+    };
+    attempt + 1 < MAX_TRIES && plan.pick(&gateway.routes, tried, tried_targets).is_some()
+}
+
+/// The request body with `model` set to `model` (a route's target is sent the name
+/// its backend knows).
+fn with_model(body: &Bytes, model: &str) -> Result<Bytes, OpenAiError> {
+    let mut object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|_| not_an_object())?;
+    object.insert("model".into(), serde_json::Value::String(model.to_owned()));
+    serde_json::to_vec(&object)
+        .map(Bytes::from)
+        .map_err(|e| OpenAiError::internal(format!("re-encode the request body: {e}")))
 }
 
 /// How the tries of a request ended, for the answer when none succeeded.
@@ -560,6 +770,8 @@ enum LastFailure {
     Timeout(Duration),
     /// The model has no running instance any more: 503.
     NoRouteLeft,
+    /// No target of the route was available at the first try: 503.
+    NoTarget,
     /// Any other failure: 502.
     Other,
 }
@@ -717,13 +929,19 @@ struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut text = self.0.to_string();
         let mut source = self.0.source();
         while let Some(e) = source {
-            write!(f, ": {e}")?;
+            // Errors that print their source already (`connect to …: refused`) would
+            // otherwise say it twice.
+            let cause = e.to_string();
+            if !text.ends_with(&cause) {
+                text.push_str(": ");
+                text.push_str(&cause);
+            }
             source = e.source();
         }
-        Ok(())
+        f.write_str(&text)
     }
 }
 
@@ -780,6 +998,19 @@ mod tests {
         let peek: RequestPeek<'_> =
             serde_json::from_slice(br#"{"model":"t","stream_options":null}"#).unwrap();
         assert!(matches!(peek.stream_options, Some(None)));
+    }
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = ConnectError::Io {
+            address: "127.0.0.1:9".into(),
+            source: refused,
+        };
+        assert_eq!(
+            ErrorChain(&e).to_string(),
+            "connect to 127.0.0.1:9: refused"
+        );
     }
 
     #[test]

@@ -38,6 +38,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::balance::{pick_least_loaded, EJECTED_PENALTY, UNHEALTHY_PENALTY};
 use crate::eject::{Ejected, Ejection, EjectionPolicy, Recovered};
+use crate::providers::ProviderEndpoint;
 use crate::upstream::{ConnectError, ConnectionPool, UpstreamConnection};
 use crate::GatewayContext;
 
@@ -47,13 +48,17 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 /// Page size of the refresh reads.
 const REFRESH_PAGE: u32 = 1000;
 
-/// One running instance as the gateway sees it.
+/// One running instance as the gateway sees it — or a model provider
+/// (`providers.rs`), which is reached the same way.
 #[derive(Debug)]
 pub struct Backend {
+    /// The instance's id; for a provider, minus the provider's id.
     pub instance_id: i64,
     pub instance_name: String,
     /// The instance's model, for logs.
     pub model_name: String,
+    /// Set for a model provider: how its requests differ from an instance's.
+    pub provider: Option<Arc<ProviderEndpoint>>,
     /// `instance_name` as the `x-gantry-instance` response header.
     pub header_value: HeaderValue,
     /// `address` as the `Host` request header.
@@ -112,13 +117,59 @@ impl Backend {
         };
         let header_value = HeaderValue::from_str(&instance.name).ok()?;
         let host_header = HeaderValue::from_str(address).ok()?;
-        Some(Self {
-            instance_id: instance.id,
-            instance_name: instance.name.clone(),
-            model_name: instance.model_name.clone(),
+        Some(Self::new(
+            instance.id,
+            instance.name.clone(),
+            instance.model_name.clone(),
+            None,
             header_value,
             host_header,
-            address: address.to_string(),
+            address.to_string(),
+            authority,
+        ))
+    }
+
+    /// The backend of a model provider: `address` is where to connect (`host:port`),
+    /// `host_header` what the `Host` header says.
+    pub fn for_provider(
+        endpoint: Arc<ProviderEndpoint>,
+        address: String,
+        authority: Authority,
+        host_header: HeaderValue,
+    ) -> Result<Self, String> {
+        let header_value = HeaderValue::from_str(&endpoint.name)
+            .map_err(|_| format!("name {:?} is not a header value", endpoint.name))?;
+        Ok(Self::new(
+            -endpoint.id,
+            endpoint.name.to_string(),
+            endpoint.name.to_string(),
+            Some(endpoint),
+            header_value,
+            host_header,
+            address,
+            authority,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        instance_id: i64,
+        instance_name: String,
+        model_name: String,
+        provider: Option<Arc<ProviderEndpoint>>,
+        header_value: HeaderValue,
+        host_header: HeaderValue,
+        address: String,
+        authority: Authority,
+    ) -> Self {
+        Self {
+            instance_id,
+            instance_name,
+            model_name,
+            provider,
+            header_value,
+            host_header,
+            address,
             authority,
             in_flight: AtomicU64::new(0),
             unhealthy_until_ms: AtomicU64::new(0),
@@ -129,7 +180,7 @@ impl Backend {
             ejected_until_ms: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
             removed: CancellationToken::new(),
-        })
+        }
     }
 
     /// An idle keep-alive connection, or a new one.
@@ -142,7 +193,8 @@ impl Backend {
 
     /// A new connection.
     pub async fn connect(&self) -> Result<UpstreamConnection, ConnectError> {
-        let connection = UpstreamConnection::connect(&self.address).await?;
+        let tls_name = self.provider.as_ref().and_then(|p| p.tls_name.as_ref());
+        let connection = UpstreamConnection::connect_with(&self.address, tls_name).await?;
         self.connections_opened.fetch_add(1, Ordering::Relaxed);
         Ok(connection)
     }
@@ -255,13 +307,19 @@ impl Backend {
         self.removed.is_cancelled()
     }
 
-    /// Called by the routing task when it drops the instance: requests waiting for
-    /// its response head give up on it.
-    fn leave_routing(&self) {
+    /// Called by the routing task when it drops the instance (and by the route table
+    /// when a provider changes): requests waiting for its response head give up on it.
+    pub(crate) fn leave_routing(&self) {
         if !self.removed.is_cancelled() {
             tracing::debug!(instance = %self.instance_name, instance_id = self.instance_id, in_flight = self.in_flight(), "instance left routing");
             self.removed.cancel();
         }
+    }
+
+    /// Whether the balancer would pick this backend without reservation: in routing,
+    /// not ejected and not recently refusing connections.
+    pub fn is_healthy(&self) -> bool {
+        !self.has_left_routing() && self.load(now_ms()) < UNHEALTHY_PENALTY
     }
 
     fn load(&self, now: u64) -> u64 {
@@ -299,6 +357,8 @@ impl Drop for InFlightGuard {
 #[derive(Debug)]
 pub struct ModelRoute {
     pub name: Arc<str>,
+    /// `name` as the `x-gantry-target` response header.
+    pub name_header: HeaderValue,
     /// The model's creation time, Unix seconds (`/v1/models` shows it).
     pub created: i64,
     /// Ordered by instance id; never empty in the table.
@@ -496,6 +556,7 @@ impl Tracker {
         backends.sort_by_key(|b| b.instance_id);
         Some(Arc::new(ModelRoute {
             name: Arc::clone(name),
+            name_header: HeaderValue::from_str(name).ok()?,
             created: self.models.get(&model_id).map_or(0, |m| m.created),
             backends,
             cursor: AtomicUsize::new(0),
@@ -716,6 +777,7 @@ mod tests {
     fn route_of(backends: &[&Arc<Backend>]) -> ModelRoute {
         ModelRoute {
             name: Arc::from("tiny"),
+            name_header: HeaderValue::from_static("tiny"),
             created: 0,
             backends: backends.iter().map(|b| Arc::clone(b)).collect(),
             cursor: AtomicUsize::new(0),

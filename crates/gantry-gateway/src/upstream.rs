@@ -16,10 +16,13 @@
 //! dropped, which closes the socket and so cancels the backend's work. Idle connections
 //! are checked when taken out (closed by the instance, or idle longer than
 //! [`POOL_IDLE_TIMEOUT`]) and swept by the routing task.
+//!
+//! Instances are reached over plain TCP; model providers may be `https://`, reached
+//! over TLS (rustls, the system's root certificates) through the same connection type.
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -29,8 +32,12 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
 
 /// How long connecting to an instance may take before the next one is tried.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -54,6 +61,110 @@ pub enum ConnectError {
         address: String,
         source: hyper::Error,
     },
+    #[error("TLS handshake with {address}: {source}")]
+    Tls {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("TLS to {address}: {message}")]
+    TlsSetup { address: String, message: String },
+}
+
+/// A connection's byte stream: plain TCP, or TLS over TCP.
+pub enum UpstreamIo {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for UpstreamIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for UpstreamIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamIo::Plain(s) => s.is_write_vectored(),
+            UpstreamIo::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The TLS client set-up shared by every `https://` provider: the system's root
+/// certificates (read once), HTTP/1.1 by ALPN.
+fn tls_connector() -> Result<TlsConnector, String> {
+    static CONNECTOR: OnceLock<Result<TlsConnector, String>> = OnceLock::new();
+    CONNECTOR
+        .get_or_init(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            let found = rustls_native_certs::load_native_certs();
+            for certificate in found.certs {
+                let _ = roots.add(certificate);
+            }
+            if roots.is_empty() {
+                return Err(format!(
+                    "no root certificates found on this machine (install the ca-certificates package){}",
+                    found
+                        .errors
+                        .first()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                ));
+            }
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Ok(TlsConnector::from(Arc::new(config)))
+        })
+        .clone()
 }
 
 /// One HTTP/1.1 connection to an instance.
@@ -63,7 +174,7 @@ pub struct UpstreamConnection {
     /// It is dropped then, not kept: a request queued on a connection that closed before
     /// writing it is answered with a "canceled" error only when the driver is dropped,
     /// and would otherwise wait forever.
-    driver: Option<Connection<TokioIo<TcpStream>, Full<Bytes>>>,
+    driver: Option<Connection<TokioIo<UpstreamIo>, Full<Bytes>>>,
     /// It carried an earlier request (and may have been closed by the instance since).
     pub reused: bool,
 }
@@ -78,8 +189,16 @@ impl std::fmt::Debug for UpstreamConnection {
 }
 
 impl UpstreamConnection {
-    /// Opens a connection (TCP_NODELAY: small SSE chunks must not wait).
+    /// Opens a plain connection (TCP_NODELAY: small SSE chunks must not wait).
     pub async fn connect(address: &str) -> Result<Self, ConnectError> {
+        Self::connect_with(address, None).await
+    }
+
+    /// Opens a connection, over TLS to `tls_name` when given.
+    pub async fn connect_with(
+        address: &str,
+        tls_name: Option<&ServerName<'static>>,
+    ) -> Result<Self, ConnectError> {
         let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await
         {
             Ok(Ok(stream)) => stream,
@@ -97,7 +216,27 @@ impl UpstreamConnection {
         };
         // Without it only latency suffers; not a reason to fail the request.
         let _ = stream.set_nodelay(true);
-        let (sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        let io = match tls_name {
+            None => UpstreamIo::Plain(stream),
+            Some(name) => {
+                let connector = tls_connector().map_err(|message| ConnectError::TlsSetup {
+                    address: address.to_string(),
+                    message,
+                })?;
+                let handshake = connector.connect(name.clone(), stream);
+                let tls = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+                    .await
+                    .map_err(|_| ConnectError::Timeout {
+                        address: address.to_string(),
+                    })?
+                    .map_err(|source| ConnectError::Tls {
+                        address: address.to_string(),
+                        source,
+                    })?;
+                UpstreamIo::Tls(Box::new(tls))
+            }
+        };
+        let (sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(|source| ConnectError::Handshake {
                 address: address.to_string(),

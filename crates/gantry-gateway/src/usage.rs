@@ -1,5 +1,5 @@
 //! Usage accounting off the request path: a finished request adds its tokens to an
-//! in-memory sum per (minute, user, API key, model) — one short lock, no IO — and a
+//! in-memory sum per (minute, user, API key, model, target) — one short lock, no IO — and a
 //! background task moves the sums to the store every [`FLUSH_INTERVAL`] in one
 //! transaction. At shutdown the task flushes once more before the store closes.
 //!
@@ -59,6 +59,7 @@ struct GroupKey {
     minute_start: i64,
     caller: Caller,
     model: Arc<str>,
+    target: Arc<str>,
 }
 
 /// Usage summed since the last flush.
@@ -69,8 +70,15 @@ pub struct UsageAggregator {
 }
 
 impl UsageAggregator {
-    /// Books one request (and its tokens, when the backend reported them).
-    pub fn record(&self, caller: &Caller, model: &Arc<str>, usage: Option<TokenUsage>) {
+    /// Books one request for `model` (the name the client sent) answered by `target`
+    /// (and its tokens, when the backend reported them).
+    pub fn record(
+        &self,
+        caller: &Caller,
+        model: &Arc<str>,
+        target: &Arc<str>,
+        usage: Option<TokenUsage>,
+    ) {
         let usage = usage.unwrap_or_default();
         let sums = UsageSums {
             requests: 1,
@@ -82,6 +90,7 @@ impl UsageAggregator {
             minute_start: usage_minute_of(Timestamp::now()).as_millis(),
             caller: caller.clone(),
             model: Arc::clone(model),
+            target: Arc::clone(target),
         };
         self.add(key, &sums);
     }
@@ -123,6 +132,7 @@ impl UsageAggregator {
                 user_id: key.caller.user_id,
                 api_key_id: key.caller.api_key_id,
                 model: key.model.to_string(),
+                target: key.target.to_string(),
                 sums: *sums,
             })
             .collect();
@@ -167,13 +177,14 @@ mod tests {
         usage.record(
             &caller,
             &model,
+            &model,
             Some(TokenUsage {
                 prompt_tokens: 5,
                 completion_tokens: 2,
                 total_tokens: 0,
             }),
         );
-        usage.record(&caller, &model, None);
+        usage.record(&caller, &model, &model, None);
         let batch = usage.take();
         // Both requests fall in one minute unless the test straddles a minute
         // boundary, in which case they are two groups with the same totals.

@@ -219,6 +219,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         logins: login_limit::LoginLimiter::default(),
         histories: history::WorkerHistories::default(),
         catalog,
+        provider_keys: Arc::new(gantry_auth::sealed::Sealer::provider_keys(&jwt_secret)),
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);
@@ -241,6 +242,8 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
             authenticator: Arc::clone(&state.authenticator),
             shutdown: state.shutdown.clone(),
             tasks: state.tasks.clone(),
+            server_id: state.config.server_id.clone(),
+            provider_keys: Arc::clone(&state.provider_keys),
         },
     )
     .await

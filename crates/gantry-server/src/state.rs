@@ -47,6 +47,8 @@ pub struct Shared {
     pub histories: crate::history::WorkerHistories,
     /// The model catalog, read at start-up.
     pub catalog: gantry_types::ModelCatalog,
+    /// Seals and opens model providers' API keys (a key derived from the server secret).
+    pub provider_keys: Arc<gantry_auth::sealed::Sealer>,
 }
 
 /// The client of model sources a server analyses models with: the configured hubs, and

@@ -507,6 +507,7 @@ async fn expired_api_keys_are_refused(engine: TestEngine) {
                 .await
                 .unwrap(),
             expires_at: Some(gantry_types::Timestamp::from_millis(1_000)),
+            limits: Default::default(),
         })
         .await
         .unwrap();

@@ -219,5 +219,6 @@ fn api_key(name: &str) -> ApiKeyCreate {
         name: name.into(),
         description: String::new(),
         expires_in_days: None,
+        ..Default::default()
     }
 }

@@ -83,6 +83,9 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
         config,
         assignment_feeds: gantry_server::feeds::AssignmentFeeds::attach(&store),
         logins: Default::default(),
+        provider_keys: Arc::new(gantry_auth::sealed::Sealer::provider_keys(
+            b"a-test-secret-that-is-long-enough",
+        )),
         histories: Default::default(),
         catalog: Default::default(),
     });

@@ -1,12 +1,12 @@
 //! The `api_keys` table. Keys are stored as a fast lookup digest of the whole key plus
 //! an argon2 hash of the secret half; the secret itself is never stored.
 
-use gantry_types::{ApiKey, ApiKeyFilter, Timestamp};
+use gantry_types::{ApiKey, ApiKeyFilter, ApiKeyLimits, Timestamp};
 use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
 use crate::query::{Listing, Page};
-use crate::rows::{int, opt_int, text};
+use crate::rows::{int, opt_int, opt_text, text, to_json};
 use crate::{Store, StoreError};
 
 /// An API key with its stored hashes.
@@ -28,10 +28,29 @@ pub struct NewApiKey {
     /// argon2 PHC string of the secret half.
     pub secret_hash: String,
     pub expires_at: Option<Timestamp>,
+    pub limits: ApiKeyLimits,
 }
 
-const COLUMNS: &str =
-    "id, user_id, name, description, access_key, secret_hash, expires_at, last_used_at, created_at";
+const COLUMNS: &str = "id, user_id, name, description, access_key, secret_hash, expires_at, \
+     last_used_at, created_at, allowed_routes, requests_per_minute, tokens_per_minute";
+
+fn limits_of(row: &AnyRow) -> Result<ApiKeyLimits, StoreError> {
+    const T: &str = "api_keys";
+    let allowed_routes = match opt_text(row, T, "allowed_routes")? {
+        Some(raw) => Some(
+            serde_json::from_str(&raw)
+                .map_err(|e| StoreError::corrupt(T, format!("column allowed_routes: {e}")))?,
+        ),
+        None => None,
+    };
+    let rpm = opt_int(row, T, "requests_per_minute")?;
+    Ok(ApiKeyLimits {
+        allowed_routes,
+        requests_per_minute: rpm.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        tokens_per_minute: opt_int(row, T, "tokens_per_minute")?
+            .map(|n| u64::try_from(n).unwrap_or(0)),
+    })
+}
 
 fn decode(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
     const T: &str = "api_keys";
@@ -45,6 +64,7 @@ fn decode(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
             expires_at: opt_int(row, T, "expires_at")?.map(Timestamp::from_millis),
             last_used_at: opt_int(row, T, "last_used_at")?.map(Timestamp::from_millis),
             created_at: Timestamp::from_millis(int(row, T, "created_at")?),
+            limits: limits_of(row)?,
         },
         secret_hash: text(row, T, "secret_hash")?,
     })
@@ -66,7 +86,8 @@ impl Store {
     pub async fn create_api_key(&self, new: &NewApiKey) -> Result<ApiKey, StoreError> {
         let row = sqlx::query(&format!(
             "INSERT INTO api_keys (user_id, name, description, access_key, lookup_digest, \
-             secret_hash, expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             secret_hash, expires_at, created_at, allowed_routes, requests_per_minute, \
+             tokens_per_minute) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
              RETURNING {COLUMNS}"
         ))
         .bind(new.user_id)
@@ -77,6 +98,13 @@ impl Store {
         .bind(&new.secret_hash)
         .bind(new.expires_at.map(Timestamp::as_millis))
         .bind(Timestamp::now().as_millis())
+        .bind(new.limits.allowed_routes.as_ref().map(to_json))
+        .bind(new.limits.requests_per_minute.map(i64::from))
+        .bind(
+            new.limits
+                .tokens_per_minute
+                .map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
+        )
         .fetch_one(&self.writes)
         .await
         .map_err(|e| StoreError::conflict_on_unique(e, "api key", &new.name))?;
@@ -120,6 +148,45 @@ impl Store {
             "SELECT {COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY id"
         ))
         .bind(user_id)
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter().map(|r| decode(r).map(|k| k.key)).collect()
+    }
+
+    /// Changes a key's description and limits.
+    pub async fn update_api_key(
+        &self,
+        id: i64,
+        description: &str,
+        limits: &ApiKeyLimits,
+    ) -> Result<ApiKey, StoreError> {
+        let row = sqlx::query(&format!(
+            "UPDATE api_keys SET description = $2, allowed_routes = $3, \
+             requests_per_minute = $4, tokens_per_minute = $5 WHERE id = $1 RETURNING {COLUMNS}"
+        ))
+        .bind(id)
+        .bind(description)
+        .bind(limits.allowed_routes.as_ref().map(to_json))
+        .bind(limits.requests_per_minute.map(i64::from))
+        .bind(
+            limits
+                .tokens_per_minute
+                .map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
+        )
+        .fetch_optional(&self.writes)
+        .await?
+        .ok_or_else(|| StoreError::not_found("api key", id))?;
+        let key = decode(&row)?.key;
+        self.publish(Change::ApiKey(ChangeKind::Updated, key.clone()));
+        Ok(key)
+    }
+
+    /// Every key with a limit (the gateway's limiter reads them at start-up).
+    pub async fn limited_api_keys(&self) -> Result<Vec<ApiKey>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM api_keys WHERE allowed_routes IS NOT NULL \
+             OR requests_per_minute IS NOT NULL OR tokens_per_minute IS NOT NULL ORDER BY id"
+        ))
         .fetch_all(&self.reads)
         .await?;
         rows.iter().map(|r| decode(r).map(|k| k.key)).collect()

@@ -1,6 +1,6 @@
 //! Change notifications published after each committed write.
 
-use gantry_types::{ApiKey, Model, ModelInstance, User, Worker};
+use gantry_types::{ApiKey, Model, ModelInstance, ModelProvider, ModelRoute, User, Worker};
 use serde::{Deserialize, Serialize};
 
 pub use gantry_types::ChangeKind;
@@ -17,6 +17,9 @@ pub enum Change {
     Worker(ChangeKind, Worker),
     Model(ChangeKind, Model),
     Instance(ChangeKind, ModelInstance),
+    /// A model provider (without its key, which never travels).
+    Provider(ChangeKind, ModelProvider),
+    Route(ChangeKind, ModelRoute),
 }
 
 impl Change {

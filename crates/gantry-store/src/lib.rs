@@ -30,14 +30,17 @@ mod checkpoint;
 mod error;
 mod fence;
 mod instances;
+mod key_load;
 mod lease;
 mod locks;
 mod migrations;
 mod models;
 mod notify;
 mod placement_record;
+mod providers;
 mod query;
 mod reachability;
+mod routes;
 mod rows;
 mod scheduling;
 mod servers;
@@ -62,9 +65,11 @@ pub use changes::{Change, ChangeKind};
 pub use error::StoreError;
 pub use fence::{fenced_writes, Fence, FencedWrites};
 pub use instances::ManualPlacement;
+pub use key_load::KeyLoad;
 pub use lease::{LeaderSession, LEADER_LOCK_KEY};
 pub use locks::LockRelease;
 pub use placement_record::{undecodable_placement_records, StoredPlacement};
+pub use providers::{ProviderFields, StoredProvider};
 pub use query::{Listed, Page};
 // The list filters are the API's own: the store reads them as SQL, a watch as a predicate.
 pub use gantry_types::{ApiKeyFilter, InstanceFilter, ModelFilter, UserFilter, WorkerFilter};
@@ -73,8 +78,8 @@ pub use servers::{RegistryConflict, ServerRecord, ServerRegistration};
 pub use settings::REGISTRATION_TOKEN_DIGEST;
 pub use uploads::UploadDone;
 pub use usage::{
-    usage_minute_of, UsageByApiKey, UsageByModel, UsageFilter, UsageIncrement, UsagePoint,
-    UsageSums, USAGE_BUCKET_MILLIS, USAGE_DAY_MILLIS,
+    usage_minute_of, UsageByApiKey, UsageByModel, UsageByTarget, UsageFilter, UsageIncrement,
+    UsagePoint, UsageSums, USAGE_BUCKET_MILLIS, USAGE_DAY_MILLIS,
 };
 pub use users::{NewUser, UserRecord};
 pub use workers::WorkerRegistration;

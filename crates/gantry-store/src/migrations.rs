@@ -213,6 +213,70 @@ const MIGRATIONS: &[Migration] = &[Migration {
             SELECT id, last_heartbeat_at FROM workers WHERE last_heartbeat_at IS NOT NULL",
         "ALTER TABLE workers DROP COLUMN last_heartbeat_at",
     ],
+}, Migration {
+    version: 9,
+    name: "model providers, model routes, API key limits, usage per target",
+    statements: &[
+        // api_key_sealed: the provider's key sealed with the server secret (see
+        // gantry-auth's sealed.rs); headers and models: JSON.
+        "CREATE TABLE model_providers (
+            id {id},
+            name TEXT NOT NULL UNIQUE,
+            description TEXT NOT NULL,
+            base_url TEXT NOT NULL,
+            api_key_sealed TEXT,
+            headers TEXT NOT NULL,
+            timeout_seconds BIGINT NOT NULL,
+            models TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        // targets: the JSON of `Vec<gantry_types::RouteTarget>`.
+        "CREATE TABLE model_routes (
+            id {id},
+            name TEXT NOT NULL UNIQUE,
+            description TEXT NOT NULL,
+            targets TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        "ALTER TABLE api_keys ADD COLUMN allowed_routes TEXT",
+        "ALTER TABLE api_keys ADD COLUMN requests_per_minute BIGINT",
+        "ALTER TABLE api_keys ADD COLUMN tokens_per_minute BIGINT",
+        // Usage gains the target that answered (the model itself for a plain model);
+        // the unique key changes with it, so the table is rebuilt.
+        "CREATE TABLE usage_records_v9 (
+            id {id},
+            minute_start BIGINT NOT NULL,
+            user_id BIGINT NOT NULL,
+            api_key_id BIGINT NOT NULL,
+            model_name TEXT NOT NULL,
+            target TEXT NOT NULL,
+            request_count BIGINT NOT NULL,
+            prompt_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            total_tokens BIGINT NOT NULL,
+            UNIQUE (minute_start, user_id, api_key_id, model_name, target)
+        )",
+        "INSERT INTO usage_records_v9 (minute_start, user_id, api_key_id, model_name, target,
+            request_count, prompt_tokens, completion_tokens, total_tokens)
+            SELECT minute_start, user_id, api_key_id, model_name, model_name,
+            request_count, prompt_tokens, completion_tokens, total_tokens FROM usage_records",
+        "DROP TABLE usage_records",
+        "ALTER TABLE usage_records_v9 RENAME TO usage_records",
+        "CREATE INDEX usage_records_user ON usage_records (user_id, minute_start)",
+        "CREATE INDEX usage_records_model ON usage_records (model_name, minute_start)",
+        // What each server's gateway admitted per limited API key over the last minute,
+        // rewritten about once a second: every server adds the others' to its own.
+        "CREATE TABLE gateway_key_load (
+            server_id TEXT NOT NULL,
+            api_key_id BIGINT NOT NULL,
+            requests BIGINT NOT NULL,
+            tokens BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL,
+            PRIMARY KEY (server_id, api_key_id)
+        )",
+    ],
 }];
 
 /// The newest schema version this build knows.

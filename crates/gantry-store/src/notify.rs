@@ -56,6 +56,8 @@ enum Resource {
     Worker,
     Model,
     Instance,
+    Provider,
+    Route,
 }
 
 /// The sending half, owned by the [`Store`].
@@ -121,6 +123,15 @@ fn slim(change: &Change) -> Change {
         }
         Change::User(_, user) => user.full_name.clear(),
         Change::ApiKey(_, key) => key.description.clear(),
+        Change::Provider(_, provider) => {
+            provider.description.clear();
+            provider.headers.clear();
+            provider.models.clear();
+        }
+        Change::Route(_, route) => {
+            route.description.clear();
+            route.targets.clear();
+        }
     }
     change
 }
@@ -132,6 +143,8 @@ fn identify(change: &Change) -> (Resource, i64, ChangeKind) {
         Change::Worker(kind, worker) => (Resource::Worker, worker.id, *kind),
         Change::Model(kind, model) => (Resource::Model, model.id, *kind),
         Change::Instance(kind, instance) => (Resource::Instance, instance.id, *kind),
+        Change::Provider(kind, provider) => (Resource::Provider, provider.id, *kind),
+        Change::Route(kind, route) => (Resource::Route, route.id, *kind),
     }
 }
 
@@ -272,6 +285,16 @@ impl Store {
                 .await
                 .ok()
                 .map(|o| Change::Instance(kind, o)),
+            Resource::Provider => self
+                .get_provider_by_id(id)
+                .await
+                .ok()
+                .map(|o| Change::Provider(kind, o.provider)),
+            Resource::Route => self
+                .get_route_by_id(id)
+                .await
+                .ok()
+                .map(|o| Change::Route(kind, o)),
         }
     }
 }

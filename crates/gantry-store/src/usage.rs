@@ -3,7 +3,9 @@
 //!
 //! The gateway never writes here on a request's path: it sums usage in memory and a
 //! background task adds each batch with [`Store::add_usage`], one upsert per
-//! (minute, user, API key, model) in one transaction. Because the write is an
+//! (minute, user, API key, model, target) in one transaction. The model is the name the
+//! client sent (a route's, or a deployed model's); the target is what answered (the
+//! model itself, another deployed model, or `provider/model`). Because the write is an
 //! increment (`ON CONFLICT … DO UPDATE SET n = n + excluded.n`), several servers can add
 //! to the same minute's row without coordination.
 //!
@@ -38,6 +40,8 @@ pub struct UsageIncrement {
     /// `None` for requests authenticated with a session token.
     pub api_key_id: Option<i64>,
     pub model: String,
+    /// What answered: the route target's label (the model itself for a plain model).
+    pub target: String,
     pub sums: UsageSums,
 }
 
@@ -78,6 +82,14 @@ pub struct UsageFilter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageByModel {
     pub model: String,
+    pub sums: UsageSums,
+}
+
+/// Usage of one route (or model) through one of its targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageByTarget {
+    pub model: String,
+    pub target: String,
     pub sums: UsageSums,
 }
 
@@ -132,19 +144,21 @@ const SUMS_SQL: &str = "CAST(SUM(request_count) AS BIGINT) AS requests, \
 
 /// Adds one row's sums to its (minute, user, API key, model) row, creating it if needed.
 const ADD_SQL: &str = "INSERT INTO usage_records (minute_start, user_id, api_key_id, model_name, \
-     request_count, prompt_tokens, completion_tokens, total_tokens) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-     ON CONFLICT (minute_start, user_id, api_key_id, model_name) DO UPDATE SET \
+     request_count, prompt_tokens, completion_tokens, total_tokens, target) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+     ON CONFLICT (minute_start, user_id, api_key_id, model_name, target) DO UPDATE SET \
      request_count = usage_records.request_count + excluded.request_count, \
      prompt_tokens = usage_records.prompt_tokens + excluded.prompt_tokens, \
      completion_tokens = usage_records.completion_tokens + excluded.completion_tokens, \
      total_tokens = usage_records.total_tokens + excluded.total_tokens";
 
-/// Adds `usage` to its caller's row of the minute (or day) starting at `start`.
+/// Adds `usage` to its caller's row of the minute (or day) starting at `start`, for
+/// requests `target` answered.
 async fn add_row(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     start: Timestamp,
     usage: &UsageByApiKey,
+    target: &str,
 ) -> Result<(), StoreError> {
     sqlx::query(ADD_SQL)
         .bind(start.as_millis())
@@ -155,6 +169,7 @@ async fn add_row(
         .bind(to_i64(usage.sums.prompt_tokens))
         .bind(to_i64(usage.sums.completion_tokens))
         .bind(to_i64(usage.sums.total_tokens))
+        .bind(target)
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -217,7 +232,13 @@ impl Store {
                 model: increment.model.clone(),
                 sums: increment.sums,
             };
-            add_row(&mut tx, usage_minute_of(increment.minute_start), &usage).await?;
+            add_row(
+                &mut tx,
+                usage_minute_of(increment.minute_start),
+                &usage,
+                &increment.target,
+            )
+            .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -242,6 +263,32 @@ impl Store {
             .map(|row| {
                 Ok(UsageByModel {
                     model: text(row, "usage_records", "model_name")?,
+                    sums: sums_of(row)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Usage summed per model and target, ordered by both.
+    pub async fn usage_by_target(
+        &self,
+        filter: &UsageFilter,
+    ) -> Result<Vec<UsageByTarget>, StoreError> {
+        let (where_sql, arguments) = where_of(filter);
+        let rows = sqlx::query_with(
+            &format!(
+                "SELECT model_name, target, {SUMS_SQL} FROM usage_records{where_sql} \
+                 GROUP BY model_name, target ORDER BY model_name, target"
+            ),
+            arguments,
+        )
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(UsageByTarget {
+                    model: text(row, "usage_records", "model_name")?,
+                    target: text(row, "usage_records", "target")?,
                     sums: sums_of(row)?,
                 })
             })
@@ -330,15 +377,15 @@ impl Store {
         let mut tx = self.writes.begin().await?;
         let rows = sqlx::query(
             "DELETE FROM usage_records WHERE minute_start > $1 AND minute_start < $2 \
-             RETURNING user_id, api_key_id, model_name, request_count AS requests, \
+             RETURNING user_id, api_key_id, model_name, target, request_count AS requests, \
              prompt_tokens, completion_tokens, total_tokens",
         )
         .bind(day)
         .bind(day + USAGE_DAY_MILLIS)
         .fetch_all(&mut *tx)
         .await?;
-        // One row per caller and model, in a stable order.
-        let mut days: std::collections::BTreeMap<(i64, i64, String), UsageByApiKey> =
+        // One row per caller, model and target, in a stable order.
+        let mut days: std::collections::BTreeMap<(i64, i64, String, String), UsageByApiKey> =
             std::collections::BTreeMap::new();
         for row in &rows {
             let usage = caller_usage_of(row)?;
@@ -346,6 +393,7 @@ impl Store {
                 usage.user_id,
                 usage.api_key_id.unwrap_or(NO_API_KEY),
                 usage.model.clone(),
+                text(row, "usage_records", "target")?,
             );
             match days.entry(key) {
                 std::collections::btree_map::Entry::Occupied(mut day) => {
@@ -356,8 +404,8 @@ impl Store {
                 }
             }
         }
-        for usage in days.values() {
-            add_row(&mut tx, Timestamp::from_millis(day), usage).await?;
+        for ((.., target), usage) in &days {
+            add_row(&mut tx, Timestamp::from_millis(day), usage, target).await?;
         }
         tx.commit().await?;
         let folded = rows.len() as u64;
@@ -446,6 +494,7 @@ mod tests {
             user_id: 1,
             api_key_id: key,
             model: model.to_string(),
+            target: model.to_string(),
             sums: s,
         };
         store

@@ -123,6 +123,7 @@ async fn api_keys_are_found_by_digest_and_cascade_with_their_user(engine: TestEn
             lookup_digest: "digest-1".into(),
             secret_hash: "argon".into(),
             expires_at: None,
+            limits: Default::default(),
         })
         .await
         .unwrap();
@@ -139,6 +140,7 @@ async fn api_keys_are_found_by_digest_and_cascade_with_their_user(engine: TestEn
             lookup_digest: "digest-2".into(),
             secret_hash: "argon".into(),
             expires_at: None,
+            limits: Default::default(),
         })
         .await
         .unwrap_err();
@@ -546,12 +548,19 @@ async fn upgrading_to_the_heartbeat_table_keeps_each_workers_last_heartbeat(engi
         .unwrap();
     store.close().await;
 
-    // The database as version 7 left it: the time in the worker's row, w2 never heard.
+    // The database as version 7 left it: the time in the worker's row, w2 never heard
+    // (and version 9's additions undone, so that it applies again after 8).
     let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
     for statement in [
         "DROP TABLE worker_heartbeats",
         "ALTER TABLE workers ADD COLUMN last_heartbeat_at BIGINT",
-        "DELETE FROM gantry_migrations WHERE version = 8",
+        "DROP TABLE model_providers",
+        "DROP TABLE model_routes",
+        "DROP TABLE gateway_key_load",
+        "ALTER TABLE api_keys DROP COLUMN allowed_routes",
+        "ALTER TABLE api_keys DROP COLUMN requests_per_minute",
+        "ALTER TABLE api_keys DROP COLUMN tokens_per_minute",
+        "DELETE FROM gantry_migrations WHERE version >= 8",
     ] {
         sqlx::query(statement).execute(&pool).await.unwrap();
     }

@@ -27,6 +27,7 @@ fn at(millis: i64, key: Option<i64>, model: &str, s: UsageSums) -> UsageIncremen
         user_id: 1,
         api_key_id: key,
         model: model.to_owned(),
+        target: model.to_owned(),
         sums: s,
     }
 }

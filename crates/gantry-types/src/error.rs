@@ -52,6 +52,8 @@ pub enum ErrorCode {
     WorkerUnreachable,
     /// 502: the worker holding the object answered with an error.
     WorkerError,
+    /// 502: a model provider could not be reached or answered with an error.
+    ProviderError,
     /// 503: the server cannot serve this now (shutting down, database unavailable).
     Unavailable,
     /// Only in watch streams: the stream fell behind and was ended; list and watch again.
@@ -60,7 +62,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -75,6 +77,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::WorkerUnreachable,
         ErrorCode::WorkerError,
+        ErrorCode::ProviderError,
         ErrorCode::Unavailable,
         ErrorCode::WatchLagged,
     ];
@@ -93,7 +96,7 @@ impl ErrorCode {
             ErrorCode::ValidationFailed => 422,
             ErrorCode::TooManyRequests => 429,
             ErrorCode::Internal => 500,
-            ErrorCode::WorkerUnreachable | ErrorCode::WorkerError => 502,
+            ErrorCode::WorkerUnreachable | ErrorCode::WorkerError | ErrorCode::ProviderError => 502,
             ErrorCode::Unavailable => 503,
             // Sent inside a 200 stream; were it ever a response of its own, it would say
             // "try again".
@@ -118,6 +121,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::WorkerUnreachable => "worker_unreachable",
             ErrorCode::WorkerError => "worker_error",
+            ErrorCode::ProviderError => "provider_error",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::WatchLagged => "watch_lagged",
         }

@@ -22,6 +22,7 @@ pub mod model_file;
 pub mod parts;
 pub mod placement;
 pub mod query;
+pub mod route;
 pub mod time;
 pub mod units;
 pub mod usage;
@@ -29,7 +30,7 @@ pub mod user;
 pub mod validate;
 pub mod worker;
 
-pub use api_key::{ApiKey, ApiKeyCreate, ApiKeyCreated};
+pub use api_key::{ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyLimits, ApiKeyUpdate};
 pub use auth::{ChangePasswordRequest, LoginRequest, LoginResponse};
 pub use backend::{
     BackendInstallOrder, BackendInstallRequest, BackendInstallStatus, BackendName, BackendVersion,
@@ -66,6 +67,10 @@ pub use placement::{
 pub use query::{
     ApiKeyFilter, ApiKeyQuery, InstanceFilter, InstanceQuery, ListFilter, ListQuery, ModelFilter,
     ModelQuery, UserFilter, UserQuery, WorkerFilter, WorkerQuery,
+};
+pub use route::{
+    ModelProvider, ModelProviderCreate, ModelProviderUpdate, ModelRoute, ModelRouteCreate,
+    ModelRouteUpdate, ProviderModels, RouteTarget,
 };
 pub use time::Timestamp;
 pub use user::{Role, User, UserCreate, UserUpdate};

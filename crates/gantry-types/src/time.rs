@@ -34,6 +34,12 @@ impl Timestamp {
         let millis = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
         Self(self.0.saturating_add(millis))
     }
+
+    /// This time minus a duration, saturating.
+    pub fn minus(self, duration: Duration) -> Self {
+        let millis = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+        Self(self.0.saturating_sub(millis))
+    }
 }
 
 impl From<SystemTime> for Timestamp {

@@ -115,6 +115,18 @@ pub struct ApiKeyUsage {
     pub totals: UsageTotals,
 }
 
+/// Usage of one route (or model) through one of its targets: the model itself, another
+/// deployed model, or `provider/model`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TargetUsage {
+    /// The name clients sent.
+    pub model: String,
+    /// What answered.
+    pub target: String,
+    #[serde(flatten)]
+    pub totals: UsageTotals,
+}
+
 /// The usage report.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UsageReport {
@@ -130,6 +142,10 @@ pub struct UsageReport {
     pub models: Vec<ModelUsage>,
     /// Per user, API key and model.
     pub api_keys: Vec<ApiKeyUsage>,
+    /// Per model (or route) and the target that answered, by both. Read separately from
+    /// the rest: a flush in between can make it a second newer.
+    #[serde(default)]
+    pub targets: Vec<TargetUsage>,
     /// With `bucket`: per bucket, user, API key and model, by bucket. Days older than the
     /// server's `usage_retention` are rolled up: they count whole at their start.
     #[serde(default, skip_serializing_if = "Option::is_none")]

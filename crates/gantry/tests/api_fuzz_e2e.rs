@@ -55,6 +55,7 @@ async fn schemathesis_finds_nothing_the_spec_does_not_say() {
             name: "schemathesis".into(),
             description: "the API fuzz test's own key".into(),
             expires_in_days: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -11,8 +11,12 @@ Run by `tests/console_e2e.rs`, which passes one JSON argument:
 Log in with the generated password and change it, create a model from the form, see it
 reach running, chat with it in the playground (a streamed answer with its time to first
 token and speed; the request as curl and Python; two panes side by side), create an API key
-and copy it, see the usage of those chats, delete the model. It fails (exit status 1) on
-the first thing that is not as expected and on any console error or uncaught page error.
+with a rate limit and copy it, see the usage of those chats, add a provider (this gantry's
+own gateway, called with that key) and discover its models, route a name to the model with
+the provider as fallback, change a weight, chat through the route and see which target
+answered and each target's share of the traffic, delete the route and the provider, delete
+the model. It fails (exit status 1) on the first thing that is not as expected and on any
+console error or uncaught page error, except the refusals it provokes on purpose.
 """
 
 import json
@@ -227,8 +231,10 @@ def stop(page, expected, shots):
 
 
 def api_key(page, shots):
+    """A key with a rate limit, copied once; answers the key."""
     page.locator("nav a[data-screen=api-keys]").click()
     page.get_by_placeholder("laptop").fill("browser-key")
+    page.get_by_role("spinbutton", name=re.compile(r"^Requests per minute")).fill("600")
     page.get_by_role("button", name="Create key").click()
     key = page.get_by_label("The new API key")
     expect(key).to_have_value(re.compile(r"^gantry_"))
@@ -236,7 +242,102 @@ def api_key(page, shots):
     expect(page.get_by_role("button", name="Copied")).to_be_visible()
     copied = page.evaluate("navigator.clipboard.readText()")
     assert copied == key.input_value(), "the clipboard does not hold the key"
+    row = page.locator("[data-api-keys] tr", has_text="browser-key")
+    expect(row.locator("[data-part=limits]")).to_have_text("600 req/min")
+    # Limits change in place (PATCH); empty fields stay unlimited.
+    row.get_by_role("button", name="Edit").click()
+    page.locator("dialog").get_by_role("spinbutton", name=re.compile(r"^Tokens per minute")).fill("100000")
+    page.locator("dialog").get_by_role("button", name="Save").click()
+    expect(row.locator("[data-part=limits] .chip")).to_have_text(["600 req/min", "100,000 tokens/min"])
     screenshot(page, shots["api_key"])
+    return copied
+
+
+def providers_and_routes(page, expected, shots, key):
+    """A provider that is this gantry's own gateway (reached with the key just made), a
+    route to the deployed model with the provider as its fallback, a weight changed, a chat
+    through the route, the traffic each target got; then the provider refused while the
+    route uses it, and both deleted."""
+    base = expected["base"]
+    model = expected["model"]
+    page.locator("nav a[data-screen=providers]").click()
+    expect(page.get_by_text("No providers yet", exact=False)).to_be_visible()
+    page.get_by_role("button", name="New provider").click()
+    form = page.locator("form[data-provider-form='']")
+    form.get_by_role("textbox", name=re.compile(r"^Name")).fill("loopback")
+    form.get_by_role("textbox", name=re.compile(r"^Base URL")).fill(base + "/v1")
+    form.get_by_label("API key", exact=True).fill(key)
+    form.get_by_role("button", name="Create provider").click()
+    provider = page.locator("[data-provider=loopback]")
+    expect(provider.locator("[data-part=key]")).to_have_text("set")
+    expect(provider.locator("[data-part=models]")).to_have_text("any")
+    # The provider's GET /models is this gateway's: it lists the deployed model.
+    provider.get_by_role("button", name="Edit").click()
+    form = page.locator("form[data-provider-form=loopback]")
+    form.get_by_role("button", name="Discover models").click()
+    found = form.locator("[data-discovered] label", has_text=model)
+    found.locator("input").check()
+    form.get_by_role("button", name="Use the ticked ones").click()
+    expect(form.get_by_label("Models", exact=True)).to_have_value(model)
+    form.get_by_role("button", name="Save").click()
+    expect(provider.locator("[data-part=models]")).to_have_text(model)
+    screenshot(page, shots["providers"])
+
+    page.locator("nav a[data-screen=routes]").click()
+    expect(page.get_by_text("No routes yet", exact=False)).to_be_visible()
+    page.get_by_role("button", name="New route").click()
+    form = page.locator("form[data-route-form='']")
+    form.get_by_role("textbox", name=re.compile(r"^Name")).fill("chat")
+    form.locator("[data-target-row='0']").get_by_label("Deployed model").select_option(model)
+    form.get_by_role("button", name="Add target").click()
+    fallback = form.locator("[data-target-row='1']")
+    fallback.get_by_label("Kind").select_option("provider")
+    fallback.get_by_label("Provider model").fill(model)
+    fallback.get_by_label("Priority").fill("1")
+    expect(form.locator("[data-plan]")).to_contain_text(f"(priority 1): loopback/{model} 100 %")
+    screenshot(page, shots["route_form"])
+    form.get_by_role("button", name="Create route").click()
+    route = page.locator("[data-route=chat]")
+    expect(route.locator("[data-target]")).to_have_count(2)
+    local = route.locator(f"[data-target='{model}']")
+    expect(local.locator("[data-part=weight]")).to_have_text(re.compile(r"^1 "))
+    expect(route.locator(f"[data-target='loopback/{model}'] [data-part=priority]")).to_contain_text("fallback")
+    route.get_by_role("button", name="Edit").click()
+    form = page.locator("form[data-route-form=chat]")
+    form.locator("[data-target-row='0']").get_by_label("Weight").fill("3")
+    form.get_by_role("button", name="Save").click()
+    expect(local.locator("[data-part=weight]")).to_have_text(re.compile(r"^3 "))
+
+    # The playground lists the route (GET /v1/models) and says which target answered.
+    route.get_by_role("link", name="Chat").click()
+    expect(page.locator("[data-pane-model='0']")).to_have_value("chat")
+    page.get_by_label("Max tokens").fill("8")
+    page.get_by_label("Message").fill("Through the route.")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("[data-pane='0'] [data-stats]").last).to_contain_text("via " + model)
+    screenshot(page, shots["playground_route"])
+    page.locator("nav a[data-screen=routes]").click()
+    # Usage reaches the report within a second or so; the screen re-reads it every 10 s.
+    expect(local.locator("[data-part=traffic]")).to_contain_text("100 %", timeout=30_000)
+    expect(route.locator("[data-part=requests]")).to_have_text("1")
+    screenshot(page, shots["routes"])
+
+    page.locator("nav a[data-screen=providers]").click()
+    provider.get_by_role("button", name="Delete").click()
+    dialog = page.locator("dialog")
+    dialog.get_by_role("button", name="Delete provider").click()
+    # 409: the message names the route that uses the provider, and the dialog stays open.
+    expect(dialog.get_by_role("alert")).to_contain_text("chat")
+    screenshot(page, shots["provider_in_use"])
+    dialog.get_by_role("button", name="Cancel").click()
+    page.locator("nav a[data-screen=routes]").click()
+    route.get_by_role("button", name="Delete").click()
+    page.locator("dialog").get_by_role("button", name="Delete route").click()
+    expect(page.get_by_text("No routes yet", exact=False)).to_be_visible()
+    page.locator("nav a[data-screen=providers]").click()
+    provider.get_by_role("button", name="Delete").click()
+    page.locator("dialog").get_by_role("button", name="Delete provider").click()
+    expect(page.get_by_text("No providers yet", exact=False)).to_be_visible()
 
 
 def delete_model(page, expected, shots):
@@ -262,7 +363,9 @@ def main():
             page = context.new_page()
             page.on(
                 "console",
-                lambda message: problems.append(f"console {message.type}: {message.text}")
+                lambda message: problems.append(
+                    f"console {message.type}: {message.text} at {message.location.get('url', '')}"
+                )
                 if message.type == "error"
                 else None,
             )
@@ -274,12 +377,19 @@ def main():
             chat(page, expected, shots, row)
             usage(page, expected, shots)
             stop(page, expected, shots)
-            api_key(page, shots)
+            key = api_key(page, shots)
+            providers_and_routes(page, expected, shots, key)
             delete_model(page, expected, shots)
         finally:
             browser.close()
-    # A page opened before logging in asks for the session and is refused (401).
-    problems = [p for p in problems if "status of 401" not in p]
+    # A page opened before logging in asks for the session and is refused (401); the
+    # provider's delete is refused on purpose while a route uses it (409).
+    problems = [
+        p
+        for p in problems
+        if "status of 401" not in p
+        and not ("status of 409" in p and p.endswith("/api/v1/model-providers/loopback"))
+    ]
     assert not problems, "the page reported problems:\n" + "\n".join(problems)
     print("console checks passed")
 

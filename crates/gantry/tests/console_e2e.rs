@@ -57,6 +57,11 @@ async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browse
         "usage_by_key",
         "playground_stop",
         "api_key",
+        "providers",
+        "route_form",
+        "playground_route",
+        "routes",
+        "provider_in_use",
         "models_empty",
     ];
     let paths = gantry_testkit::browser::screenshot_paths(

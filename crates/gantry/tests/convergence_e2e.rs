@@ -171,6 +171,7 @@ async fn changing_a_models_arguments_rolls_its_replicas_without_failing_a_reques
             name: "roll".into(),
             description: String::new(),
             expires_in_days: None,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -70,6 +70,7 @@ async fn deploy_with_one_call_and_serve_through_the_gateway() {
             name: "e2e".into(),
             description: String::new(),
             expires_in_days: None,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -153,6 +153,7 @@ async fn the_gateway_and_the_backends_outlive_a_database_outage() {
             name: "outage".into(),
             description: String::new(),
             expires_in_days: None,
+            ..Default::default()
         })
         .await
         .unwrap()

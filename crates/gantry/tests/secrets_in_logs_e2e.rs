@@ -49,6 +49,7 @@ async fn no_secret_reaches_a_log_line_at_trace_level() {
             name: "k".into(),
             description: String::new(),
             expires_in_days: None,
+            ..Default::default()
         })
         .await
         .unwrap()

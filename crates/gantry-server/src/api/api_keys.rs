@@ -6,7 +6,7 @@ use axum::response::Response;
 use axum::Json;
 use gantry_store::{Change, NewApiKey};
 use gantry_types::{
-    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, ListResponse, Role, Timestamp,
+    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, ApiKeyUpdate, ListResponse, Role, Timestamp,
 };
 
 use super::created;
@@ -53,6 +53,7 @@ pub async fn create(
     ApiJson(request): ApiJson<ApiKeyCreate>,
 ) -> ApiResult<Response> {
     let user = principal.require_user()?;
+    let limits = request.limits();
     let generated = GeneratedApiKey::generate();
     let full = generated.full();
     let key = state
@@ -67,6 +68,7 @@ pub async fn create(
             expires_at: request.expires_in_days.map(|days| {
                 Timestamp::now().plus(std::time::Duration::from_secs(u64::from(days) * 86_400))
             }),
+            limits,
         })
         .await?;
     tracing::info!(username = %user.username, api_key_id = key.id, access_key = %key.access_key, "created API key");
@@ -95,6 +97,39 @@ pub async fn get(
         // Someone else's key: answer as if it did not exist.
         return Err(ApiError::not_found(format!("api key {id} not found")));
     }
+    Ok(Json(key))
+}
+
+/// Changes a key's description (its owner or an admin) and its gateway limits (admins
+/// only: a limit an admin set is not for the key's owner to lift). `null` lifts a limit.
+/// Every server applies the change within about a second.
+#[utoipa::path(patch, path = "/api/v1/api-keys/{id}", tag = "api-keys", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "API key id")), request_body = ApiKeyUpdate,
+    responses((status = 200, body = ApiKey), (status = 403, body = gantry_types::ErrorBody),
+        (status = 404, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
+pub async fn update(
+    State(state): State<AppState>,
+    UserAuth(principal): UserAuth,
+    ApiPath(id): ApiPath<i64>,
+    ApiJson(request): ApiJson<ApiKeyUpdate>,
+) -> ApiResult<Json<ApiKey>> {
+    let user = principal.require_user()?;
+    let key = state.store.get_api_key(id).await?;
+    if !visible(&key, user) {
+        return Err(ApiError::not_found(format!("api key {id} not found")));
+    }
+    let changes_limits = request.allowed_routes.is_some()
+        || request.requests_per_minute.is_some()
+        || request.tokens_per_minute.is_some();
+    if changes_limits && user.role != Role::Admin {
+        return Err(ApiError::forbidden(
+            "only admins can change a key's limits; set them when you create a key",
+        ));
+    }
+    let limits = request.apply_to(&key.limits);
+    let description = request.description.as_deref().unwrap_or(&key.description);
+    let key = state.store.update_api_key(id, description, &limits).await?;
+    tracing::info!(username = %user.username, api_key_id = id, allowed_routes = ?limits.allowed_routes, requests_per_minute = ?limits.requests_per_minute, tokens_per_minute = ?limits.tokens_per_minute, "changed API key");
     Ok(Json(key))
 }
 

@@ -12,6 +12,8 @@ pub mod instances;
 pub mod model_files;
 pub mod models;
 pub mod openapi;
+pub mod providers;
+pub mod routes;
 pub mod uploads;
 pub mod usage;
 pub mod users;
@@ -45,7 +47,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api-keys", get(api_keys::list).post(api_keys::create))
         .route(
             "/api-keys/{id}",
-            get(api_keys::get).delete(api_keys::delete),
+            get(api_keys::get)
+                .patch(api_keys::update)
+                .delete(api_keys::delete),
         )
         .route(
             "/inference-backends",
@@ -56,6 +60,24 @@ pub fn router(state: AppState) -> Router {
             get(backends::get)
                 .patch(backends::update)
                 .delete(backends::delete),
+        )
+        .route(
+            "/model-providers",
+            get(providers::list).post(providers::create),
+        )
+        .route(
+            "/model-providers/{name}",
+            get(providers::get)
+                .patch(providers::update)
+                .delete(providers::delete),
+        )
+        .route("/model-providers/{name}/models", get(providers::models))
+        .route("/model-routes", get(routes::list).post(routes::create))
+        .route(
+            "/model-routes/{name}",
+            get(routes::get)
+                .patch(routes::update)
+                .delete(routes::delete),
         )
         .route("/model-catalog", get(catalog::list))
         .route("/workers", get(workers::list))

@@ -8,7 +8,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::{
     agent, api_keys, auth, backends, catalog, coordinator, health, instances, model_files, models,
-    uploads, usage, users, worker_backends, workers,
+    providers, routes, uploads, usage, users, worker_backends, workers,
 };
 
 /// The management API's description.
@@ -27,12 +27,15 @@ use super::{
         health::healthz, health::readyz,
         auth::login, auth::logout, auth::change_password, auth::me,
         users::list, users::create, users::get, users::update, users::delete,
-        api_keys::list, api_keys::create, api_keys::get, api_keys::delete,
+        api_keys::list, api_keys::create, api_keys::get, api_keys::update, api_keys::delete,
         backends::list, backends::create, backends::get, backends::update, backends::delete,
         workers::list, workers::get, workers::delete, workers::set_labels, workers::history,
         worker_backends::list, worker_backends::install, worker_backends::remove,
         models::list, models::create, models::estimate, models::get, models::update,
         models::delete, catalog::list,
+        providers::list, providers::create, providers::get, providers::update,
+        providers::delete, providers::models,
+        routes::list, routes::create, routes::get, routes::update, routes::delete,
         instances::list, instances::get, instances::update, instances::delete, instances::logs,
         model_files::list, model_files::delete,
         uploads::create, uploads::list, uploads::get, uploads::append, uploads::delete,
@@ -71,6 +74,7 @@ use super::{
         (name = "model-instances", description = "Replicas: the observed state"),
         (name = "model-files", description = "Files in the workers' model caches (admin)"),
         (name = "worker-agent", description = "Called by worker agents with their credential"),
+        (name = "model-routes", description = "Model routes and providers: public model names over deployed models and external OpenAI-compatible endpoints (admin)"),
         (name = "usage", description = "Requests and tokens served by the gateway"),
         (name = "gateway", description = "OpenAI-compatible endpoints (errors in OpenAI's shape) and Prometheus metrics"),
     )

@@ -1,5 +1,5 @@
-//! `/api/v1/usage`: what the gateway served — requests and tokens per model and per
-//! API key. Admins see everyone's usage and may filter by user; everyone else sees
+//! `/api/v1/usage`: what the gateway served — requests and tokens per model, per
+//! API key and per route target. Admins see everyone's usage and may filter by user; everyone else sees
 //! their own. Usage is recorded per minute and written about once a second, so the
 //! newest second of traffic may not show yet.
 
@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::Json;
 use gantry_store::{UsageByApiKey, UsageFilter, UsageSums};
 use gantry_types::usage::{
-    ApiKeyUsage, ModelUsage, UsagePoint, UsageQuery, UsageReport, UsageTotals,
+    ApiKeyUsage, ModelUsage, TargetUsage, UsagePoint, UsageQuery, UsageReport, UsageTotals,
 };
 use gantry_types::Role;
 
@@ -83,6 +83,17 @@ pub async fn report(
             (by_key, Some(series))
         }
     };
+    let targets = state
+        .store
+        .usage_by_target(&filter)
+        .await?
+        .into_iter()
+        .map(|row| TargetUsage {
+            model: row.model,
+            target: row.target,
+            totals: totals(row.sums),
+        })
+        .collect();
     let mut total = UsageSums::default();
     let mut by_model: BTreeMap<&str, UsageSums> = BTreeMap::new();
     for row in &by_key {
@@ -116,6 +127,7 @@ pub async fn report(
                 totals: totals(row.sums),
             })
             .collect(),
+        targets,
         bucket: query.bucket,
         series,
     }))

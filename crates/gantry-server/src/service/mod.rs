@@ -15,7 +15,9 @@
 pub mod backends;
 pub mod instances;
 pub mod models;
+pub mod providers;
 pub mod replicas;
+pub mod routes;
 pub mod users;
 pub mod worker_api;
 pub mod workers;

@@ -424,6 +424,7 @@ pub fn api_key(name: &str) -> gantry_types::ApiKeyCreate {
         name: name.into(),
         description: String::new(),
         expires_in_days: None,
+        ..Default::default()
     }
 }
 

@@ -53,6 +53,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
                     name: name.clone(),
                     description,
                     expires_in_days,
+                    ..Default::default()
                 })
                 .await
                 .map_err(explain)

@@ -74,6 +74,7 @@ pub async fn login(args: LoginArgs) -> anyhow::Result<()> {
             name: key_name(&gantry_worker::system::hostname(), Timestamp::now()),
             description: format!("gantry login of {username}"),
             expires_in_days: None,
+            ..Default::default()
         })
         .await
         .map_err(explain)
@@ -274,6 +275,7 @@ mod tests {
             name: long,
             description: String::new(),
             expires_in_days: None,
+            ..Default::default()
         };
         gantry_types::Validate::validate(&key).unwrap();
     }

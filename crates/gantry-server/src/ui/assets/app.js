@@ -759,6 +759,8 @@
     { id: 'models', title: 'Models', render: renderModels },
     { id: 'instances', title: 'Instances', render: renderInstances },
     { id: 'catalog', title: 'Catalog', render: renderCatalog },
+    { id: 'routes', title: 'Routes', render: renderRoutes, admin: true },
+    { id: 'providers', title: 'Providers', render: renderProviders, admin: true },
     { id: 'playground', title: 'Playground', render: renderPlayground },
     { id: 'usage', title: 'Usage', render: renderUsage },
     { id: 'workers', title: 'Workers', render: renderWorkers, admin: true },
@@ -1380,6 +1382,670 @@
       });
   }
 
+  // ---------------------------------------------------------------- providers
+
+  /** The items of a list answer: a plain array, or a page's `items`. */
+  function itemsOf(body) {
+    return Array.isArray(body) ? body : (body && body.items) || [];
+  }
+
+  /** Parses "Name: value", one header per line, into an object. */
+  function parseHeaders(text) {
+    const headers = {};
+    for (const line of text.split('\n')) {
+      const item = line.trim();
+      if (!item) continue;
+      const colon = item.indexOf(':');
+      if (colon <= 0) throw new Error('Headers: “' + item + '” is not “Name: value”.');
+      headers[item.slice(0, colon).trim()] = item.slice(colon + 1).trim();
+    }
+    return headers;
+  }
+
+  function formatHeaders(headers) {
+    return Object.entries(headers || {}).map(([k, v]) => k + ': ' + v).join('\n');
+  }
+
+  /** Splits a list typed with commas, spaces or one item per line. */
+  function parseList(text) {
+    return text.split(/[\s,]+/).map((item) => item.trim()).filter(Boolean);
+  }
+
+  function sameJson(a, b) {
+    return JSON.stringify(a) === JSON.stringify(b);
+  }
+
+  /** A few chips, then "+N more" with the rest in its title. */
+  function someChips(items, max) {
+    const shown = items.slice(0, max).map((item) => h('span', { class: 'chip' }, item));
+    if (items.length > max) {
+      shown.push(h('span', { class: 'muted small', title: items.slice(max).join('\n') }, '+' + (items.length - max) + ' more'));
+    }
+    return shown;
+  }
+
+  function renderProviders(main) {
+    const formBox = h('div');
+    const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+    const closeForm = () => formBox.replaceChildren();
+    const openForm = (provider) => {
+      formBox.replaceChildren(providerForm(provider, () => {
+        closeForm();
+        load();
+      }));
+      // The form sits under the page's head: show both.
+      window.scrollTo({ top: 0 });
+      const first = formBox.querySelector('input:not([disabled])');
+      if (first) first.focus();
+    };
+    main.append(pageHead('Providers',
+      h('span', { class: 'muted small' }, 'External OpenAI-compatible endpoints that routes can send requests to.'),
+      // Toggles the new-provider form; replaces an open edit form.
+      h('button', { class: 'primary', onclick: () => (formBox.querySelector('[data-provider-form=""]') ? closeForm() : openForm(null)) }, 'New provider')),
+    formBox, tableBox);
+
+    const draw = (providers, routes) => {
+      if (!providers.length) {
+        tableBox.replaceChildren(h('div', { class: 'panel empty' }, 'No providers yet. Add one with “New provider”, then send a route’s traffic to it.'));
+        return;
+      }
+      const usedBy = new Map();
+      for (const r of routes) {
+        for (const t of r.targets) {
+          if (!t.provider) continue;
+          const names = usedBy.get(t.provider) || new Set();
+          names.add(r.name);
+          usedBy.set(t.provider, names);
+        }
+      }
+      const rows = providers.map((p) => {
+        const routeNames = Array.from(usedBy.get(p.name) || []).sort();
+        const headerCount = Object.keys(p.headers || {}).length;
+        return h('tr', { 'data-provider': p.name },
+          h('td', null, h('strong', null, p.name), p.description ? h('div', { class: 'muted small' }, p.description) : null),
+          h('td', { class: 'url-cell' }, h('span', { class: 'mono small' }, p.base_url),
+            headerCount ? h('div', { class: 'muted small', title: Object.keys(p.headers).join('\n') },
+              '+ ' + headerCount + ' header' + (headerCount === 1 ? '' : 's')) : null),
+          h('td', { 'data-part': 'key' }, p.has_api_key
+            ? h('span', { class: 'badge ok' }, 'set')
+            : h('span', { class: 'badge idle' }, 'none')),
+          h('td', { 'data-part': 'models' }, p.models.length
+            ? someChips(p.models, 4)
+            : h('span', { class: 'muted', title: 'Routes may name any model id of this provider' }, 'any')),
+          h('td', { class: 'num' }, p.timeout_seconds + ' s'),
+          h('td', null, routeNames.length
+            ? routeNames.map((name) => h('span', { class: 'chip' }, name))
+            : h('span', { class: 'muted' }, '—')),
+          h('td', null, timeCell(p.updated_at)),
+          h('td', { class: 'actions' },
+            h('button', { class: 'small', onclick: () => openForm(p) }, 'Edit'),
+            h('button', { class: 'small danger', onclick: () => deleteProvider(p, load) }, 'Delete')));
+      });
+      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', { 'data-providers': '' },
+        h('thead', null, h('tr', null,
+          h('th', null, 'Name'), h('th', null, 'Base URL'), h('th', null, 'API key'), h('th', null, 'Models'),
+          h('th', { class: 'num', title: 'Time the provider has to start its answer before a route falls back' }, 'Timeout'),
+          h('th', null, 'Used by routes'), h('th', null, 'Updated'), h('th', null))),
+        h('tbody', null, rows))));
+    };
+
+    let stopped = false;
+    const load = async () => {
+      try {
+        const [providers, routes] = await Promise.all([
+          api('GET', '/api/v1/model-providers'),
+          api('GET', '/api/v1/model-routes').catch(() => []),
+        ]);
+        if (!stopped) draw(itemsOf(providers), itemsOf(routes));
+      } catch (e) {
+        if (!stopped) tableBox.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
+      }
+    };
+    load();
+    return combine(ticker(load, 30000), () => (stopped = true));
+  }
+
+  /**
+   * The form that creates a provider (`provider` null) or edits one. Its API key is
+   * write-only: on edit the field starts empty, which keeps the key; "Remove the key"
+   * sends null. "Discover models" asks the saved provider which models it has.
+   */
+  function providerForm(provider, onDone) {
+    const editing = provider != null;
+    const p = provider || { name: '', description: '', base_url: '', has_api_key: false, headers: {}, timeout_seconds: 120, models: [] };
+    const name = h('input', { required: !editing, disabled: editing, placeholder: 'openai', maxlength: 63, value: p.name, autocomplete: 'off' });
+    const description = h('input', { placeholder: 'optional', value: p.description });
+    const baseUrl = h('input', { type: 'url', required: true, placeholder: 'https://api.openai.com/v1', value: p.base_url });
+    const apiKey = h('input', {
+      type: 'password',
+      'aria-label': 'API key',
+      autocomplete: 'new-password',
+      placeholder: editing ? (p.has_api_key ? 'set: leave empty to keep it' : 'none set') : 'optional',
+    });
+    const removeKey = h('input', { type: 'checkbox' });
+    removeKey.addEventListener('change', () => {
+      apiKey.disabled = removeKey.checked;
+      if (removeKey.checked) apiKey.value = '';
+    });
+    const timeout = h('input', { type: 'number', min: 1, max: 3600, required: true, value: String(p.timeout_seconds) });
+    const models = h('textarea', { rows: 3, 'aria-label': 'Models', placeholder: 'empty: any model id', value: p.models.join('\n') });
+    const headers = h('textarea', { rows: 2, placeholder: 'OpenAI-Organization: org-123', value: formatHeaders(p.headers) });
+    const discovered = h('div', { class: 'discovered', 'data-discovered': '' });
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, editing ? 'Save' : 'Create provider');
+
+    const discover = editing ? h('button', {
+      type: 'button',
+      class: 'small',
+      onclick: async () => {
+        discover.disabled = true;
+        discovered.replaceChildren(h('div', { class: 'muted small' }, 'Asking ' + p.name + ' for its models…'));
+        try {
+          const answer = await api('GET', '/api/v1/model-providers/' + encodeURIComponent(p.name) + '/models');
+          discovered.replaceChildren(discoveredModels(answer.models, models));
+        } catch (e) {
+          discovered.replaceChildren(h('div', { class: 'alert' }, e.message));
+        } finally {
+          discover.disabled = false;
+        }
+      },
+    }, 'Discover models') : null;
+
+    const form = h('form', {
+      class: 'panel',
+      'data-provider-form': editing ? p.name : '',
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        let wanted;
+        try {
+          wanted = {
+            description: description.value.trim(),
+            base_url: baseUrl.value.trim(),
+            headers: parseHeaders(headers.value),
+            timeout_seconds: Number(timeout.value),
+            models: parseList(models.value),
+          };
+        } catch (e) {
+          error.textContent = e.message;
+          return;
+        }
+        submit.disabled = true;
+        try {
+          if (editing) {
+            const update = {};
+            for (const [key, value] of Object.entries(wanted)) {
+              if (!sameJson(value, p[key])) update[key] = value;
+            }
+            if (removeKey.checked) update.api_key = null;
+            else if (apiKey.value) update.api_key = apiKey.value;
+            if (Object.keys(update).length) {
+              await api('PATCH', '/api/v1/model-providers/' + encodeURIComponent(p.name), update);
+              toast('Provider ' + p.name + ' updated.');
+            }
+          } else {
+            const body = Object.assign({ name: name.value.trim() }, wanted);
+            if (apiKey.value) body.api_key = apiKey.value;
+            const created = await api('POST', '/api/v1/model-providers', body);
+            toast('Provider ' + created.name + ' created.' + (created.models.length ? '' : ' Edit it to discover its models.'));
+          }
+          onDone();
+        } catch (e) {
+          error.textContent = e.message;
+          submit.disabled = false;
+        }
+      },
+    },
+    h('h2', null, editing ? 'Edit provider ' + p.name : 'New provider'),
+    h('div', { class: 'form-grid' },
+      field('Name', name, editing ? 'Routes name the provider by it; it cannot change.' : 'Lowercase letters, digits, “-”, “_”, “.”'),
+      field('Base URL', baseUrl, 'With the API’s version: requests go to <base URL>/chat/completions.'),
+      // A div, not a label: it holds the remove checkbox's own label.
+      h('div', { class: 'field' },
+        h('span', null, 'API key'),
+        apiKey,
+        h('span', { class: 'hint' }, editing ? 'Write-only: it is never shown again.' : 'Sent as Authorization: Bearer; never shown again.'),
+        editing && p.has_api_key ? h('label', { class: 'inline-check' }, removeKey, 'Remove the key') : null),
+      field('Timeout (seconds)', timeout, 'To start answering, before a route falls back.'),
+      field('Description', description),
+      h('div', { class: 'field wide' },
+        h('span', null, 'Models'),
+        models,
+        h('span', { class: 'hint' },
+          'Model ids the provider offers, one per line or comma-separated; empty: routes may name any. ',
+          editing ? 'Discover asks the saved provider (its GET /models).' : 'Once it is created, Edit → Discover models asks the provider.'),
+        discover ? h('div', null, discover) : null,
+        discovered),
+      field('Extra headers', headers, 'One “Name: value” per line; not secret (keep credentials in the API key).', 'wide')),
+    error,
+    h('div', { class: 'form-actions' },
+      submit,
+      h('button', { type: 'button', onclick: () => onDone() }, 'Cancel')));
+    return form;
+  }
+
+  /** The models a provider listed, to tick and copy into the form's models. */
+  function discoveredModels(ids, target) {
+    if (!ids.length) return h('div', { class: 'muted small' }, 'The provider lists no models.');
+    const current = new Set(parseList(target.value));
+    const boxes = ids.map((id) => h('input', { type: 'checkbox', value: id, checked: current.has(id) }));
+    const setAll = (checked) => boxes.forEach((b) => (b.checked = checked));
+    return h('div', null,
+      h('div', { class: 'discovered-head' },
+        h('span', { class: 'small' }, ids.length + (ids.length === 1 ? ' model' : ' models') + ' at the provider'),
+        h('button', { type: 'button', class: 'small', onclick: () => setAll(true) }, 'All'),
+        h('button', { type: 'button', class: 'small', onclick: () => setAll(false) }, 'None'),
+        h('button', {
+          type: 'button',
+          class: 'small primary',
+          onclick: () => {
+            target.value = boxes.filter((b) => b.checked).map((b) => b.value).join('\n');
+            target.focus();
+          },
+        }, 'Use the ticked ones')),
+      h('div', { class: 'discovered-list' }, ids.map((id, i) =>
+        h('label', { class: 'discovered-item', title: id }, boxes[i], h('span', { class: 'mono small' }, id)))));
+  }
+
+  function deleteProvider(provider, reload) {
+    confirmDialog('Delete provider ' + provider.name + '?',
+      'Its key is forgotten. The server refuses while a route sends traffic to it: change those routes first.',
+      'Delete provider',
+      async () => {
+        await api('DELETE', '/api/v1/model-providers/' + encodeURIComponent(provider.name));
+        toast('Provider ' + provider.name + ' deleted.');
+        reload();
+      });
+  }
+
+  // ---------------------------------------------------------------- routes
+
+  /** How often the routes screen re-reads the routes and their last day's traffic. */
+  const ROUTES_POLL_MS = 10000;
+
+  /** How accounting and `x-gantry-target` name a target: the model, or provider/model. */
+  function targetLabel(target) {
+    return target.provider ? target.provider + '/' + target.model : target.model;
+  }
+
+  /**
+   * Each target's planned share of its priority's traffic (weight over the weights of
+   * its priority), and which priority is the first: the others are fallbacks.
+   */
+  function plannedShares(targets) {
+    const sums = new Map();
+    for (const t of targets) sums.set(t.priority, (sums.get(t.priority) || 0) + t.weight);
+    const first = Math.min(...targets.map((t) => t.priority));
+    return targets.map((t) => ({ share: sums.get(t.priority) ? t.weight / sums.get(t.priority) : 0, fallback: t.priority !== first }));
+  }
+
+  function fmtShare(share) {
+    const percent = share * 100;
+    return (percent > 0 && percent < 1 ? '<1' : Math.round(percent)) + ' %';
+  }
+
+  function renderRoutes(main) {
+    const formBox = h('div');
+    const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+    let state = null;
+    let loadError = null;
+    // The open form, which follows the deployed models too.
+    let form = null;
+    const closeForm = () => {
+      form = null;
+      formBox.replaceChildren();
+    };
+    const openForm = (route) => {
+      const providers = state ? state.providers : [];
+      form = routeForm(route, providers, () => {
+        closeForm();
+        load();
+      });
+      formBox.replaceChildren(form.element);
+      // The form sits under the page's head: show both.
+      window.scrollTo({ top: 0 });
+      const first = formBox.querySelector('input:not([disabled])');
+      if (first) first.focus();
+    };
+    main.append(pageHead('Routes',
+      h('span', { class: 'muted small' }, 'Model names clients call, served by deployed models and providers.'),
+      h('button', { class: 'primary', onclick: () => (formBox.querySelector('[data-route-form=""]') ? closeForm() : openForm(null)) }, 'New route')),
+    formBox, tableBox);
+
+    const draw = () => {
+      if (form) form.refreshModels();
+      if (!state) {
+        tableBox.replaceChildren(loadError
+          ? h('div', { class: 'panel' }, h('div', { class: 'alert' }, loadError.message))
+          : h('div', { class: 'panel empty' }, 'Loading…'));
+        return;
+      }
+      const notices = loadError ? [h('div', { class: 'alert' }, 'Cannot refresh the routes: ' + loadError.message)] : [];
+      if (!state.routes.length) {
+        tableBox.replaceChildren(...notices, h('div', { class: 'panel empty' },
+          'No routes yet: every deployed model answers to its own name. A route gives one name several targets, with weights and fallbacks.'));
+        return;
+      }
+      const deployed = new Set(live.models.values().map((m) => m.name));
+      const rows = state.routes.map((r) => {
+        const usage = state.usage.get(r.name);
+        const traffic = new Map();
+        let served = 0;
+        for (const t of (usage && usage.targets) || []) {
+          if (t.model !== r.name) continue;
+          traffic.set(t.target, (traffic.get(t.target) || 0) + t.requests);
+          served += t.requests;
+        }
+        const planned = plannedShares(r.targets);
+        const order = r.targets.map((t, i) => i).sort((a, b) => r.targets[a].priority - r.targets[b].priority || a - b);
+        const targetRows = order.map((i) => {
+          const t = r.targets[i];
+          const label = targetLabel(t);
+          const got = traffic.get(label) || 0;
+          const missing = !t.provider && live.models.loaded && !deployed.has(t.model);
+          return h('tr', { 'data-target': label },
+            h('td', null,
+              h('span', { class: 'badge ' + (t.provider ? 'idle' : 'info') }, t.provider ? 'provider' : 'local'), ' ',
+              h('span', { class: 'mono small' }, label),
+              missing ? h('span', { class: 'badge warn', title: 'No deployed model has this name: the route skips it' }, 'not deployed') : null),
+            h('td', { class: 'num', 'data-part': 'priority' }, t.priority,
+              planned[i].fallback ? h('span', { class: 'muted small' }, ' fallback') : null),
+            h('td', { class: 'num', 'data-part': 'weight' }, t.weight,
+              h('span', { class: 'muted small', title: 'Its share of its priority’s traffic while all of them can answer' }, ' (' + fmtShare(planned[i].share) + ')')),
+            h('td', { 'data-part': 'traffic' }, trafficShare(got, served, usage)));
+        });
+        return h('tr', { 'data-route': r.name },
+          h('td', null, h('strong', null, r.name), r.description ? h('div', { class: 'muted small' }, r.description) : null),
+          h('td', { class: 'targets-cell' }, h('table', { class: 'compact targets' },
+            h('thead', null, h('tr', null,
+              h('th', null, 'Target'), h('th', { class: 'num col-priority' }, 'Priority'), h('th', { class: 'num col-weight' }, 'Weight'),
+              h('th', { class: 'col-traffic' }, 'Traffic, last 24 h'))),
+            h('tbody', null, targetRows))),
+          h('td', { class: 'num', 'data-part': 'requests' }, usage ? fmtCount(usage.total.requests) : h('span', { class: 'muted' }, '—')),
+          h('td', null, timeCell(r.updated_at)),
+          h('td', { class: 'actions' },
+            h('a', { class: 'button small', href: '#/playground?model=' + encodeURIComponent(r.name), title: 'Chat with ' + r.name }, 'Chat'),
+            h('button', { class: 'small', onclick: () => openForm(r) }, 'Edit'),
+            h('button', { class: 'small danger', onclick: () => deleteRoute(r, load) }, 'Delete')));
+      });
+      tableBox.replaceChildren(...notices, h('div', { class: 'panel flush' }, h('table', { 'data-routes': '' },
+        h('thead', null, h('tr', null,
+          h('th', null, 'Route'), h('th', null, 'Targets (lower priority first; weights split a priority)'),
+          h('th', { class: 'num' }, 'Requests, 24 h'), h('th', null, 'Updated'), h('th', null))),
+        h('tbody', null, rows))));
+    };
+
+    let stopped = false;
+    let timer = null;
+    const load = async () => {
+      clearTimeout(timer);
+      try {
+        const [routes, providers] = await Promise.all([
+          api('GET', '/api/v1/model-routes').then(itemsOf),
+          api('GET', '/api/v1/model-providers').then(itemsOf),
+        ]);
+        const from = encodeURIComponent(new Date(Date.now() - 86400000).toISOString());
+        // One report per route; a route whose report fails shows no traffic.
+        const reports = await Promise.all(routes.map((r) =>
+          api('GET', '/api/v1/usage?from=' + from + '&model=' + encodeURIComponent(r.name)).catch(() => null)));
+        state = { routes, providers, usage: new Map(routes.map((r, i) => [r.name, reports[i]])) };
+        loadError = null;
+      } catch (e) {
+        loadError = e;
+      }
+      if (stopped) return;
+      draw();
+      timer = setTimeout(load, ROUTES_POLL_MS);
+    };
+    load();
+    return combine(follow([live.models], draw), () => {
+      stopped = true;
+      clearTimeout(timer);
+    });
+  }
+
+  /** A target's share of its route's requests: a bar, the percent and the count. */
+  function trafficShare(requests, total, usage) {
+    if (!usage) return h('span', { class: 'muted small', title: 'The usage report could not be read' }, '—');
+    if (!total) return h('span', { class: 'muted small' }, 'no requests');
+    const fill = h('div');
+    fill.style.width = ((requests / total) * 100).toFixed(1) + '%';
+    return h('div', { class: 'share', title: fmtCount(requests) + ' of ' + fmtCount(total) + ' requests' },
+      h('div', { class: 'meter' }, fill),
+      h('span', { class: 'small' }, fmtShare(requests / total)),
+      h('span', { class: 'muted small' }, fmtCount(requests) + ' req'));
+  }
+
+  /**
+   * The form that creates a route (`route` null) or edits one: its targets are rows of
+   * kind, model, weight and priority, added and removed in place, with the plan they
+   * make written under them. Answers `{element, refreshModels()}`: the latter offers the
+   * models deployed now (they may arrive after the form opens).
+   */
+  function routeForm(route, providers, onDone) {
+    const editing = route != null;
+    const r = route || { name: '', description: '', targets: [] };
+    const name = h('input', { required: !editing, disabled: editing, placeholder: 'chat', maxlength: 63, value: r.name, autocomplete: 'off' });
+    const description = h('input', { placeholder: 'optional', value: r.description });
+    const body = h('tbody');
+    const plan = h('div', { class: 'route-plan muted small', 'data-plan': '' });
+    const error = h('div', { class: 'alert', role: 'alert' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, editing ? 'Save' : 'Create route');
+    const deployedNames = () => live.models.values().map((m) => m.name).sort();
+    let modelNames = deployedNames();
+    const rows = [];
+
+    const renumber = () => {
+      rows.forEach((row, i) => {
+        row.element.dataset.targetRow = String(i);
+        row.remove.setAttribute('aria-label', 'Remove target ' + (i + 1));
+        row.remove.disabled = rows.length === 1;
+      });
+    };
+    const describePlan = () => {
+      const targets = rows.map((row) => row.value()).filter((t) => t.model);
+      if (!targets.length) {
+        plan.textContent = 'Add a target.';
+        return;
+      }
+      const planned = plannedShares(targets);
+      const priorities = Array.from(new Set(targets.map((t) => t.priority))).sort((a, b) => a - b);
+      plan.replaceChildren(...priorities.map((priority, n) => h('div', null,
+        h('strong', null, n === 0 ? 'First' : 'Then, if none of those can answer'),
+        ' (priority ' + priority + '): ',
+        targets.map((t, i) => [t, i]).filter(([t]) => t.priority === priority)
+          .map(([t, i]) => targetLabel(t) + ' ' + fmtShare(planned[i].share)).join(', '))));
+    };
+    const addRow = (target) => {
+      const row = targetRow(target, modelNames, providers, () => {
+        rows.splice(rows.indexOf(row), 1);
+        row.element.remove();
+        renumber();
+        describePlan();
+      }, describePlan);
+      rows.push(row);
+      body.append(row.element);
+      renumber();
+      describePlan();
+      return row;
+    };
+    for (const t of r.targets) addRow(t);
+    if (!rows.length) addRow({ model: modelNames[0] || '', weight: 1, priority: 0 });
+
+    const form = h('form', {
+      class: 'panel',
+      'data-route-form': editing ? r.name : '',
+      onsubmit: async (event) => {
+        event.preventDefault();
+        error.textContent = '';
+        rows.forEach((row) => row.element.classList.remove('invalid'));
+        const targets = rows.map((row) => row.value());
+        const empty = targets.findIndex((t) => !t.model || (t.provider === ''));
+        if (empty >= 0) {
+          rows[empty].element.classList.add('invalid');
+          error.textContent = 'Target ' + (empty + 1) + ' needs a ' + (targets[empty].provider === '' ? 'provider' : 'model') + '.';
+          return;
+        }
+        submit.disabled = true;
+        try {
+          if (editing) {
+            const update = {};
+            if (description.value.trim() !== r.description) update.description = description.value.trim();
+            if (!sameJson(targets, r.targets.map(normalTarget))) update.targets = targets;
+            if (Object.keys(update).length) {
+              await api('PATCH', '/api/v1/model-routes/' + encodeURIComponent(r.name), update);
+              toast('Route ' + r.name + ' updated.');
+            }
+          } else {
+            const created = await api('POST', '/api/v1/model-routes', { name: name.value.trim(), description: description.value.trim(), targets });
+            toast('Route ' + created.name + ' created: clients may call it now.');
+          }
+          onDone();
+        } catch (e) {
+          // The API names the field it refused (targets[1].weight): mark that row.
+          const at = /targets\[(\d+)\]/.exec(e.message);
+          if (at && rows[Number(at[1])]) rows[Number(at[1])].element.classList.add('invalid');
+          error.textContent = e.message;
+          submit.disabled = false;
+        }
+      },
+    },
+    h('h2', null, editing ? 'Edit route ' + r.name : 'New route'),
+    h('div', { class: 'form-grid' },
+      field('Name', name, editing ? 'What clients send as “model”; it cannot change.' : 'What clients send as “model”. A deployed model’s name makes the route replace it.'),
+      field('Description', description)),
+    h('h3', { class: 'form-subhead' }, 'Targets'),
+    h('p', { class: 'muted small form-note' },
+      'The gateway sends each request to the targets of the lowest priority number that can answer, split by weight; a higher number is a fallback for when none of the lower ones can.'),
+    h('div', { class: 'target-editor-box' }, h('table', { class: 'compact target-editor' },
+      h('thead', null, h('tr', null,
+        h('th', null, 'Kind'), h('th', null, 'Model'), h('th', null, 'Weight'), h('th', null, 'Priority'), h('th', null))),
+      body)),
+    h('div', { class: 'form-actions' }, h('button', {
+      type: 'button',
+      class: 'small',
+      onclick: () => {
+        const used = new Set(rows.map((x) => x.value()).filter((t) => t.provider == null).map((t) => t.model));
+        const unused = modelNames.find((n) => !used.has(n));
+        // Every deployed model is a target already: the next is likely a provider's.
+        const row = addRow({
+          model: unused || '',
+          provider: unused || !providers.length ? null : providers[0].name,
+          weight: 1,
+          priority: rows.length ? Math.max(...rows.map((x) => x.value().priority)) : 0,
+        });
+        row.focus();
+      },
+    }, 'Add target')),
+    plan,
+    error,
+    h('div', { class: 'form-actions' },
+      submit,
+      h('button', { type: 'button', onclick: () => onDone() }, 'Cancel')));
+    return {
+      element: form,
+      refreshModels: () => {
+        const now = deployedNames();
+        if (sameJson(now, modelNames)) return;
+        modelNames = now;
+        rows.forEach((row) => row.offerModels(modelNames));
+        describePlan();
+      },
+    };
+  }
+
+  /** A target as the form sends it: defaults spelled out, no provider key for a local one. */
+  function normalTarget(t) {
+    const out = { model: t.model };
+    if (t.provider != null) out.provider = t.provider;
+    out.weight = t.weight == null ? 1 : t.weight;
+    out.priority = t.priority == null ? 0 : t.priority;
+    return out;
+  }
+
+  let datalistCount = 0;
+
+  /**
+   * One row of the targets editor. A local target picks a deployed model; a provider
+   * target picks a provider and types its model id, with the provider's listed models
+   * offered. Answers `{element, value(), focus(), remove, offerModels(names)}`.
+   */
+  function targetRow(target, modelNames, providers, onRemove, onChange) {
+    const t = normalTarget(target);
+    const kind = h('select', { 'aria-label': 'Kind', value: t.provider != null ? 'provider' : 'local' },
+      h('option', { value: 'local' }, 'Deployed model'),
+      h('option', { value: 'provider', disabled: !providers.length && t.provider == null }, providers.length ? 'Provider' : 'Provider (none yet)'));
+    const local = h('select', { 'aria-label': 'Deployed model' });
+    // The deployed models, and the chosen one though it is not (a route may name a model
+    // before it is deployed, or after it is deleted).
+    const offerModels = (deployed) => {
+      const chosen = local.value || (t.provider == null ? t.model : '');
+      const names = chosen && !deployed.includes(chosen) ? deployed.concat([chosen]) : deployed;
+      local.replaceChildren(...(names.length
+        ? names.map((n) => h('option', { value: n }, n + (deployed.includes(n) ? '' : ' (not deployed)')))
+        : [h('option', { value: '' }, 'no models deployed')]));
+      local.value = chosen || names[0] || '';
+    };
+    offerModels(modelNames);
+    const providerNames = providers.map((p) => p.name);
+    if (t.provider != null && !providerNames.includes(t.provider)) providerNames.push(t.provider);
+    const provider = h('select', { 'aria-label': 'Provider', value: t.provider || providerNames[0] || '' },
+      providerNames.map((n) => h('option', { value: n }, n)));
+    const listId = 'provider-models-' + ++datalistCount;
+    const list = h('datalist', { id: listId });
+    const remote = h('input', { 'aria-label': 'Provider model', list: listId, placeholder: 'model id', value: t.provider != null ? t.model : '', autocomplete: 'off' });
+    const weight = h('input', { type: 'number', 'aria-label': 'Weight', min: 0, max: 10000, step: 1, required: true, value: String(t.weight) });
+    const priority = h('input', { type: 'number', 'aria-label': 'Priority', min: 0, max: 100, step: 1, required: true, value: String(t.priority) });
+    const remove = h('button', { type: 'button', class: 'small', title: 'Remove this target', onclick: () => onRemove() }, '×');
+    const localBox = h('div', { class: 'target-model' }, local);
+    const remoteBox = h('div', { class: 'target-model' }, provider, remote, list);
+    const sync = () => {
+      const isProvider = kind.value === 'provider';
+      if (!isProvider && !local.value && local.options.length) local.selectedIndex = 0;
+      localBox.classList.toggle('hidden', isProvider);
+      remoteBox.classList.toggle('hidden', !isProvider);
+      const chosen = providers.find((p) => p.name === provider.value);
+      list.replaceChildren(...(chosen ? chosen.models : []).map((m) => h('option', { value: m })));
+      onChange();
+    };
+    kind.addEventListener('change', sync);
+    provider.addEventListener('change', sync);
+    for (const input of [local, remote, weight, priority]) input.addEventListener('input', onChange);
+    const element = h('tr', null,
+      h('td', null, kind),
+      h('td', null, localBox, remoteBox),
+      h('td', null, weight),
+      h('td', null, priority),
+      h('td', { class: 'actions' }, remove));
+    // The first sync's onChange runs before the row is in the form's list: harmless.
+    sync();
+    return {
+      element,
+      remove,
+      offerModels,
+      focus: () => (kind.value === 'provider' ? remote : local).focus(),
+      value: () => {
+        const out = kind.value === 'provider'
+          ? { model: remote.value.trim(), provider: provider.value }
+          : { model: local.value };
+        out.weight = Number(weight.value);
+        out.priority = Number(priority.value);
+        return out;
+      },
+    };
+  }
+
+  function deleteRoute(route, reload) {
+    confirmDialog('Delete route ' + route.name + '?',
+      'Clients that call ' + route.name + ' are refused at once, unless a deployed model has that name: it answers again then.',
+      'Delete route',
+      async () => {
+        await api('DELETE', '/api/v1/model-routes/' + encodeURIComponent(route.name));
+        toast('Route ' + route.name + ' deleted.');
+        reload();
+      });
+  }
+
   // ---------------------------------------------------------------- playground
 
   /**
@@ -1499,9 +2165,9 @@
    * One conversation with one model: its transcript, and a send that streams the answer
    * into it with time to first token and tokens per second under it.
    */
-  function chatPane(index, models, chosen) {
+  function chatPane(index, models, chosen, routeNames) {
     const select = h('select', { 'aria-label': 'Model of pane ' + (index + 1), 'data-pane-model': index },
-      models.map((m) => h('option', { value: m }, m)));
+      models.map((m) => h('option', { value: m }, routeNames.has(m) ? m + ' (route)' : m)));
     if (chosen && models.includes(chosen)) select.value = chosen;
     const transcript = h('div', { class: 'transcript', 'data-transcript': index, 'aria-live': 'polite' },
       h('div', { class: 'muted small empty-chat' }, 'Send a message to start.'));
@@ -1536,6 +2202,8 @@
         let first = null;
         let chunks = 0;
         let usage = null;
+        // The target of a route that answered (x-gantry-target): a model, or provider/model.
+        let target = null;
         let outcome = 'done';
         try {
           const response = await fetch('/v1/chat/completions', {
@@ -1546,6 +2214,7 @@
             signal: controller.signal,
           });
           if (!response.ok) throw await errorFrom(response);
+          target = response.headers.get('x-gantry-target');
           await readEvents(response, (event) => {
             if (event.usage) usage = event.usage;
             const delta = event.choices && event.choices[0] && event.choices[0].delta;
@@ -1580,6 +2249,8 @@
           parts.push('no text in the answer');
         }
         if (outcome === 'stopped') parts.push('stopped');
+        // A model that answers to its own name needs no "via".
+        if (target && target !== request.model) parts.push('via ' + target);
         stats.textContent = parts.join(' · ');
         if (content.textContent) {
           messages.push({ role: 'user', content: prompt }, { role: 'assistant', content: content.textContent });
@@ -1596,9 +2267,15 @@
     let closed = false;
     (async () => {
       let models;
+      // The gateway lists routes and models alike; admins may read which are routes.
+      let routeNames = new Set();
       try {
-        const list = await api('GET', '/v1/models');
+        const [list, routes] = await Promise.all([
+          api('GET', '/v1/models'),
+          isAdmin() ? api('GET', '/api/v1/model-routes').then(itemsOf).catch(() => []) : Promise.resolve([]),
+        ]);
         models = list.data.map((m) => m.id).sort();
+        routeNames = new Set(routes.map((r) => r.name));
       } catch (e) {
         body.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
         return;
@@ -1606,7 +2283,7 @@
       if (closed) return;
       if (!models.length) {
         body.replaceChildren(h('div', { class: 'panel empty' },
-          'No model has a running instance yet. Deploy one on the ', h('a', { href: '#/models' }, 'Models'), ' screen.'));
+          'No model has a running instance and there are no routes yet. Deploy a model on the ', h('a', { href: '#/models' }, 'Models'), ' screen.'));
         return;
       }
       const system = h('textarea', { rows: 2, placeholder: 'You are a helpful assistant.', 'aria-label': 'System prompt' });
@@ -1632,11 +2309,11 @@
       const error = h('div', { class: 'alert', role: 'alert' });
       // The first pane keeps its conversation when the second comes or goes.
       const layout = () => {
-        if (!panes.length) panes = [chatPane(0, models, params.get('model'))];
+        if (!panes.length) panes = [chatPane(0, models, params.get('model'), routeNames)];
         if (panes[1]) panes[1].stop();
         const first = panes[0].model();
         panes = compare.checked
-          ? [panes[0], chatPane(1, models, models.find((m) => m !== first) || first)]
+          ? [panes[0], chatPane(1, models, models.find((m) => m !== first) || first, routeNames)]
           : [panes[0]];
         grid.classList.toggle('two', compare.checked);
         grid.replaceChildren(...panes.map((p) => p.element));
@@ -2875,19 +3552,25 @@
           h('td', null, h('code', null, 'gantry_' + k.access_key + '_…')),
           isAdmin() ? h('td', null, usernames.get(k.user_id) || 'user ' + k.user_id) : null,
           h('td', null, k.expires_at ? (expired ? h('span', { class: 'badge danger' }, 'expired') : timeCell(k.expires_at)) : h('span', { class: 'muted' }, 'never')),
+          h('td', { 'data-part': 'limits' }, keyLimits(k)),
           h('td', null, k.last_used_at ? timeCell(k.last_used_at) : h('span', { class: 'muted' }, 'never')),
           h('td', null, timeCell(k.created_at)),
-          h('td', { class: 'actions' }, h('button', { class: 'small danger', onclick: () => deleteKey(k, load) }, 'Delete')));
+          h('td', { class: 'actions' },
+            h('button', { class: 'small', onclick: () => editKey(k, served, load) }, 'Edit'),
+            h('button', { class: 'small danger', onclick: () => deleteKey(k, load) }, 'Delete')));
       });
-      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
+      tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', { 'data-api-keys': '' },
         h('thead', null, h('tr', null, h('th', null, 'Name'), h('th', null, 'Key'), isAdmin() ? h('th', null, 'Owner') : null,
-          h('th', null, 'Expires'), h('th', null, 'Last used'), h('th', null, 'Created'), h('th', null))),
+          h('th', null, 'Expires'), h('th', null, 'Limits'), h('th', null, 'Last used'), h('th', null, 'Created'), h('th', null))),
         h('tbody', null, rows))));
     };
 
     const name = h('input', { required: true, placeholder: 'laptop', maxlength: 63 });
     const description = h('input', { placeholder: 'optional' });
     const expires = h('input', { type: 'number', min: 1, max: 3650, placeholder: 'never' });
+    // The names the gateway serves now, offered in the allowed-routes hints.
+    const served = api('GET', '/v1/models').then((list) => list.data.map((m) => m.id).sort()).catch(() => []);
+    const limits = keyLimitFields(null, served);
     const error = h('div', { class: 'alert', role: 'alert' });
     const submit = h('button', { class: 'primary', type: 'submit' }, 'Create key');
     const form = h('form', {
@@ -2898,6 +3581,9 @@
         submit.disabled = true;
         const body = { name: name.value.trim(), description: description.value.trim() };
         if (expires.value) body.expires_in_days = Number(expires.value);
+        for (const [key, value] of Object.entries(limits.value())) {
+          if (value != null) body[key] = value;
+        }
         try {
           const key = await api('POST', '/api/v1/api-keys', body);
           form.reset();
@@ -2915,6 +3601,8 @@
       field('Name', name, 'Unique among your keys.'),
       field('Description', description),
       field('Expires after (days)', expires, 'Empty: never expires.')),
+    h('h3', { class: 'form-subhead' }, 'Limits at the gateway'),
+    h('div', { class: 'form-grid' }, limits.fields),
     error,
     h('div', { class: 'form-actions' }, submit));
 
@@ -2949,6 +3637,72 @@
         h('button', { type: 'button', onclick: () => box.replaceChildren() }, 'Done'))));
     input.focus();
     input.select();
+  }
+
+  /** A key's gateway limits as chips; "none" when it has none. */
+  function keyLimits(key) {
+    const chips = [];
+    if (key.allowed_routes != null) {
+      const names = key.allowed_routes.join(', ');
+      chips.push(h('span', { class: 'chip', title: 'May call only: ' + (names || 'nothing') },
+        key.allowed_routes.length ? 'only ' + truncate(names, 40) : 'no routes'));
+    }
+    if (key.requests_per_minute != null) chips.push(h('span', { class: 'chip' }, fmtCount(key.requests_per_minute) + ' req/min'));
+    if (key.tokens_per_minute != null) chips.push(h('span', { class: 'chip' }, fmtCount(key.tokens_per_minute) + ' tokens/min'));
+    return chips.length ? chips : h('span', { class: 'muted' }, 'none');
+  }
+
+  /**
+   * The limit fields of the new-key form and of the edit dialog, filled from `key` when
+   * there is one. `value()` answers the three limits, null for "no limit".
+   */
+  function keyLimitFields(key, served) {
+    const k = key || {};
+    const routes = h('input', { placeholder: 'any', value: k.allowed_routes ? k.allowed_routes.join(', ') : '' });
+    const requests = h('input', { type: 'number', min: 1, max: 1000000, step: 1, placeholder: 'no limit',
+      value: k.requests_per_minute != null ? String(k.requests_per_minute) : '' });
+    const tokens = h('input', { type: 'number', min: 1, max: 1000000000000, step: 1, placeholder: 'no limit',
+      value: k.tokens_per_minute != null ? String(k.tokens_per_minute) : '' });
+    const known = h('span');
+    served.then((names) => {
+      if (names.length) known.textContent = ' Served now: ' + truncate(names.join(', '), 80) + '.';
+    });
+    return {
+      fields: [
+        field('Allowed routes', routes, ['Route or model names, comma-separated; empty: any.', known]),
+        field('Requests per minute', requests, 'Past it the gateway answers 429. Empty: no limit.'),
+        field('Tokens per minute', tokens, 'Prompt and completion tokens. Empty: no limit.'),
+      ],
+      value: () => ({
+        allowed_routes: routes.value.trim() ? parseList(routes.value) : null,
+        requests_per_minute: requests.value ? Number(requests.value) : null,
+        tokens_per_minute: tokens.value ? Number(tokens.value) : null,
+      }),
+    };
+  }
+
+  function editKey(key, served, reload) {
+    const description = h('input', { placeholder: 'optional', value: key.description || '' });
+    // Only admins change a key's limits: others set them when they create the key.
+    const limits = isAdmin() ? keyLimitFields(key, served) : null;
+    openDialog('Edit key ' + key.name, [
+      field('Description', description),
+      limits ? limits.fields : h('p', { class: 'muted small' }, 'Limits: ', keyLimits(key),
+        h('br'), 'Only an admin can change them; a new key can have its own.'),
+    ], {
+      submitLabel: 'Save',
+      onSubmit: async () => {
+        const update = {};
+        if (description.value.trim() !== (key.description || '')) update.description = description.value.trim();
+        for (const [name, value] of Object.entries(limits ? limits.value() : {})) {
+          if (!sameJson(value, key[name] == null ? null : key[name])) update[name] = value;
+        }
+        if (!Object.keys(update).length) return;
+        await api('PATCH', '/api/v1/api-keys/' + key.id, update);
+        toast('Key ' + key.name + ' updated.');
+        reload();
+      },
+    });
   }
 
   function deleteKey(key, reload) {
