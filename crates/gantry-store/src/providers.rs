@@ -67,6 +67,22 @@ fn decode(row: &AnyRow) -> Result<StoredProvider, StoreError> {
     })
 }
 
+/// Binds `$1` (the name) to `$7` (the fields in their column order).
+fn bind_fields<'q>(
+    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+    name: &'q str,
+    fields: &'q ProviderFields,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    query
+        .bind(name)
+        .bind(&fields.description)
+        .bind(&fields.base_url)
+        .bind(fields.api_key_sealed.clone())
+        .bind(to_json(&fields.headers))
+        .bind(to_i64(fields.timeout_seconds))
+        .bind(to_json(&fields.models))
+}
+
 fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
@@ -79,22 +95,16 @@ impl Store {
         fields: &ProviderFields,
     ) -> Result<StoredProvider, StoreError> {
         let now = Timestamp::now().as_millis();
-        let row = sqlx::query(&format!(
+        let sql = format!(
             "INSERT INTO model_providers (name, description, base_url, api_key_sealed, headers, \
              timeout_seconds, models, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) RETURNING {COLUMNS}"
-        ))
-        .bind(name)
-        .bind(&fields.description)
-        .bind(&fields.base_url)
-        .bind(fields.api_key_sealed.clone())
-        .bind(to_json(&fields.headers))
-        .bind(to_i64(fields.timeout_seconds))
-        .bind(to_json(&fields.models))
-        .bind(now)
-        .fetch_one(&self.writes)
-        .await
-        .map_err(|e| StoreError::conflict_on_unique(e, "model provider", name))?;
+        );
+        let row = bind_fields(sqlx::query(&sql), name, fields)
+            .bind(now)
+            .fetch_one(&self.writes)
+            .await
+            .map_err(|e| StoreError::conflict_on_unique(e, "model provider", name))?;
         let stored = decode(&row)?;
         self.publish(Change::Provider(
             ChangeKind::Created,
@@ -144,22 +154,16 @@ impl Store {
         fields: &ProviderFields,
     ) -> Result<StoredProvider, StoreError> {
         let now = Timestamp::now().as_millis().max(read_at.as_millis() + 1);
-        let row = sqlx::query(&format!(
+        let sql = format!(
             "UPDATE model_providers SET description = $2, base_url = $3, api_key_sealed = $4, \
              headers = $5, timeout_seconds = $6, models = $7, updated_at = $8 \
              WHERE name = $1 AND updated_at = $9 RETURNING {COLUMNS}"
-        ))
-        .bind(name)
-        .bind(&fields.description)
-        .bind(&fields.base_url)
-        .bind(fields.api_key_sealed.clone())
-        .bind(to_json(&fields.headers))
-        .bind(to_i64(fields.timeout_seconds))
-        .bind(to_json(&fields.models))
-        .bind(now)
-        .bind(read_at.as_millis())
-        .fetch_optional(&self.writes)
-        .await?;
+        );
+        let row = bind_fields(sqlx::query(&sql), name, fields)
+            .bind(now)
+            .bind(read_at.as_millis())
+            .fetch_optional(&self.writes)
+            .await?;
         match row {
             Some(row) => {
                 let stored = decode(&row)?;
