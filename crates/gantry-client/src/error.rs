@@ -6,7 +6,8 @@ use gantry_types::{ErrorCode, ErrorDetail};
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// No server could be reached, or every one answered 502, 503 or 504 (other than a
-    /// server's report that a worker failed, which is [`ClientError::Api`]).
+    /// server's report that a worker or a model provider failed, which is
+    /// [`ClientError::Api`]).
     #[error("no server answered ({tried} tried): {last}")]
     Unreachable { tried: usize, last: String },
     /// The server answered with its error body.

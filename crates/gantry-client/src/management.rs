@@ -1,12 +1,17 @@
-//! The management API: sessions, users, API keys, workers, models, instances, usage.
-//! Every list has a watch form that streams the list and its changes.
+//! The management API: sessions, users, API keys, workers, models, instances, model
+//! providers, model routes, usage. Every paged list has a watch form that streams the list
+//! and its changes.
+
+use std::fmt::Write as _;
 
 use gantry_types::usage::{UsageQuery, UsageReport};
 use gantry_types::{
-    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, BackendInstallRequest, BackendInstallStatus,
-    ChangePasswordRequest, InstancePatch, InstanceQuery, ListResponse, LogQuery, LoginRequest,
-    LoginResponse, Model, ModelCreate, ModelEstimate, ModelInstance, ModelQuery, ModelUpdate, User,
-    UserCreate, UserQuery, UserUpdate, Worker, WorkerLabelsUpdate, WorkerQuery,
+    ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, ApiKeyUpdate, BackendInstallRequest,
+    BackendInstallStatus, ChangePasswordRequest, InstancePatch, InstanceQuery, ListResponse,
+    LogQuery, LoginRequest, LoginResponse, Model, ModelCreate, ModelEstimate, ModelInstance,
+    ModelProvider, ModelProviderCreate, ModelProviderUpdate, ModelQuery, ModelRoute,
+    ModelRouteCreate, ModelRouteUpdate, ModelUpdate, ProviderModels, User, UserCreate, UserQuery,
+    UserUpdate, Worker, WorkerLabelsUpdate, WorkerQuery,
 };
 use reqwest::Method;
 use serde::de::DeserializeOwned;
@@ -152,6 +157,17 @@ impl Client {
         query: &ApiKeyQuery,
     ) -> Result<ListResponse<ApiKey>, ClientError> {
         self.list("/api/v1/api-keys", query).await
+    }
+
+    /// Changes a key's description and, for an admin, its gateway limits.
+    pub async fn update_api_key(
+        &self,
+        id: i64,
+        update: &ApiKeyUpdate,
+    ) -> Result<ApiKey, ClientError> {
+        let path = format!("/api/v1/api-keys/{id}");
+        self.json(Call::new(Method::PATCH, &path).body(update))
+            .await
     }
 
     pub async fn delete_api_key(&self, id: i64) -> Result<(), ClientError> {
@@ -321,10 +337,194 @@ impl Client {
             .await
     }
 
+    // Model providers.
+
+    /// Every provider, by name (the list is not paged).
+    pub async fn list_providers(&self) -> Result<Vec<ModelProvider>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/model-providers"))
+            .await
+    }
+
+    pub async fn get_provider(&self, name: &str) -> Result<ModelProvider, ClientError> {
+        let path = format!("/api/v1/model-providers/{}", path_segment(name));
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    /// Adds a provider; its API key is stored sealed and never shown again.
+    pub async fn create_provider(
+        &self,
+        provider: &ModelProviderCreate,
+    ) -> Result<ModelProvider, ClientError> {
+        self.json(
+            Call::new(Method::POST, "/api/v1/model-providers")
+                .body(provider)
+                .creating(),
+        )
+        .await
+    }
+
+    /// Changes a provider; `api_key: Some(None)` removes its key.
+    pub async fn update_provider(
+        &self,
+        name: &str,
+        update: &ModelProviderUpdate,
+    ) -> Result<ModelProvider, ClientError> {
+        let path = format!("/api/v1/model-providers/{}", path_segment(name));
+        self.json(Call::new(Method::PATCH, &path).body(update))
+            .await
+    }
+
+    /// Deletes a provider that no route uses.
+    pub async fn delete_provider(&self, name: &str) -> Result<(), ClientError> {
+        let path = format!("/api/v1/model-providers/{}", path_segment(name));
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
+    /// The models the provider offers, asked of it now (its `GET /models`).
+    pub async fn provider_models(&self, name: &str) -> Result<ProviderModels, ClientError> {
+        let path = format!("/api/v1/model-providers/{}/models", path_segment(name));
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    // Model routes.
+
+    /// Every route, by name (the list is not paged).
+    pub async fn list_routes(&self) -> Result<Vec<ModelRoute>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/model-routes"))
+            .await
+    }
+
+    pub async fn get_route(&self, name: &str) -> Result<ModelRoute, ClientError> {
+        let path = format!("/api/v1/model-routes/{}", path_segment(name));
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    pub async fn create_route(&self, route: &ModelRouteCreate) -> Result<ModelRoute, ClientError> {
+        self.json(
+            Call::new(Method::POST, "/api/v1/model-routes")
+                .body(route)
+                .creating(),
+        )
+        .await
+    }
+
+    /// Changes a route's description, or replaces its targets.
+    pub async fn update_route(
+        &self,
+        name: &str,
+        update: &ModelRouteUpdate,
+    ) -> Result<ModelRoute, ClientError> {
+        let path = format!("/api/v1/model-routes/{}", path_segment(name));
+        self.json(Call::new(Method::PATCH, &path).body(update))
+            .await
+    }
+
+    pub async fn delete_route(&self, name: &str) -> Result<(), ClientError> {
+        let path = format!("/api/v1/model-routes/{}", path_segment(name));
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
     // Usage.
 
     pub async fn usage(&self, query: &UsageQuery) -> Result<UsageReport, ClientError> {
         self.json(Call::new(Method::GET, "/api/v1/usage").query(query))
             .await
+    }
+}
+
+/// `name` as one segment of a URL path: every byte but the unreserved ones of RFC 3986
+/// percent-encoded, so that a name with `/`, `?` or `%` in it reaches the server whole
+/// (which then says whether such an object exists) instead of naming another path.
+fn path_segment(name: &str) -> String {
+    let mut segment = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            segment.push(char::from(byte));
+        } else {
+            let _ = write!(segment, "%{byte:02X}");
+        }
+    }
+    segment
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_types::RouteTarget;
+
+    use super::*;
+
+    /// What the server makes of the body the client sends for `value`.
+    fn as_the_server_reads<T: serde::de::DeserializeOwned>(body: &impl Serialize) -> T {
+        let json = serde_json::to_string(body).expect("bodies serialise");
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("the server refuses {json}: {e}"))
+    }
+
+    #[test]
+    fn names_are_sent_as_one_path_segment() {
+        assert_eq!(path_segment("hosted-1.a_b~"), "hosted-1.a_b~");
+        assert_eq!(path_segment("a/b?c%"), "a%2Fb%3Fc%25");
+        assert_eq!(path_segment("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn patch_bodies_leave_out_absent_fields_and_keep_the_nulls_that_remove() {
+        let only_targets = ModelRouteUpdate {
+            targets: Some(vec![RouteTarget {
+                model: "tiny".into(),
+                provider: None,
+                weight: 3,
+                priority: 0,
+            }]),
+            ..ModelRouteUpdate::default()
+        };
+        let read: ModelRouteUpdate = as_the_server_reads(&only_targets);
+        assert_eq!(format!("{read:?}"), format!("{only_targets:?}"));
+
+        let remove_key = ModelProviderUpdate {
+            api_key: Some(None),
+            timeout_seconds: Some(30),
+            ..ModelProviderUpdate::default()
+        };
+        let body = &remove_key;
+        assert_eq!(
+            serde_json::to_string(&body).unwrap(),
+            r#"{"api_key":null,"timeout_seconds":30}"#
+        );
+        let read: ModelProviderUpdate = as_the_server_reads(&body);
+        assert_eq!(format!("{read:?}"), format!("{remove_key:?}"));
+        let keep_key = ModelProviderUpdate {
+            description: Some("d".into()),
+            ..ModelProviderUpdate::default()
+        };
+        let read: ModelProviderUpdate = as_the_server_reads(&keep_key);
+        assert_eq!(read.api_key, None);
+
+        let limits = ApiKeyUpdate {
+            requests_per_minute: Some(Some(60)),
+            tokens_per_minute: Some(None),
+            allowed_routes: Some(Some(vec!["chat".into()])),
+            ..ApiKeyUpdate::default()
+        };
+        let body = &limits;
+        assert_eq!(
+            serde_json::to_string(&body).unwrap(),
+            r#"{"allowed_routes":["chat"],"requests_per_minute":60,"tokens_per_minute":null}"#
+        );
+        let read: ApiKeyUpdate = as_the_server_reads(&body);
+        assert_eq!(format!("{read:?}"), format!("{limits:?}"));
+    }
+
+    #[test]
+    fn a_provider_without_a_key_is_created_without_one() {
+        let create: ModelProviderCreate =
+            serde_json::from_str(r#"{"name":"hosted","base_url":"http://h/v1"}"#).unwrap();
+        let read: ModelProviderCreate = as_the_server_reads(&create);
+        assert_eq!(format!("{read:?}"), format!("{create:?}"));
+        let with_key = ModelProviderCreate {
+            api_key: Some("sk-1".into()),
+            ..create
+        };
+        let read: ModelProviderCreate = as_the_server_reads(&with_key);
+        assert_eq!(read.api_key.as_deref(), Some("sk-1"));
     }
 }

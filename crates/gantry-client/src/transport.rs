@@ -1,9 +1,9 @@
 //! The [`Client`] and how a call travels: to the server in use, moving on to the next
 //! one when a server cannot be reached or says it is unavailable (502, 503, 504); any
 //! other answer, success or error, is final and makes that server the one in use. A 502
-//! in which the server itself reports a worker it could not reach or that failed
-//! (`worker_unreachable`, `worker_error`) is such a final answer too: another server would
-//! reach the same worker.
+//! in which the server itself reports a worker or a model provider it could not reach or
+//! that failed (`worker_unreachable`, `worker_error`, `provider_error`) is such a final
+//! answer too: another server would reach the same worker or provider.
 //!
 //! A successful answer must carry the status the call expects (201 for a creation, 204
 //! for an answer without a body, 200 otherwise); another one means that client and server
@@ -368,17 +368,17 @@ impl Client {
 
 /// Whether an error answer says that this server cannot serve the call, so that another
 /// server should be tried: 502, 503 and 504, except the server's own report of a worker
-/// it could not reach or that failed, which every server would give.
+/// or a model provider it could not reach or that failed, which every server would give.
 fn server_unavailable(status: StatusCode, error: &ClientError) -> bool {
     let gateway_status = matches!(
         status,
         StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
     );
-    let worker_failure = matches!(
+    let upstream_failure = matches!(
         error.code(),
-        Some(ErrorCode::WorkerUnreachable | ErrorCode::WorkerError)
+        Some(ErrorCode::WorkerUnreachable | ErrorCode::WorkerError | ErrorCode::ProviderError)
     );
-    gateway_status && !worker_failure
+    gateway_status && !upstream_failure
 }
 
 /// Decodes a JSON answer.
@@ -440,6 +440,35 @@ mod tests {
                 .as_deref()
                 .map(|e| e as &(dyn std::error::Error + 'static))
         }
+    }
+
+    fn api_error(status: u16, code: ErrorCode) -> ClientError {
+        ClientError::Api {
+            url: "http://a/api/v1/x".into(),
+            status,
+            error: gantry_types::ErrorDetail {
+                code,
+                message: "m".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_failed_worker_or_provider_is_final_but_an_unavailable_server_is_not() {
+        for code in [
+            ErrorCode::WorkerUnreachable,
+            ErrorCode::WorkerError,
+            ErrorCode::ProviderError,
+        ] {
+            assert!(
+                !server_unavailable(StatusCode::BAD_GATEWAY, &api_error(502, code)),
+                "{code}"
+            );
+        }
+        assert!(server_unavailable(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &api_error(503, ErrorCode::Unavailable)
+        ));
     }
 
     #[test]

@@ -127,7 +127,11 @@ impl ApiKeyCreate {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyUpdate {
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(max_length = 500, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: Option<String>,
     #[serde(

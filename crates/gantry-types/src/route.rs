@@ -65,7 +65,11 @@ pub struct ModelProviderCreate {
     #[schema(min_length = 1, max_length = 2000)]
     pub base_url: String,
     /// Write-only.
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(max_length = 4096)]
     pub api_key: Option<String>,
     #[serde(default)]
@@ -90,10 +94,18 @@ fn timeout_not_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelProviderUpdate {
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(max_length = 500, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: Option<String>,
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(min_length = 1, max_length = 2000)]
     pub base_url: Option<String>,
     #[serde(
@@ -103,12 +115,24 @@ pub struct ModelProviderUpdate {
     )]
     #[schema(value_type = Option<String>, max_length = 4096)]
     pub api_key: Option<Option<String>>,
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub headers: Option<BTreeMap<String, String>>,
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(minimum = 1, maximum = 3600)]
     pub timeout_seconds: Option<u64>,
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub models: Option<Vec<String>>,
 }
 
@@ -357,10 +381,18 @@ pub struct ModelRouteCreate {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelRouteUpdate {
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(max_length = 500, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: Option<String>,
-    #[serde(default, deserialize_with = "crate::validate::not_null")]
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schema(min_items = 1, max_items = 32)]
     pub targets: Option<Vec<RouteTarget>>,
 }

@@ -1,8 +1,8 @@
 //! The command line client (`gantry login`, `models`, `instances`, `workers`, `keys`,
-//! `chat`, `completions`, `logout`) as a user runs it: the built `gantry` binary as a child
-//! process, with its own `HOME` and `XDG_CONFIG_HOME`, against a real server — and, for
-//! the models and the chat, a real worker running the tiny model with a real
-//! `llama-server`. The cluster's state is checked through the typed client.
+//! `providers`, `routes`, `chat`, `completions`, `logout`) as a user runs it: the built
+//! `gantry` binary as a child process, with its own `HOME` and `XDG_CONFIG_HOME`, against a
+//! real server — and, for the models and the chat, a real worker running the tiny model
+//! with a real `llama-server`. The cluster's state is checked through the typed client.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,8 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{manual_model_body, tiny_model, Cluster, ADMIN_PASSWORD};
-use gantry_types::{ApiKey, ApiKeyQuery, InstanceState, Model, ModelInstance, Worker};
+use common::{manual_model_body, manual_model_create, tiny_model, Cluster, ADMIN_PASSWORD};
+use gantry_types::{
+    ApiKey, ApiKeyQuery, InstanceState, Model, ModelInstance, ModelProvider, ModelRoute,
+    ProviderModels, RouteTarget, Worker,
+};
 
 /// The `gantry` binary run as one user: a home and a configuration directory of its own,
 /// and none of the variables that would point it elsewhere.
@@ -397,6 +400,249 @@ async fn models_instances_workers_and_a_streamed_chat_through_a_real_worker() {
     let models: Vec<Model> = user.json(&["models", "ls"]);
     assert_eq!(models.len(), 1);
     assert_eq!(models[0].name, "other");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_routes_and_key_limits_from_the_command_line() {
+    let cluster = Cluster::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    // A deployed model for the routes' local target: with no worker it stays pending,
+    // which is enough for a route to name it.
+    cluster
+        .client()
+        .create_model(&manual_model_create("tiny", &tiny_model(dir.path()), 1))
+        .await
+        .unwrap();
+    let user = User::new();
+    user.login(&cluster.base);
+
+    // The provider is this cluster's own gateway, with a key of the cluster as its API
+    // key: then `providers models` has something to ask.
+    let created: serde_json::Value = user.json(&["keys", "create", "as-provider"]);
+    let provider_key = created["key"].as_str().unwrap().to_owned();
+    let secret = provider_key.rsplit('_').next().unwrap().to_owned();
+    let provider_base = format!("{}/v1", cluster.base);
+    let error = user.fails(&[
+        "providers",
+        "add",
+        "hosted",
+        "--base-url",
+        &provider_base,
+        "--api-key-env",
+        "GANTRY_TEST_UNSET_VARIABLE",
+    ]);
+    assert!(
+        error.contains("--api-key-env GANTRY_TEST_UNSET_VARIABLE: the variable is not set"),
+        "{error}"
+    );
+    let error = user.fails(&["providers", "add", "hosted", "--base-url", "ftp://x/v1"]);
+    assert!(error.contains("base_url"), "{error}");
+    let shown = user.ok_with(
+        &[
+            "providers",
+            "add",
+            "hosted",
+            "--base-url",
+            &provider_base,
+            "--api-key-env",
+            "HOSTED_KEY",
+            "--header",
+            "X-Team=ml",
+            "--timeout",
+            "30",
+        ],
+        &[("HOSTED_KEY", &provider_key)],
+        "",
+    );
+    assert!(
+        shown.contains("API KEY") && shown.contains("set"),
+        "{shown}"
+    );
+    let listed = user.ok(&["providers", "list", "-o", "json"]);
+    assert!(
+        !listed.contains(&provider_key) && !listed.contains(&secret),
+        "the provider's key is shown:
+{listed}"
+    );
+    let providers: Vec<ModelProvider> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(providers.len(), 1);
+    let hosted = &providers[0];
+    assert_eq!(
+        (
+            hosted.name.as_str(),
+            hosted.base_url.as_str(),
+            hosted.has_api_key,
+            hosted.timeout_seconds
+        ),
+        ("hosted", provider_base.as_str(), true, 30)
+    );
+    assert_eq!(hosted.headers["X-Team"], "ml");
+    let table = user.ok(&["providers", "ls"]);
+    assert!(
+        table.contains("hosted") && table.contains("set") && !table.contains(&secret),
+        "{table}"
+    );
+
+    // A route to the local model and to a provider's model whose id holds `/`, with a
+    // fallback behind them.
+    let error = user.fails(&["routes", "add", "chat", "--target", "tiny:weight=x"]);
+    assert!(
+        error.contains("--target") && error.contains("weight must be a whole number"),
+        "{error}"
+    );
+    let error = user.fails(&["routes", "add", "chat", "--target", "nope"]);
+    assert!(error.contains("no deployed model is named"), "{error}");
+    let shown = user.ok(&[
+        "routes",
+        "add",
+        "chat",
+        "--target",
+        "tiny:weight=3",
+        "--target",
+        "hosted/meta-llama/Llama-3-8B",
+        "--target",
+        "hosted/gpt-4o:priority=1",
+    ]);
+    assert!(
+        shown.contains("tiny w=3 p=0, hosted/meta-llama/Llama-3-8B w=1 p=0, hosted/gpt-4o w=1 p=1"),
+        "{shown}"
+    );
+    let stored = cluster.client().get_route("chat").await.unwrap();
+    assert_eq!(
+        stored.targets[1],
+        RouteTarget {
+            model: "meta-llama/Llama-3-8B".into(),
+            provider: Some("hosted".into()),
+            weight: 1,
+            priority: 0,
+        }
+    );
+    // Editing a weight: --target gives the whole new list.
+    let edited: ModelRoute = user.json(&[
+        "routes",
+        "edit",
+        "chat",
+        "--target",
+        "tiny:weight=1",
+        "--target",
+        "hosted/meta-llama/Llama-3-8B:weight=2",
+    ]);
+    let weights: Vec<(String, u32)> = edited
+        .targets
+        .iter()
+        .map(|t| (t.label(), t.weight))
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            ("tiny".to_owned(), 1),
+            ("hosted/meta-llama/Llama-3-8B".to_owned(), 2)
+        ]
+    );
+    let routes = user.ok(&["routes", "ls"]);
+    assert!(
+        routes.contains("chat")
+            && routes.contains("tiny w=1 p=0, hosted/meta-llama/Llama-3-8B w=2 p=0"),
+        "{routes}"
+    );
+    let error = user.fails(&["routes", "edit", "chat"]);
+    assert!(error.contains("nothing to change"), "{error}");
+
+    // The provider, asked with its key, lists what this cluster's gateway serves: the
+    // route (once the gateway has taken it, within about a second).
+    let mut found = ProviderModels {
+        provider: String::new(),
+        models: Vec::new(),
+    };
+    for _ in 0..50 {
+        found = user.json(&["providers", "models", "hosted"]);
+        if found.models.iter().any(|m| m == "chat") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(found.models.iter().any(|m| m == "chat"), "{found:?}");
+    // Without its key the provider refuses: the provider's error, not an unreachable
+    // server. The key comes back from standard input.
+    user.ok(&["providers", "edit", "hosted", "--remove-api-key"]);
+    assert!(
+        !cluster
+            .client()
+            .get_provider("hosted")
+            .await
+            .unwrap()
+            .has_api_key
+    );
+    let error = user.fails(&["providers", "models", "hosted"]);
+    assert!(
+        error.contains("provider_error") && !error.contains("cannot reach the server"),
+        "{error}"
+    );
+    user.ok_with(
+        &["providers", "edit", "hosted", "--api-key-stdin"],
+        &[],
+        &format!("{provider_key}\n"),
+    );
+    assert!(
+        cluster
+            .client()
+            .get_provider("hosted")
+            .await
+            .unwrap()
+            .has_api_key
+    );
+
+    // Key limits: set at creation, changed, shown by `keys list`, lifted.
+    let created: serde_json::Value = user.json(&[
+        "keys",
+        "create",
+        "limited",
+        "--rpm",
+        "60",
+        "--allow-route",
+        "chat",
+    ]);
+    let id = created["id"].as_i64().unwrap().to_string();
+    assert_eq!(created["requests_per_minute"], 60);
+    let error = user.fails(&["keys", "limit", &id, "--rpm", "0"]);
+    assert!(error.contains("--rpm"), "{error}");
+    user.ok(&["keys", "limit", &id, "--rpm", "5", "--tpm", "1000"]);
+    let listed = user.ok(&["keys", "list"]);
+    let line = listed.lines().find(|l| l.contains("limited")).unwrap();
+    let header = listed.lines().next().unwrap();
+    assert!(
+        header.contains("ROUTES") && header.contains("RPM") && header.contains("TPM"),
+        "{listed}"
+    );
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert!(
+        cells.ends_with(&["chat", "5", "1000", cells[cells.len() - 1]]),
+        "{listed}"
+    );
+    let keys: Vec<ApiKey> = user.json(&["keys", "ls"]);
+    let limited = keys.iter().find(|k| k.name == "limited").unwrap();
+    assert_eq!(limited.limits.requests_per_minute, Some(5));
+    assert_eq!(limited.limits.tokens_per_minute, Some(1000));
+    assert_eq!(limited.limits.allowed_routes, Some(vec!["chat".to_owned()]));
+    let lifted: ApiKey = user.json(&["keys", "limit", &id, "--no-rpm", "--any-route"]);
+    assert_eq!(lifted.limits.requests_per_minute, None);
+    assert_eq!(lifted.limits.allowed_routes, None);
+    assert_eq!(lifted.limits.tokens_per_minute, Some(1000));
+
+    // A provider a route uses cannot go; the route first, then the provider.
+    let error = user.fails(&["providers", "delete", "hosted"]);
+    assert!(
+        error.contains("conflict") && error.contains("chat"),
+        "{error}"
+    );
+    assert!(user.ok(&["routes", "delete", "chat"]).contains("deleted"));
+    assert!(user
+        .ok(&["providers", "delete", "hosted"])
+        .contains("deleted"));
+    assert!(cluster.client().list_routes().await.unwrap().is_empty());
+    assert!(cluster.client().list_providers().await.unwrap().is_empty());
+    let error = user.fails(&["providers", "show", "hosted"]);
+    assert!(error.contains("not_found"), "{error}");
 }
 
 /// `gantry instances logs ID -f` prints the log and keeps following until Ctrl-C

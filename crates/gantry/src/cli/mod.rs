@@ -1,5 +1,5 @@
 //! The client commands of `gantry`: `login`, `logout`, `models`, `instances`, `workers`,
-//! `keys`, `chat` and `completions`. They talk to a running cluster through
+//! `keys`, `providers`, `routes`, `chat` and `completions`. They talk to a running cluster through
 //! `gantry-client` (the only place that knows the API's URLs) with the token that
 //! `gantry login` saved (`config_file.rs`), print an aligned table or, with `-o json`, the
 //! API's JSON (`output.rs`), and turn the server's error answers into one plain line
@@ -15,6 +15,8 @@ mod keys;
 mod login;
 mod models;
 mod output;
+mod providers;
+mod routes;
 mod workers;
 
 use anyhow::Context;
@@ -37,8 +39,14 @@ pub enum ClientCommand {
     Instances(instances::InstancesArgs),
     /// List the workers of the cluster.
     Workers(workers::WorkersArgs),
-    /// Create, list and delete your API keys.
+    /// Create, list, limit and delete your API keys.
     Keys(keys::KeysArgs),
+    /// Add, list, change and delete model providers: external OpenAI-compatible APIs
+    /// (admins).
+    Providers(providers::ProvidersArgs),
+    /// Add, list, change and delete model routes: model names whose requests go to
+    /// weighted, prioritised targets (admins).
+    Routes(routes::RoutesArgs),
     /// Chat with a model through the OpenAI-compatible gateway; the answer streams as it
     /// is written.
     Chat(chat::ChatArgs),
@@ -108,6 +116,8 @@ pub fn run(command: ClientCommand) -> anyhow::Result<()> {
             ClientCommand::Instances(args) => instances::run(args).await,
             ClientCommand::Workers(args) => workers::run(args).await,
             ClientCommand::Keys(args) => keys::run(args).await,
+            ClientCommand::Providers(args) => providers::run(args).await,
+            ClientCommand::Routes(args) => routes::run(args).await,
             ClientCommand::Chat(args) => chat::run(args).await,
             ClientCommand::Completions { shell } => {
                 let mut gantry = crate::config::cli::command();
