@@ -28,7 +28,10 @@
 # turns; the medians are printed; default 3), CARGO_TARGET_DIR (as for cargo),
 # BENCH_PERF (a directory: instead of the comparison, profile the gateway and nginx with
 # `perf record -g` under each load and write each profile and its top symbols there),
-# BENCH_STREAMS (a number N: instead of the comparison, open N streaming requests through
+# BENCH_ROUTES (1: also define a model route `bench-route` whose one target is the bench
+# model, so the gateway's route table is not empty), BENCH_MODEL (the `model` the load
+# sends: `bench`, the default, or `bench-route` with BENCH_ROUTES=1 to measure requests
+# through a route), BENCH_STREAMS (a number N: instead of the comparison, open N streaming requests through
 # the gateway at once — the responder pausing BENCH_CHUNK_MS, default 200, before each
 # event — with `stream-load`, which prints failed streams and the server's RSS before,
 # at its peak and BENCH_SETTLE seconds, default 10, after, for BENCH_ROUNDS rounds,
@@ -168,6 +171,14 @@ for _ in $(seq 1 100); do
   sleep 0.05
 done
 api GET /v1/models "$KEY" | grep -q '"bench"' || die "the gateway does not route to the bench model"
+MODEL_NAME="${BENCH_MODEL:-bench}"
+if [[ -n "${BENCH_ROUTES:-}" ]]; then
+  api POST /api/v1/model-routes "$ADMIN" '{"name":"bench-route","targets":[{"model":"bench"}]}' >/dev/null
+  for _ in $(seq 1 100); do
+    api GET /v1/models "$KEY" | grep -q '"bench-route"' && break
+    sleep 0.05
+  done
+fi
 # The heartbeat that keeps the fake worker ready for the whole run.
 ( while sleep 5; do curl -fsS -o /dev/null -X POST "$BASE/api/v1/worker/heartbeat" -H "Authorization: Bearer $CREDENTIAL" || true; done ) &
 PIDS+=($!)
@@ -178,7 +189,7 @@ for mode in plain stream; do
   [[ $mode == stream ]] && stream=true
   cat >"$WORK/$mode.lua" <<EOF
 wrk.method = "POST"
-wrk.body = '{"model":"bench","messages":[{"role":"user","content":"Say something short."}],"max_tokens":16,"stream":$stream}'
+wrk.body = '{"model":"$MODEL_NAME","messages":[{"role":"user","content":"Say something short."}],"max_tokens":16,"stream":$stream}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
 EOF

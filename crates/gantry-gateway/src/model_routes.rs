@@ -236,10 +236,10 @@ impl RouteTable {
         all
     }
 
-    /// The backend of provider `name` as the table holds it (for model discovery).
-    pub fn provider_backend(&self, id: i64) -> Option<Arc<Backend>> {
+    /// Every usable provider's backend.
+    pub fn provider_backends(&self) -> Vec<Arc<Backend>> {
         let providers = self.providers.lock().unwrap_or_else(|e| e.into_inner());
-        providers.get(&id).cloned()
+        providers.values().cloned().collect()
     }
 
     /// Rebuilds the table from the store.
@@ -372,6 +372,11 @@ pub async fn start(context: &GatewayContext, table: Arc<RouteTable>) -> Result<(
             if reload {
                 if let Err(e) = table.reload(&store).await {
                     tracing::error!(error = %e, "reload the gateway's model routes");
+                }
+                // Idle connections to providers are swept here, as the routing task
+                // sweeps the instances'.
+                for backend in table.provider_backends() {
+                    backend.pool.sweep();
                 }
             }
         }

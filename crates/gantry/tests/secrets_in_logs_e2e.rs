@@ -1,7 +1,8 @@
 //! No secret in any log line, at any level: a server and a worker log at `trace` while
 //! the secrets of a cluster are made and used — the admin's and a user's password (and a
 //! wrong one), a session token, an API key used on the gateway, the registration token,
-//! the worker's credential and API token, the JWT secret — and then every line of both
+//! the worker's credential and API token, the JWT secret, a model provider's API key sent
+//! on to the provider — and then every line of both
 //! logs is searched for each of them.
 
 #![allow(clippy::unwrap_used)]
@@ -72,6 +73,67 @@ async fn no_secret_reaches_a_log_line_at_trace_level() {
         .await
         .unwrap();
     assert_eq!(response.status(), 404);
+    // A model provider's key, sent on: the provider here is this server's own gateway,
+    // which refuses the key (401), so the key crosses the wire as a request header.
+    let provider_key = "sk-provider-trace-secret-3f8a1c90";
+    let admin_token = admin.token().unwrap();
+    for (path, body) in [
+        (
+            "/api/v1/model-providers",
+            json!({"name": "self", "base_url": format!("{}/v1", server.base), "api_key": provider_key}),
+        ),
+        (
+            "/api/v1/model-routes",
+            json!({"name": "via-self", "targets": [{"provider": "self", "model": "none"}]}),
+        ),
+    ] {
+        let response = http
+            .post(format!("{}{path}", server.base))
+            .bearer_auth(&admin_token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201, "{path}");
+    }
+    let discovered = http
+        .get(format!(
+            "{}/api/v1/model-providers/self/models",
+            server.base
+        ))
+        .bearer_auth(&admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(discovered.status(), 502);
+    gantry_testkit::eventually(
+        "the gateway to know the route",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            http.get(format!("{}/v1/models", server.base))
+                .bearer_auth(&key)
+                .send()
+                .await?
+                .text()
+                .await
+        },
+        |models: &String| models.contains("via-self"),
+        String::new,
+    )
+    .await;
+    let through_provider = http
+        .post(format!("{}/v1/chat/completions", server.base))
+        .bearer_auth(&key)
+        .json(&json!({"model": "via-self", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        through_provider.status(),
+        401,
+        "the provider refused the key"
+    );
     // A few heartbeats with the worker's credential.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -82,6 +144,7 @@ async fn no_secret_reaches_a_log_line_at_trace_level() {
         ("a session token".into(), alice.token.clone()),
         ("the admin's session token".into(), admin.token().unwrap()),
         ("an API key".into(), key.clone()),
+        ("a model provider's API key".into(), provider_key.into()),
         (
             "an API key's secret half".into(),
             key.rsplit('_').next().unwrap().to_string(),
