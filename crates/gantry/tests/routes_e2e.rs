@@ -9,6 +9,7 @@
 //!   failed request;
 //! - a key limited to 60 requests a minute gets 429 with `Retry-After` on the 61st, and a
 //!   key limited to other routes gets 403;
+//! - a stream through the provider passes through as server-sent events;
 //! - usage and metrics name the target that answered, with the provider's token counts;
 //! - the provider's key appears in no API answer and no log line;
 //! - with two servers on one PostgreSQL, a key's requests-per-minute limit holds across
@@ -350,6 +351,27 @@ async fn a_route_splits_falls_through_and_limits_keys() {
     assert!(failures.is_empty());
     assert_eq!(counts.get(PROVIDER_TARGET), Some(&20), "{counts:?}");
     println!("{served} requests during the stop, none failed");
+    // A stream through the provider passes through as server-sent events; the usage
+    // chunk the gateway asked for on the client's behalf is not passed on.
+    let stream = http
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&json!({"model": "chat-default", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert_eq!(stream.headers()["x-gantry-target"], PROVIDER_TARGET);
+    assert!(stream.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let events = stream.text().await.unwrap();
+    assert!(
+        events.contains("from the ") && events.contains("[DONE]"),
+        "{events}"
+    );
+    assert!(!events.contains("\"usage\""), "{events}");
 
     // A key limited to 60 requests a minute: the 61st is refused with Retry-After.
     let limited = admin
