@@ -211,13 +211,15 @@ pub struct OpenAiModelList {
 }
 
 /// The model routes, and the deployed models with at least one running instance that
-/// no route of the same name replaces (OpenAI's list shape).
+/// no route of the same name replaces (OpenAI's list shape); for a key held to some
+/// routes, only those.
 #[utoipa::path(get, path = "/v1/models", tag = "gateway", security(("bearer" = [])),
     responses((status = 200, body = OpenAiModelList), (status = 401, body = error::OpenAiErrorBody)))]
 pub async fn list_models(State(gateway): State<Gateway>, headers: HeaderMap) -> Response {
-    if let Err(e) = proxy::authenticate(&gateway, &headers).await {
-        return e.into_response();
-    }
+    let caller = match proxy::authenticate(&gateway, &headers).await {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
     let defined = gateway.model_routes.all();
     let mut data: Vec<OpenAiModel> = gateway
         .routes
@@ -237,6 +239,8 @@ pub async fn list_models(State(gateway): State<Gateway>, headers: HeaderMap) -> 
             owned_by: "gantry",
         }))
         .collect();
+    // A key held to some routes sees only those.
+    data.retain(|model| gateway.limiter.allows(caller.api_key_id, &model.id));
     data.sort_by(|a, b| a.id.cmp(&b.id));
     Json(OpenAiModelList {
         object: "list",

@@ -198,6 +198,19 @@ impl KeyLimiter {
         Ok(Some(window))
     }
 
+    /// Whether the key may call `route` (keys without a route limit may call any).
+    pub fn allows(&self, api_key_id: Option<i64>, route: &str) -> bool {
+        let Some(id) = api_key_id else {
+            return true;
+        };
+        if !self.any.load(Ordering::Relaxed) {
+            return true;
+        }
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        keys.get(&id)
+            .is_none_or(|window| window.lock().limits.allows(route))
+    }
+
     /// Takes a key's new limits (keeping what it admitted), or drops it.
     fn set(&self, key: &ApiKey, deleted: bool) {
         let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
@@ -408,6 +421,7 @@ mod tests {
             false,
         );
         limiter.admit(Some(1), "chat").unwrap();
+        assert!(limiter.allows(Some(1), "chat") && !limiter.allows(Some(1), "embed"));
         let refused = limiter.admit(Some(1), "embed").unwrap_err();
         assert_eq!(refused.status, axum::http::StatusCode::FORBIDDEN);
         assert!(refused.message.contains("may call: chat"));

@@ -400,6 +400,19 @@ async fn a_route_splits_falls_through_and_limits_keys() {
         .unwrap()
         .key;
     assert_eq!(chat(&http, &base, &other, "chat-default").await.0, 403);
+    // Nor does it see it listed (the key with no limit does).
+    for (key, listed) in [(&other, false), (&key, true)] {
+        let models = http
+            .get(format!("{base}/v1/models"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(models.contains("chat-default"), listed, "{models}");
+    }
 
     // Usage names each target, with the provider's own token counts.
     let from = gantry_types::Timestamp::now().minus(Duration::from_secs(3600));
