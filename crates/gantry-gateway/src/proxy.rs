@@ -89,7 +89,7 @@ impl Endpoint {
 /// The few request fields the gateway needs; everything else passes through unread.
 #[derive(Debug, Deserialize)]
 struct RequestPeek<'a> {
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "borrowed_str")]
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
@@ -102,6 +102,40 @@ struct RequestPeek<'a> {
 struct StreamOptionsPeek {
     #[serde(default)]
     include_usage: Option<bool>,
+}
+
+/// A string borrowed from the body when it has no escapes (serde's own `Cow`
+/// deserialisation copies it whenever it sits in an `Option`): no allocation per request,
+/// and the name's position in the body is known. `null` is `None`.
+fn borrowed_str<'de, D>(deserializer: D) -> Result<Option<Cow<'de, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Text;
+    impl<'de> serde::de::Visitor<'de> for Text {
+        type Value = Option<Cow<'de, str>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Borrowed(v)))
+        }
+
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(v.to_owned())))
+        }
+
+        fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(v)))
+        }
+
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    deserializer.deserialize_any(Text)
 }
 
 fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
@@ -368,6 +402,18 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
     } else {
         body.clone()
     };
+    // Where the `model` string's characters are in the body, when it has no escapes
+    // (serde borrowed it): a route's target gets its own name spliced in there.
+    let model_span = match &peek.model {
+        Some(Cow::Borrowed(m)) => {
+            let start = (m.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
+            (start
+                .checked_add(m.len())
+                .is_some_and(|end| end <= body.len()))
+            .then(|| start..start + m.len())
+        }
+        _ => None,
+    };
     drop(peek);
 
     let mut headers = HeaderMap::with_capacity(parts.headers.len());
@@ -457,7 +503,16 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         let rewritten;
         let try_body = match target {
             Some(target) if target.upstream_model() != &*name => {
-                rewritten = match with_model(&upstream_body, target.upstream_model()) {
+                let with_usage = |renamed: Bytes| {
+                    if inject_usage {
+                        with_include_usage(&renamed, key_present)
+                    } else {
+                        Ok(renamed)
+                    }
+                };
+                rewritten = match with_model(&body, model_span.clone(), target.upstream_model())
+                    .and_then(with_usage)
+                {
                     Ok(body) => body,
                     Err(e) => return reject(&metrics, started, e),
                 };
@@ -751,8 +806,24 @@ fn another_target_left(
 }
 
 /// The request body with `model` set to `model` (a route's target is sent the name
-/// its backend knows).
-fn with_model(body: &Bytes, model: &str) -> Result<Bytes, OpenAiError> {
+/// its backend knows): spliced in at `span` (where the old name's characters are) when
+/// known, else by re-encoding the body.
+fn with_model(
+    body: &Bytes,
+    span: Option<std::ops::Range<usize>>,
+    model: &str,
+) -> Result<Bytes, OpenAiError> {
+    if let Some(span) = span {
+        // The JSON string of the name, without its quotes (they are in the body).
+        let quoted = serde_json::to_string(model)
+            .map_err(|e| OpenAiError::internal(format!("encode the model name: {e}")))?;
+        let inner = &quoted.as_bytes()[1..quoted.len() - 1];
+        let mut out = BytesMut::with_capacity(body.len() + inner.len());
+        out.extend_from_slice(&body[..span.start]);
+        out.extend_from_slice(inner);
+        out.extend_from_slice(&body[span.end..]);
+        return Ok(out.freeze());
+    }
     let mut object: serde_json::Map<String, serde_json::Value> =
         serde_json::from_slice(body).map_err(|_| not_an_object())?;
     object.insert("model".into(), serde_json::Value::String(model.to_owned()));
@@ -998,6 +1069,26 @@ mod tests {
         let peek: RequestPeek<'_> =
             serde_json::from_slice(br#"{"model":"t","stream_options":null}"#).unwrap();
         assert!(matches!(peek.stream_options, Some(None)));
+    }
+
+    #[test]
+    fn a_targets_model_name_is_spliced_in_where_the_routes_was() {
+        let body =
+            Bytes::from_static(br#"{"messages":[{"content":"model"}],"model":"chat","n":1}"#);
+        let peek: RequestPeek<'_> = serde_json::from_slice(&body).unwrap();
+        let Some(Cow::Borrowed(m)) = &peek.model else {
+            panic!("borrowed");
+        };
+        let start = m.as_ptr() as usize - body.as_ptr() as usize;
+        let spliced = with_model(&body, Some(start..start + m.len()), "meta/llama \"3\"").unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&spliced).unwrap();
+        assert_eq!(value["model"], "meta/llama \"3\"");
+        assert_eq!(value["messages"][0]["content"], "model");
+        // Without a span (the name had escapes), the body is re-encoded.
+        let escaped = Bytes::from_static(br#"{"model":"ch\u0061t"}"#);
+        let value: serde_json::Value =
+            serde_json::from_slice(&with_model(&escaped, None, "qwen").unwrap()).unwrap();
+        assert_eq!(value["model"], "qwen");
     }
 
     #[test]
