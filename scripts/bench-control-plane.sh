@@ -47,7 +47,9 @@
 # BENCH_LIST_REQUESTS (default 1000), BENCH_REGISTER_RATE (per second, default 250),
 # BENCH_SERVER_LIST (1: also refresh the server list every interval like the real agent,
 # the default; 0: heartbeats only), BENCH_PHASE_TIMEOUT (seconds, default 300),
-# BENCH_LOG (the tool's log filter, default warn).
+# BENCH_LOG (the tool's log filter, default warn), BENCH_SERVER_LOG (the server's
+# log_level, default warn; `warn,gantry_server::controllers=debug` adds a line per control
+# and placement pass with where its time went).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -106,7 +108,7 @@ run_one() { # run_one DATABASE WORKERS
       --jwt-secret "$(python3 -c 'import secrets; print(secrets.token_hex(32))')")
   fi
   "$GANTRY" server --data-dir "$WORK/data" --host 127.0.0.1 --port "$port" \
-    --bootstrap-password "$password" --log-level warn "${args[@]}" 2>"$WORK/server.log" &
+    --bootstrap-password "$password" --log-level "${BENCH_SERVER_LOG:-warn}" "${args[@]}" 2>"$WORK/server.log" &
   SERVER_PID=$!
   for _ in $(seq 300); do
     curl -fsS -o /dev/null "$url/readyz" 2>/dev/null && [[ -s "$WORK/data/registration_token" ]] && break

@@ -71,16 +71,29 @@ impl LostInstance {
 /// Takes lost instances (of `instances`) off their workers once their backoff has
 /// passed. Returns when the next backoff falls due, and the instances that an `error` took
 /// off a worker with that worker (their next placement prefers another).
+/// What [`reschedule_lost`] did.
+#[derive(Debug)]
+pub struct Rescheduled {
+    /// When to look again (the next reschedule that falls due).
+    pub action: Action,
+    /// (instance, worker) of instances taken back from a worker that gave them up
+    /// (`error`): their next placement prefers another worker.
+    pub gave_up: Vec<(i64, i64)>,
+    /// Instances put back to `pending` now.
+    pub count: usize,
+}
+
 pub async fn reschedule_lost(
     store: &Store,
     backoff: &mut RescheduleBackoff,
     instances: &[ModelInstance],
     fence: &Fence,
-) -> Result<(Action, Vec<(i64, i64)>), StoreError> {
+) -> Result<Rescheduled, StoreError> {
     let lost: Vec<LostInstance> = instances.iter().filter_map(LostInstance::of).collect();
     let now = Instant::now();
     let (due, next) = backoff.due(&lost, now);
     let mut gave_up = Vec::new();
+    let mut rescheduled = 0;
     for instance in due {
         let message = instance.reschedule_message();
         let unplaced = store
@@ -93,6 +106,7 @@ pub async fn reschedule_lost(
             )
             .await?;
         if unplaced.is_some() {
+            rescheduled += 1;
             backoff.rescheduled(instance.id, now);
             if instance.state == InstanceState::Error {
                 gave_up.push((instance.id, instance.worker_id));
@@ -102,7 +116,11 @@ pub async fn reschedule_lost(
                 reason = %instance.state_message, "rescheduling instance");
         }
     }
-    Ok((next.map_or(Action::AwaitChange, Action::RequeueAt), gave_up))
+    Ok(Rescheduled {
+        action: next.map_or(Action::AwaitChange, Action::RequeueAt),
+        gave_up,
+        count: rescheduled,
+    })
 }
 
 /// `reason`, followed by the reschedule note of `current_message` when it has one, so a

@@ -15,8 +15,9 @@ use gantry_types::{Model, ModelInstance};
 use crate::service::replicas;
 
 /// Brings every model of `models` to its replica count, given all `instances`. A failure
-/// for one model is logged and does not stop the others; returns how many failed. A
-/// stale fence stops it: [`StoreError::Fenced`].
+/// for one model is logged and does not stop the others; returns how many models had
+/// instances to create or remove (whether or not that succeeded), so the caller knows
+/// `instances` may be stale. A stale fence stops it: [`StoreError::Fenced`].
 pub async fn reconcile_replicas(
     store: &Store,
     models: &[Model],
@@ -30,23 +31,23 @@ pub async fn reconcile_replicas(
             .or_default()
             .push(instance.clone());
     }
-    let mut failures = 0;
+    let mut changed = 0;
     for model in models {
         let mine = by_model.remove(&model.id).unwrap_or_default();
         let plan = replicas::plan(model, &mine);
         if plan.is_empty() {
             continue;
         }
+        changed += 1;
         if let Err(e) = apply(store, model, &plan, fence).await {
             if matches!(e, StoreError::Fenced { .. }) {
                 return Err(e);
             }
-            failures += 1;
             tracing::warn!(model = %model.name, model_id = model.id, error = %e,
                 "reconcile the model's replica count");
         }
     }
-    Ok(failures)
+    Ok(changed)
 }
 
 async fn apply(

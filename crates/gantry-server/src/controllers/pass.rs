@@ -108,36 +108,54 @@ impl ControlPass {
     async fn run(&mut self, cluster: &Cluster, fence: &Fence) -> Result<Action, StoreError> {
         let store = self.state.store.clone();
         let leading = || cluster.leader_fence().as_ref() == Some(fence);
+        let began = std::time::Instant::now();
         let (models, _) = store
             .list_models(&ModelFilter::default(), EVERYTHING)
             .await?;
         let (instances, _) = store
             .list_instances(&InstanceFilter::default(), EVERYTHING)
             .await?;
-        super::model::reconcile_replicas(&store, &models, &instances, fence).await?;
+        tracing::debug!(
+            models = models.len(),
+            instances = instances.len(),
+            read_ms = began.elapsed().as_secs_f64() * 1e3,
+            "control pass read the models and instances"
+        );
+        let replicas_changed =
+            super::model::reconcile_replicas(&store, &models, &instances, fence).await?;
         if !leading() {
             return Ok(Action::AwaitChange);
         }
-        let (reschedule, gave_up) =
-            reschedule_lost(&store, &mut self.backoff, &instances, fence).await?;
+        let rescheduled = reschedule_lost(&store, &mut self.backoff, &instances, fence).await?;
+        let reschedule = rescheduled.action;
         {
             let mut placer = self.placer.lock().await;
-            for (instance_id, worker_id) in gave_up {
+            for (instance_id, worker_id) in rescheduled.gave_up {
                 placer.avoid(instance_id, worker_id);
             }
         }
         if !leading() {
             return Ok(Action::AwaitChange);
         }
-        super::rollout::roll(&store, &models, &instances, fence).await?;
+        let rolled = super::rollout::roll(&store, &models, &instances, fence).await?;
         if !leading() || cluster.places_under_lock() {
             return Ok(reschedule);
         }
+        // When this pass changed no instance, the list it read is still what placement
+        // needs (a write that raced with it is refused by the placement's own
+        // condition): no second read of every pending instance.
+        let unchanged = replicas_changed == 0 && rescheduled.count == 0 && rolled == 0;
         let retry = self
             .placer
             .lock()
             .await
-            .place_pending(&store, &models, leading, fence)
+            .place_pending(
+                &store,
+                &models,
+                unchanged.then_some(instances),
+                leading,
+                fence,
+            )
             .await?;
         Ok(reschedule.min(retry))
     }

@@ -89,18 +89,30 @@ impl Placer {
     }
 
     /// Places the `pending` (and leftover `analyzing`) instances of `models`, oldest
-    /// first; returns when an analysis retry falls due.
+    /// first; returns when an analysis retry falls due. `known`: every instance, as read
+    /// with `models` and unchanged since; else the candidates are read from the store.
     pub async fn place_pending(
         &mut self,
         store: &Store,
         models: &[Model],
+        known: Option<Vec<ModelInstance>>,
         leading: impl Fn() -> bool,
         fence: &Fence,
     ) -> Result<Action, StoreError> {
+        let began = Instant::now();
         let model_ids: HashSet<i64> = models.iter().map(|m| m.id).collect();
         self.analyses.retain_models(&model_ids);
-        let mut candidates = instances_in(store, InstanceState::Pending).await?;
-        candidates.extend(instances_in(store, InstanceState::Analyzing).await?);
+        let mut candidates = match known {
+            Some(instances) => instances
+                .into_iter()
+                .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Analyzing))
+                .collect(),
+            None => {
+                let mut read = instances_in(store, InstanceState::Pending).await?;
+                read.extend(instances_in(store, InstanceState::Analyzing).await?);
+                read
+            }
+        };
         candidates.retain(|instance| instance.worker_id.is_none());
         candidates.sort_by_key(|instance| (instance.created_at, instance.id));
         let candidate_ids: HashSet<i64> = candidates.iter().map(|i| i.id).collect();
@@ -130,12 +142,15 @@ impl Placer {
             defined.insert(model.id, defined_backend(store, model).await?);
         }
 
+        let candidates_read = began.elapsed();
         let (workers, _) = store
             .list_workers(&WorkerFilter::default(), EVERYTHING)
             .await?;
         let placed = store.placed_instance_claims().await?;
         let snapshot = build_snapshot(&workers, &placed);
         let mut ledger = SnapshotState::new(&snapshot);
+        let snapshot_built = began.elapsed();
+        let mut writing = Duration::ZERO;
 
         let mut batch = Batch::default();
         // Why each model's last instance found no place in this pass. The ledger only
@@ -151,7 +166,9 @@ impl Placer {
                 break;
             }
             if batch.len() >= WRITES_PER_BATCH {
+                let write_began = Instant::now();
                 self.write(store, fence, &mut ledger, &mut batch).await?;
+                writing += write_began.elapsed();
                 unplaceable.clear();
             }
             if let Some(reason) = unplaceable.get(&instance.model_id) {
@@ -210,8 +227,21 @@ impl Placer {
         // What was decided after the lead was lost is dropped: the next leader decides
         // again from what is stored.
         if leading() {
+            let write_began = Instant::now();
             self.write(store, fence, &mut ledger, &mut batch).await?;
+            writing += write_began.elapsed();
         }
+        let total = began.elapsed();
+        tracing::debug!(
+            candidates = candidates.len(),
+            workers = workers.len(),
+            read_candidates_ms = candidates_read.as_secs_f64() * 1e3,
+            read_workers_and_snapshot_ms = (snapshot_built - candidates_read).as_secs_f64() * 1e3,
+            decide_ms = (total - snapshot_built - writing).as_secs_f64() * 1e3,
+            write_ms = writing.as_secs_f64() * 1e3,
+            total_ms = total.as_secs_f64() * 1e3,
+            "placement pass"
+        );
         // A retry time already past belongs to a model that had no instance to place
         // this pass; waking for it would spin. The periodic pass picks it up.
         Ok(self

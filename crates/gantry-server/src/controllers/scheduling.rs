@@ -95,7 +95,9 @@ impl Reconcile for LockedPlacement {
                 .list_models(&ModelFilter::default(), EVERYTHING)
                 .await?;
             let mut placer = self.placer.lock().await;
-            placer.place_pending(store, &models, || true, &fence).await
+            placer
+                .place_pending(store, &models, None, || true, &fence)
+                .await
         }
         .await;
         if let Err(e) = store
