@@ -221,26 +221,21 @@ pub async fn list_models(State(gateway): State<Gateway>, headers: HeaderMap) -> 
         Err(e) => return e.into_response(),
     };
     let defined = gateway.model_routes.all();
-    let mut data: Vec<OpenAiModel> = gateway
-        .routes
-        .all()
+    let deployed = gateway.routes.all();
+    let mut data: Vec<OpenAiModel> = deployed
         .iter()
         .filter(|route| !defined.iter().any(|d| d.name == route.name))
-        .map(|route| OpenAiModel {
-            id: route.name.to_string(),
+        .map(|route| (&route.name, route.created))
+        .chain(defined.iter().map(|route| (&route.name, route.created)))
+        // A key held to some routes sees only those.
+        .filter(|(name, _)| gateway.limiter.allows(caller.api_key_id, name))
+        .map(|(name, created)| OpenAiModel {
+            id: name.to_string(),
             object: "model",
-            created: route.created,
+            created,
             owned_by: "gantry",
         })
-        .chain(defined.iter().map(|route| OpenAiModel {
-            id: route.name.to_string(),
-            object: "model",
-            created: route.created,
-            owned_by: "gantry",
-        }))
         .collect();
-    // A key held to some routes sees only those.
-    data.retain(|model| gateway.limiter.allows(caller.api_key_id, &model.id));
     data.sort_by(|a, b| a.id.cmp(&b.id));
     Json(OpenAiModelList {
         object: "list",

@@ -568,14 +568,13 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         match send_until_head(&backend, build, first_byte_timeout).await {
             Ok((response, _))
                 if selection.falls_through(response.status())
-                    && (target.is_none()
-                        || another_target_left(
-                            &selection,
-                            &gateway,
-                            attempt,
-                            &tried[..tried_count],
-                            tried_targets,
-                        )) =>
+                    && another_target_left(
+                        &selection,
+                        &gateway,
+                        attempt,
+                        &tried[..tried_count],
+                        tried_targets,
+                    ) =>
             {
                 record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamUnavailable);
@@ -790,8 +789,10 @@ impl Selection {
     }
 }
 
-/// Whether a route has a backend left for another try (else a failing target's answer
-/// goes to the client as it is: its 429 and `Retry-After` mean more than a 502).
+/// Whether a failing answer may go to another try: always for a plain model (as
+/// before routes); for a route, only while it has a backend left (else the failing
+/// target's answer goes to the client as it is: its 429 and `Retry-After` mean more
+/// than a 502).
 fn another_target_left(
     selection: &Selection,
     gateway: &Gateway,
