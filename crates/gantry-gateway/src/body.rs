@@ -11,7 +11,7 @@
 //!   split across two reads is held until its end arrives (it is of no use to the
 //!   client before that anyway), and everything else is passed on unchanged.
 //!
-//! The body also drives the connection it arrives on (see `upstream.rs`). Dropping
+//! The body reads the connection it arrives on itself (see `upstream.rs`). Dropping
 //! the body — the response ended, or the client went away — releases the in-flight
 //! counts, records latency, status and tokens, books usage, and returns the connection
 //! to the instance's pool; a body dropped before its end closes the connection, which
@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use crate::limits::KeyWindow;
 use crate::metrics::{ErrorKind, InFlight, ModelMetrics, TargetMetrics};
 use crate::routing::InFlightGuard;
-use crate::upstream::UpstreamConnection;
+use crate::upstream::{RequestError, UpstreamConnection};
 use crate::usage::{Caller, TokenUsage, UsageAggregator};
 
 /// A JSON body up to this size is kept whole for the usage scan.
@@ -341,9 +341,8 @@ pub struct Completion {
 /// The backend's body on its way to the client.
 #[derive(Debug)]
 pub struct ObservedBody {
-    inner: Incoming,
-    /// The connection the body arrives on, driven from `poll_frame`; back to the
-    /// instance's pool when the body ended, closed when it was abandoned.
+    /// The connection the body arrives on; back to the instance's pool when the body
+    /// ended, closed when it was abandoned.
     upstream: Option<UpstreamConnection>,
     inspector: Inspector,
     completion: Option<Completion>,
@@ -352,14 +351,8 @@ pub struct ObservedBody {
 }
 
 impl ObservedBody {
-    pub fn new(
-        inner: Incoming,
-        upstream: UpstreamConnection,
-        inspector: Inspector,
-        completion: Completion,
-    ) -> Self {
+    pub fn new(upstream: UpstreamConnection, inspector: Inspector, completion: Completion) -> Self {
         Self {
-            inner,
             upstream: Some(upstream),
             inspector,
             completion: Some(completion),
@@ -367,56 +360,75 @@ impl ObservedBody {
             failed: false,
         }
     }
+
+    /// The next piece to pass on, `None` at the end.
+    pub fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, RequestError>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let Some(upstream) = self.upstream.as_mut() else {
+            return Poll::Ready(None);
+        };
+        loop {
+            match ready!(upstream.poll_body(cx)) {
+                None => {
+                    self.ended = true;
+                    return Poll::Ready(self.inspector.finish().map(Ok));
+                }
+                Some(Err(e)) => {
+                    self.failed = true;
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Some(Ok(data)) => {
+                    let out = self.inspector.on_data(data);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(out)));
+                    }
+                    // Everything was held back or cut out: read on.
+                }
+            }
+        }
+    }
+
+    /// The length of what is passed on, when it is known before it is read: the
+    /// backend's own, unless the body is rewritten.
+    pub fn known_length(&self) -> Option<u64> {
+        if self.inspector.rewrites() {
+            return None;
+        }
+        self.upstream.as_ref().and_then(|u| u.body_remaining())
+    }
+
+    fn backend_done(&self) -> bool {
+        self.upstream.as_ref().is_some_and(|u| u.body_done())
+    }
 }
 
 impl Body for ObservedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = RequestError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        if this.ended {
-            return Poll::Ready(None);
-        }
-        loop {
-            if let Some(upstream) = &mut this.upstream {
-                upstream.drive(cx);
-            }
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                None => {
-                    this.ended = true;
-                    return Poll::Ready(this.inspector.finish().map(|rest| Ok(Frame::data(rest))));
-                }
-                Some(Err(e)) => {
-                    this.failed = true;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        let out = this.inspector.on_data(data);
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                        // Everything was held back or cut out: read on.
-                    }
-                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
-                },
-            }
-        }
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestError>>> {
+        self.get_mut()
+            .poll_chunk(cx)
+            .map(|chunk| chunk.map(|data| data.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended || (self.inner.is_end_stream() && !self.inspector.holds_back())
+        self.ended || (self.backend_done() && !self.inspector.holds_back())
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.inspector.rewrites() {
-            SizeHint::default()
-        } else {
-            self.inner.size_hint()
+        match self.known_length() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
         }
     }
 }
@@ -426,7 +438,7 @@ impl Drop for ObservedBody {
         let Some(completion) = self.completion.take() else {
             return;
         };
-        let completed = !self.failed && (self.ended || self.inner.is_end_stream());
+        let completed = !self.failed && (self.ended || self.backend_done());
         if let Some(upstream) = self.upstream.take() {
             if completed {
                 completion.backend.backend().pool.give_back(upstream);

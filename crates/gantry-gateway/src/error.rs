@@ -201,11 +201,12 @@ impl From<AuthError> for OpenAiError {
     }
 }
 
-impl IntoResponse for OpenAiError {
-    fn into_response(self) -> Response {
+impl OpenAiError {
+    /// The JSON body sent to the client.
+    pub fn body(&self) -> Vec<u8> {
         let body = OpenAiErrorBody {
             error: OpenAiErrorDetail {
-                message: self.message,
+                message: self.message.clone(),
                 kind: self.kind.to_string(),
                 param: self.param.map(str::to_string),
                 code: self.code.to_string(),
@@ -213,7 +214,21 @@ impl IntoResponse for OpenAiError {
         };
         // Serialising a struct of strings cannot fail; an empty body would still carry
         // the status.
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+
+    /// `Retry-After` in whole seconds, rounded up (a client that waits this long is
+    /// admitted), at least 1.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.retry_after
+            .map(|after| (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1))
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        let bytes = self.body();
+        let retry_after = self.retry_after_seconds();
         let mut response = (
             self.status,
             [(
@@ -223,12 +238,10 @@ impl IntoResponse for OpenAiError {
             bytes,
         )
             .into_response();
-        if let Some(after) = self.retry_after {
-            // Rounded up: a client that waits this long is admitted.
-            let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        if let Some(seconds) = retry_after {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

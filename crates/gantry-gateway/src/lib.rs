@@ -34,6 +34,8 @@ pub mod balance;
 pub mod body;
 pub mod eject;
 pub mod error;
+pub mod front;
+pub mod h1;
 pub mod limits;
 pub mod metrics;
 pub mod model_routes;

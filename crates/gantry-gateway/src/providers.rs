@@ -4,20 +4,18 @@
 //! the base URL's path, the `Authorization` header made from the opened API key (marked
 //! sensitive, never logged), extra headers and the first-byte timeout.
 
-use std::future::Future as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::header::{self, HeaderName};
 use axum::http::uri::Authority;
-use axum::http::{HeaderValue, Method, Request, StatusCode, Uri};
-use bytes::Bytes;
+use axum::http::{HeaderValue, StatusCode};
 use gantry_types::ModelProvider;
-use http_body_util::{BodyExt, Full, Limited};
 use rustls_pki_types::ServerName;
 
+use crate::h1;
 use crate::routing::Backend;
-use crate::upstream::UpstreamConnection;
+use crate::upstream::{Outgoing, UpstreamConnection};
 
 /// What a request to a provider adds to a request to an instance.
 #[derive(Debug)]
@@ -53,14 +51,32 @@ impl ProviderEndpoint {
         format!("{}{rest}", self.path_prefix)
     }
 
-    /// Adds the provider's credentials and extra headers to a request's headers.
-    pub fn add_headers(&self, headers: &mut axum::http::HeaderMap) {
+    /// A request's headers (`name: value\r\n` lines) with the provider's extra headers
+    /// and credentials in place of any of the same name.
+    pub fn with_headers(&self, client: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(client.len() + 256);
+        let replaced = |name: &[u8]| {
+            self.headers
+                .iter()
+                .any(|(n, _)| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+        };
+        for line in client.split_inclusive(|b| *b == b'\n') {
+            let name = line.split(|b| *b == b':').next().unwrap_or_default();
+            if !replaced(name.trim_ascii()) {
+                out.extend_from_slice(line);
+            }
+        }
         for (name, value) in &self.headers {
-            headers.insert(name.clone(), value.clone());
+            h1::put_header(&mut out, name.as_str().as_bytes(), value.as_bytes());
         }
         if let Some(authorization) = &self.authorization {
-            headers.insert(header::AUTHORIZATION, authorization.clone());
+            h1::put_header(
+                &mut out,
+                header::AUTHORIZATION.as_str().as_bytes(),
+                authorization.as_bytes(),
+            );
         }
+        out
     }
 }
 
@@ -144,38 +160,33 @@ pub async fn discover_models(backend: &Backend) -> Result<Vec<String>, String> {
     let Some(endpoint) = backend.provider.as_ref() else {
         return Err("not a provider".into());
     };
-    let uri: Uri = endpoint
-        .path_for("/v1/models")
-        .parse()
-        .map_err(|e| format!("bad path: {e}"))?;
-    let mut request = Request::new(Full::new(Bytes::new()));
-    *request.method_mut() = Method::GET;
-    *request.uri_mut() = uri;
-    request
-        .headers_mut()
-        .insert(header::HOST, backend.host_header.clone());
-    request
-        .headers_mut()
-        .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-    endpoint.add_headers(request.headers_mut());
+    let path = endpoint.path_for("/v1/models");
+    let headers = endpoint.with_headers(b"accept: application/json\r\n");
     let work = async {
         let mut connection: UpstreamConnection =
             backend.connect().await.map_err(|e| e.to_string())?;
-        let response = connection
-            .send(request)
+        let head = connection
+            .send(Outgoing {
+                method: "GET",
+                path: &path,
+                query: None,
+                host: backend.host_header.as_bytes(),
+                headers: &headers,
+                body: b"",
+            })
             .await
             .map_err(|e| format!("request failed: {e}"))?;
-        let status = response.status();
-        let body = std::future::poll_fn({
-            let mut body = Box::pin(Limited::new(response.into_body(), MAX_MODELS_BODY).collect());
-            move |cx| {
-                connection.drive(cx);
-                body.as_mut().poll(cx)
+        let status = StatusCode::from_u16(head.status).unwrap_or(StatusCode::BAD_GATEWAY);
+        let mut body = Vec::new();
+        while let Some(data) = std::future::poll_fn(|cx| connection.poll_body(cx)).await {
+            let data = data.map_err(|e| format!("reading the answer failed: {e}"))?;
+            if body.len() + data.len() > MAX_MODELS_BODY {
+                return Err(format!(
+                    "reading the answer failed: longer than {MAX_MODELS_BODY} bytes"
+                ));
             }
-        })
-        .await
-        .map_err(|e| format!("reading the answer failed: {e}"))?
-        .to_bytes();
+            body.extend_from_slice(&data);
+        }
         Ok::<_, String>((status, body))
     };
     let (status, body) = tokio::time::timeout(endpoint.timeout, work)
@@ -254,15 +265,21 @@ mod tests {
     }
 
     #[test]
-    fn the_key_goes_in_a_sensitive_header_and_never_in_debug_output() {
+    fn the_key_goes_in_the_provider_headers_and_never_in_debug_output() {
         let b = backend(&provider("https://api.example.com/v1"), Some("sk-secret-1")).unwrap();
-        let mut headers = axum::http::HeaderMap::new();
-        b.provider.as_ref().unwrap().add_headers(&mut headers);
-        let authorization = headers.get(header::AUTHORIZATION).unwrap();
-        assert_eq!(authorization, "Bearer sk-secret-1");
-        assert!(authorization.is_sensitive());
-        assert_eq!(headers.get("x-org").unwrap(), "team");
+        let client = b"accept: */*\r\nx-org: mine\r\n";
+        let headers = b.provider.as_ref().unwrap().with_headers(client);
+        let headers = String::from_utf8(headers).unwrap();
+        assert!(
+            headers.contains("authorization: Bearer sk-secret-1\r\n"),
+            "{headers}"
+        );
+        assert!(headers.contains("x-org: team\r\n"), "{headers}");
+        assert!(
+            !headers.contains("x-org: mine"),
+            "the provider's header replaces the client's: {headers}"
+        );
+        assert!(headers.starts_with("accept: */*\r\n"), "{headers}");
         assert!(!format!("{b:?}").contains("sk-secret-1"));
-        assert!(!format!("{headers:?}").contains("sk-secret-1"));
     }
 }

@@ -26,26 +26,24 @@ use std::time::Duration;
 
 use axum::body::Body as AxumBody;
 use axum::extract::Request;
-use axum::http::header::{self, HeaderMap, HeaderName};
-use axum::http::uri::PathAndQuery;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use gantry_auth::Principal;
 use gantry_store::{InstanceFilter, Page, StoreError};
 use gantry_types::{units, InstanceState};
-use http_body_util::Full;
-use hyper::body::Incoming;
 use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::body::{Completion, Inspector, ObservedBody};
 use crate::eject::EjectionPolicy;
 use crate::error::OpenAiError;
-use crate::metrics::{ErrorKind, ModelMetrics};
+use crate::h1::{self, ResponseHead};
+use crate::metrics::{ErrorKind, InFlight, ModelMetrics};
 use crate::model_routes::RoutePlan;
 use crate::routing::{Backend, ModelRoute};
-use crate::upstream::{ConnectError, UpstreamConnection};
+use crate::upstream::{ConnectError, Outgoing, RequestError, UpstreamConnection};
 use crate::usage::Caller;
 use crate::Gateway;
 
@@ -165,7 +163,16 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// The caller behind a request's bearer token: a person (API key or session), resolved
 /// by the shared authenticator (API keys from its cache).
 pub async fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Caller, OpenAiError> {
-    let token = bearer(headers).ok_or_else(OpenAiError::missing_api_key)?;
+    authenticate_token(gateway, bearer(headers)).await
+}
+
+/// The caller behind a bearer token (or session cookie token) already taken from the
+/// request.
+pub async fn authenticate_token(
+    gateway: &Gateway,
+    token: Option<&str>,
+) -> Result<Caller, OpenAiError> {
+    let token = token.ok_or_else(OpenAiError::missing_api_key)?;
     match gateway.authenticator.authenticate(token).await? {
         Principal::User {
             user,
@@ -200,35 +207,10 @@ pub async fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Call
     }
 }
 
-/// Request headers that are not passed to the backend: hop-by-hop headers, the
-/// caller's gantry credentials, what hyper sets itself (host, length), and
-/// `accept-encoding`, so that backends answer uncompressed and usage can be read.
+/// Whether a request header is passed to the backend (see
+/// [`h1::is_withheld_request_header`]).
 fn forwarded(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "expect"
-            | "host"
-            | "content-length"
-            | "authorization"
-            | "cookie"
-            | "accept-encoding"
-    )
-}
-
-/// Response headers that are not passed back to the client (hop-by-hop).
-fn returned(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "connection" | "keep-alive" | "proxy-connection" | "te" | "trailer" | "upgrade"
-    )
+    !h1::is_withheld_request_header(name.as_str().as_bytes())
 }
 
 /// Whether an error's chain contains the body-size limit.
@@ -292,12 +274,18 @@ fn not_an_object() -> OpenAiError {
 }
 
 /// A finished request that never reached a backend: count it and answer.
-fn reject(metrics: &ModelMetrics, started: Instant, error: OpenAiError) -> Response {
+fn reject(metrics: &ModelMetrics, started: Instant, error: OpenAiError) -> Answer {
     metrics.observe_request(error.status.as_u16(), started.elapsed());
-    error.into_response()
+    Answer::Error(error)
 }
 
-/// Forwards one request of an OpenAI endpoint.
+/// A response head's status as a status code (one outside 100–999 never parses).
+fn status_code(response: &ResponseHead) -> StatusCode {
+    StatusCode::from_u16(response.status).unwrap_or(StatusCode::BAD_GATEWAY)
+}
+
+/// Forwards one request of an OpenAI endpoint that hyper read (a connection the hot-route
+/// front handed over: `front.rs`).
 pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> Response {
     let started = Instant::now();
     let in_flight = gateway.metrics.start_request();
@@ -306,7 +294,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
 
     let caller = match authenticate(&gateway, &parts.headers).await {
         Ok(caller) => caller,
-        Err(e) => return reject(&unrouted, started, e),
+        Err(e) => return reject(&unrouted, started, e).into_response(),
     };
 
     let limit = gateway.config.max_request_body;
@@ -316,7 +304,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return reject(&unrouted, started, too_large(limit));
+        return reject(&unrouted, started, too_large(limit)).into_response();
     }
     let body = match axum::body::to_bytes(body, limit).await {
         Ok(body) => body,
@@ -329,9 +317,134 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                     format!("could not read the request body: {e}"),
                 )
             };
-            return reject(&unrouted, started, error);
+            return reject(&unrouted, started, error).into_response();
         }
     };
+    let mut headers = Vec::with_capacity(256);
+    for (name, value) in &parts.headers {
+        if forwarded(name) {
+            h1::put_header(&mut headers, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    let request = ClientRequest {
+        endpoint,
+        caller,
+        query: parts.uri.query(),
+        headers: &headers,
+        body,
+        started,
+        in_flight,
+    };
+    proxy(&gateway, request).await.into_response()
+}
+
+/// A client's request as the proxy needs it, whichever HTTP layer read it.
+#[derive(Debug)]
+pub struct ClientRequest<'a> {
+    pub endpoint: Endpoint,
+    pub caller: Caller,
+    /// The request target's query, passed on.
+    pub query: Option<&'a str>,
+    /// The headers passed on to the backend, as `name: value\r\n` lines (without the
+    /// ones [`forwarded`] withholds).
+    pub headers: &'a [u8],
+    pub body: Bytes,
+    pub started: Instant,
+    pub in_flight: InFlight,
+}
+
+/// What the proxy answers a request with.
+// The backend answer is the common case: boxing it would cost an allocation
+// per request to shrink a value that is moved once.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Answer {
+    /// Nothing reached a backend (or none could answer); already counted.
+    Error(OpenAiError),
+    Backend(BackendAnswer),
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        match self {
+            Answer::Error(e) => e.into_response(),
+            Answer::Backend(answer) => answer.into_response(),
+        }
+    }
+}
+
+/// A backend's answer on its way to the client.
+#[derive(Debug)]
+pub struct BackendAnswer {
+    /// The backend's head; its hop-by-hop and framing headers are not passed on
+    /// ([`BackendAnswer::headers`]).
+    pub head: ResponseHead,
+    /// `x-gantry-instance`.
+    pub instance: HeaderValue,
+    /// `x-gantry-target`.
+    pub target: HeaderValue,
+    pub body: ObservedBody,
+}
+
+impl BackendAnswer {
+    pub fn status(&self) -> u16 {
+        self.head.status
+    }
+
+    /// The backend's headers that go to the client.
+    pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.head
+            .head
+            .iter()
+            .filter(|(name, _)| !h1::is_hop_by_hop_response_header(name))
+    }
+
+    /// The answer as a response for hyper to write (it frames the body itself).
+    pub fn into_response(self) -> Response {
+        let mut headers = HeaderMap::with_capacity(self.head.head.headers.len() + 2);
+        for (name, value) in self.headers() {
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+            {
+                headers.append(name, value);
+            }
+        }
+        headers.insert(INSTANCE_HEADER.clone(), self.instance);
+        headers.insert(TARGET_HEADER.clone(), self.target);
+        let mut response = Response::new(AxumBody::new(self.body));
+        *response.status_mut() =
+            StatusCode::from_u16(self.head.status).unwrap_or(StatusCode::BAD_GATEWAY);
+        *response.headers_mut() = headers;
+        response
+    }
+}
+
+/// Authenticates a request's token, then proxies the request `make` builds for the
+/// caller (the front's path: `front.rs`).
+pub async fn authenticate_then_proxy<'a>(
+    gateway: &Gateway,
+    token: Option<&str>,
+    make: impl FnOnce(Caller) -> ClientRequest<'a>,
+) -> Answer {
+    let started = Instant::now();
+    match authenticate_token(gateway, token).await {
+        Ok(caller) => proxy(gateway, make(caller)).await,
+        Err(e) => reject(&gateway.metrics.unrouted(), started, e),
+    }
+}
+
+/// Proxies one authenticated request with its body read.
+pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
+    let ClientRequest {
+        endpoint,
+        caller,
+        query,
+        headers,
+        body,
+        started,
+        in_flight,
+    } = request;
+    let unrouted = gateway.metrics.unrouted();
 
     let peek: RequestPeek<'_> = match serde_json::from_slice(&body) {
         Ok(peek) if body.trim_ascii_start().starts_with(b"{") => peek,
@@ -371,7 +484,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         Some(plan) => Selection::Route(plan),
         None => match gateway.routes.get(model) {
             Some(route) => Selection::Model(route),
-            None => match route_after_miss(&gateway, model).await {
+            None => match route_after_miss(gateway, model).await {
                 Ok(route) => Selection::Model(route),
                 Err((metrics, error)) => {
                     let metrics = metrics.unwrap_or(unrouted);
@@ -416,21 +529,6 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
     };
     drop(peek);
 
-    let mut headers = HeaderMap::with_capacity(parts.headers.len());
-    for (name, value) in &parts.headers {
-        if forwarded(name) {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    let path_and_query = match parts.uri.query() {
-        None => PathAndQuery::from_static(endpoint.path()),
-        Some(query) => match format!("{}?{query}", endpoint.path()).parse() {
-            Ok(pq) => pq,
-            Err(_) => PathAndQuery::from_static(endpoint.path()),
-        },
-    };
-
-    let uri = Uri::from(path_and_query);
     let policy = &gateway.config.ejection;
     let mut selection = selection;
     // Instances tried (a provider counts as minus its id), and for routes the targets
@@ -520,43 +618,27 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
             }
             _ => &upstream_body,
         };
-        let (try_uri, try_headers, first_byte_timeout) = match &backend.provider {
-            None => (
-                Cow::Borrowed(&uri),
-                Cow::Borrowed(&headers),
-                gateway.config.first_byte_timeout,
-            ),
+        let provider_path;
+        let provider_headers;
+        let (path, try_headers, first_byte_timeout) = match &backend.provider {
+            None => (endpoint.path(), headers, gateway.config.first_byte_timeout),
             Some(provider) => {
-                let path = provider.path_for(endpoint.path());
-                let path = match parts.uri.query() {
-                    None => path,
-                    Some(query) => format!("{path}?{query}"),
-                };
-                let Ok(provider_uri) = path.parse::<Uri>() else {
-                    failures.push(format!(
-                        "{}: bad request path {path:?}",
-                        backend.instance_name
-                    ));
-                    continue;
-                };
-                let mut with_credentials = headers.clone();
-                provider.add_headers(&mut with_credentials);
+                provider_path = provider.path_for(endpoint.path());
+                provider_headers = provider.with_headers(headers);
                 (
-                    Cow::Owned(provider_uri),
-                    Cow::Owned(with_credentials),
+                    provider_path.as_str(),
+                    provider_headers.as_slice(),
                     Some(provider.timeout),
                 )
             }
         };
-        let build = || {
-            let mut request = hyper::Request::new(Full::new(try_body.clone()));
-            *request.method_mut() = Method::POST;
-            *request.uri_mut() = try_uri.as_ref().clone();
-            *request.headers_mut() = try_headers.as_ref().clone();
-            request
-                .headers_mut()
-                .insert(header::HOST, backend.host_header.clone());
-            request
+        let outgoing = Outgoing {
+            method: "POST",
+            path,
+            query,
+            host: backend.host_header.as_bytes(),
+            headers: try_headers,
+            body: try_body,
         };
         last_failure = LastFailure::Other;
         let fell_through = |failures: &mut Vec<String>, reason: String| {
@@ -565,12 +647,12 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
             }
             failures.push(reason);
         };
-        match send_until_head(&backend, build, first_byte_timeout).await {
+        match send_until_head(&backend, outgoing, first_byte_timeout).await {
             Ok((response, _))
-                if selection.falls_through(response.status())
+                if selection.falls_through(status_code(&response))
                     && another_target_left(
                         &selection,
-                        &gateway,
+                        gateway,
                         attempt,
                         &tried[..tried_count],
                         tried_targets,
@@ -578,16 +660,21 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
             {
                 record_failure(&backend, policy);
                 metrics.count_error(ErrorKind::UpstreamUnavailable);
-                tracing::warn!(route = %name, instance = %backend.instance_name, status = response.status().as_u16(), attempt, "backend cannot serve; trying another");
+                tracing::warn!(route = %name, instance = %backend.instance_name, status = response.status, attempt, "backend cannot serve; trying another");
                 fell_through(
                     &mut failures,
-                    format!("{} answered {}", backend.instance_name, response.status()),
+                    format!(
+                        "{} answered {}",
+                        backend.instance_name,
+                        status_code(&response)
+                    ),
                 );
             }
             Ok((response, connection)) => {
                 backend.mark_healthy();
-                if response.status().is_server_error()
-                    || (target.is_some() && response.status() == StatusCode::TOO_MANY_REQUESTS)
+                let status = status_code(&response);
+                if status.is_server_error()
+                    || (target.is_some() && status == StatusCode::TOO_MANY_REQUESTS)
                 {
                     // Passed on to the client (the backend may mean it), but it counts
                     // towards ejection like any failure.
@@ -595,10 +682,6 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 } else {
                     record_success(&backend);
                 }
-                let (mut head, incoming) = response.into_parts();
-                head.headers.retain_returned();
-                head.headers
-                    .insert(INSTANCE_HEADER.clone(), backend.header_value.clone());
                 let (target_label, target_header, target_metrics) = match (target, &selection) {
                     (Some(target), _) => (
                         Arc::clone(&target.label),
@@ -612,13 +695,10 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                         (Arc::clone(&plan.name), backend.header_value.clone(), None)
                     }
                 };
-                head.headers.insert(TARGET_HEADER.clone(), target_header);
-                let status = head.status;
-                let is_sse = head
-                    .headers
-                    .get(header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                let is_sse = response
+                    .head
+                    .get("content-type")
+                    .is_some_and(|v| v.starts_with(b"text/event-stream"));
                 let inspector = if !status.is_success() {
                     Inspector::None
                 } else if is_sse {
@@ -626,11 +706,8 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                 } else {
                     Inspector::json()
                 };
-                if inspector.rewrites() {
-                    head.headers.remove(header::CONTENT_LENGTH);
-                }
+                let instance = backend.header_value.clone();
                 let body = ObservedBody::new(
-                    incoming,
                     connection,
                     inspector,
                     Completion {
@@ -647,7 +724,12 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                         gateway: in_flight,
                     },
                 );
-                return Response::from_parts(head, AxumBody::new(body));
+                return Answer::Backend(BackendAnswer {
+                    head: response,
+                    instance,
+                    target: target_header,
+                    body,
+                });
             }
             Err(TryError::Connect(e)) => {
                 // Nothing has reached the client yet, so another backend may answer
@@ -881,7 +963,7 @@ fn record_success(backend: &Backend) {
 /// Why one try failed.
 enum TryError {
     Connect(ConnectError),
-    Request(hyper::Error),
+    Request(RequestError),
     /// No response head within `gateway_first_byte_timeout` (the value).
     FirstByteTimeout(Duration),
     /// The routing table dropped the instance while the try waited for its head.
@@ -954,13 +1036,13 @@ async fn route_after_miss(
 /// timeout, when that runs out first. Dropping the try closes its connection.
 async fn send_until_head(
     backend: &Backend,
-    build: impl Fn() -> hyper::Request<Full<Bytes>>,
+    request: Outgoing<'_>,
     first_byte_timeout: Option<Duration>,
-) -> Result<(hyper::Response<Incoming>, UpstreamConnection), TryError> {
+) -> Result<(ResponseHead, UpstreamConnection), TryError> {
     let send = async {
         match first_byte_timeout {
-            None => send_to(backend, build).await,
-            Some(limit) => tokio::time::timeout(limit, send_to(backend, build))
+            None => send_to(backend, request).await,
+            Some(limit) => tokio::time::timeout(limit, send_to(backend, request))
                 .await
                 .unwrap_or(Err(TryError::FirstByteTimeout(limit))),
         }
@@ -977,19 +1059,19 @@ async fn send_until_head(
 /// returns the response head with the connection that carries its body.
 async fn send_to(
     backend: &Backend,
-    build: impl Fn() -> hyper::Request<Full<Bytes>>,
-) -> Result<(hyper::Response<Incoming>, UpstreamConnection), TryError> {
+    request: Outgoing<'_>,
+) -> Result<(ResponseHead, UpstreamConnection), TryError> {
     let mut connection = backend.connection().await.map_err(TryError::Connect)?;
-    match connection.send(build()).await {
+    match connection.send(request).await {
         Ok(response) => Ok((response, connection)),
         // An idle keep-alive connection that the instance closed just as it was
         // reused: the request was not processed, so it goes once more on a new
         // connection, without counting as a try.
-        Err(e) if connection.reused && (e.is_canceled() || e.is_incomplete_message()) => {
+        Err(e) if connection.reused && e.is_closed_early() => {
             tracing::debug!(instance = %backend.instance_name, error = %e, "reused connection was closed; reconnecting");
             drop(connection);
             let mut fresh = backend.connect().await.map_err(TryError::Connect)?;
-            let response = fresh.send(build()).await.map_err(TryError::Request)?;
+            let response = fresh.send(request).await.map_err(TryError::Request)?;
             Ok((response, fresh))
         }
         Err(e) => Err(TryError::Request(e)),
@@ -1014,19 +1096,6 @@ impl std::fmt::Display for ErrorChain<'_> {
             source = e.source();
         }
         f.write_str(&text)
-    }
-}
-
-trait RetainReturned {
-    fn retain_returned(&mut self);
-}
-
-impl RetainReturned for HeaderMap {
-    fn retain_returned(&mut self) {
-        let hop_by_hop: Vec<HeaderName> = self.keys().filter(|n| !returned(n)).cloned().collect();
-        for name in hop_by_hop {
-            self.remove(&name);
-        }
     }
 }
 

@@ -1,13 +1,16 @@
 //! The server's HTTP/1.1 front: one accept loop on one port for the management API, the
 //! console and the gateway.
 //!
-//! The gateway's hot routes (`POST /v1/chat/completions`, `/v1/completions`,
-//! `/v1/embeddings`) are matched on method and path here and go straight to
-//! [`gantry_gateway::proxy::forward`], skipping the router's matching and its middleware;
-//! every other request falls through to the axum router. Either way, while the server
-//! drains, responses carry `Connection: close` so that clients move to another server.
+//! Every connection starts in the gateway's front (`gantry_gateway::front`), which
+//! serves the hot routes (`POST /v1/chat/completions`, `/v1/completions`,
+//! `/v1/embeddings`) with its own HTTP/1.1; the first request that is anything else
+//! hands the connection to hyper. There too the hot routes are matched on method and
+//! path and go straight to [`gantry_gateway::proxy::forward`], skipping the router's
+//! matching and its middleware; every other request goes to the axum router. Either
+//! way, while the server drains, responses carry `Connection: close` so that clients
+//! move to another server.
 //!
-//! Connections are served by hyper directly (as `axum::serve` does, without its generic
+//! hyper serves its connections directly (as `axum::serve` does, without its generic
 //! layers), with `TCP_NODELAY` so that small writes (SSE chunks, watch lines) leave at
 //! once, and through TLS when the server has a certificate (`tls.rs`; the handshake runs
 //! in the connection's task, never in the accept loop). On shutdown the loop stops accepting and every connection finishes the request
@@ -21,6 +24,7 @@ use std::pin::Pin;
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, Response};
 use axum::Router;
+use gantry_gateway::front;
 use gantry_gateway::proxy::{self, Endpoint};
 use gantry_gateway::Gateway;
 use hyper::body::Incoming;
@@ -140,12 +144,28 @@ pub(crate) async fn serve(
         let tls = tls.clone();
         tasks.spawn(async move {
             let Some(tls) = tls else {
-                return gantry_tls::serve_http1(tcp, service, shutdown, peer).await;
+                return serve_connection(tcp, service, shutdown, peer).await;
             };
             if let Some(stream) = gantry_tls::handshake(&tls, tcp, peer, &shutdown).await {
-                gantry_tls::serve_http1(stream, service, shutdown, peer).await;
+                serve_connection(stream, service, shutdown, peer).await;
             }
         });
+    }
+}
+
+/// Serves one connection: the gateway's front while it brings hot-route requests, then
+/// (from the first request that is anything else) hyper with the router.
+async fn serve_connection<I>(
+    io: I,
+    service: Dispatch,
+    shutdown: CancellationToken,
+    peer: std::net::SocketAddr,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let rest = front::serve(io, &service.gateway, &service.draining, &shutdown).await;
+    if let Some(rest) = rest {
+        gantry_tls::serve_http1(rest, service, shutdown, peer).await;
     }
 }
 

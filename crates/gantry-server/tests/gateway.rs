@@ -1646,6 +1646,258 @@ async fn a_request_waiting_on_an_instance_that_leaves_routing_is_retried_at_once
     cluster.server.shutdown().await;
 }
 
+/// One HTTP/1.1 response as read off a raw connection.
+#[derive(Debug)]
+struct RawResponse {
+    status: u16,
+    /// Header names lowercased.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// Reads more of `stream` into `buf`; fails the test on EOF or after 30 s.
+async fn read_more(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) {
+    let mut chunk = [0u8; 8192];
+    let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut chunk))
+        .await
+        .expect("the gateway answers within 30 s")
+        .unwrap();
+    assert!(
+        n > 0,
+        "the connection closed mid-response: {:?}",
+        String::from_utf8_lossy(buf)
+    );
+    buf.extend_from_slice(&chunk[..n]);
+}
+
+/// Reads one response off `stream` (what follows it stays in `buf`): a plain
+/// HTTP/1.1 parser, independent of the gateway's, with content-length and chunked
+/// bodies.
+async fn read_raw_response(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> RawResponse {
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        read_more(stream, buf).await;
+    };
+    let head = String::from_utf8(buf.drain(..head_end).collect()).unwrap();
+    let mut lines = head.trim_end().split("\r\n");
+    let status_line = lines.next().unwrap();
+    assert!(status_line.starts_with("HTTP/1.1 "), "{head}");
+    let status: u16 = status_line[9..12].parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .map(|line| {
+            let (name, value) = line.split_once(':').unwrap();
+            (name.trim().to_ascii_lowercase(), value.trim().to_string())
+        })
+        .collect();
+    let mut response = RawResponse {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    if status == 100 {
+        return response;
+    }
+    if let Some(length) = response.header("content-length") {
+        let length: usize = length.parse().unwrap();
+        while buf.len() < length {
+            read_more(stream, buf).await;
+        }
+        response.body = buf.drain(..length).collect();
+        return response;
+    }
+    assert_eq!(
+        response.header("transfer-encoding"),
+        Some("chunked"),
+        "{head}"
+    );
+    loop {
+        let line_end = loop {
+            if let Some(at) = buf.windows(2).position(|w| w == b"\r\n") {
+                break at;
+            }
+            read_more(stream, buf).await;
+        };
+        let size_text = String::from_utf8(buf.drain(..line_end + 2).collect()).unwrap();
+        let size = usize::from_str_radix(size_text.trim_end().split(';').next().unwrap(), 16)
+            .unwrap_or_else(|e| panic!("chunk size {size_text:?}: {e}"));
+        while buf.len() < size + 2 {
+            read_more(stream, buf).await;
+        }
+        response.body.extend(buf.drain(..size));
+        assert_eq!(buf.drain(..2).collect::<Vec<u8>>(), b"\r\n");
+        if size == 0 {
+            return response;
+        }
+    }
+}
+
+/// A request with a content-length body, as raw bytes.
+fn raw_post(path: &str, key: &str, body: &Value, extra: &str) -> Vec<u8> {
+    let body = body.to_string();
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: gantry\r\nauthorization: Bearer {key}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body.as_bytes());
+    request
+}
+
+/// The gateway's HTTP/1.1 on raw connections, against a real llama-server: keep-alive
+/// and pipelined requests, streaming, `Expect: 100-continue`, a connection that moves
+/// on to the management API, a chunked request body, an error that keeps the
+/// connection, and `Connection: close`.
+async fn the_gateway_speaks_http1_on_raw_connections(engine: TestEngine) {
+    let cluster = Cluster::start(engine).await;
+    let llama = cluster.llama_server().await;
+    cluster.deploy("tiny", &[llama.address()]).await;
+    let address = cluster
+        .server
+        .base
+        .trim_start_matches("http://")
+        .to_string();
+    let key = cluster.key.clone();
+    let completion = json!({"model": "tiny", "prompt": "hello", "max_tokens": 2});
+    let chat =
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let streamed = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true});
+
+    // Three requests in one write, then answers in order on the same connection.
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut buf = Vec::new();
+    let mut pipelined = raw_post("/v1/completions", &key, &completion, "");
+    pipelined.extend(raw_post("/v1/chat/completions", &key, &streamed, ""));
+    pipelined.extend(raw_post("/v1/chat/completions", &key, &chat, ""));
+    stream.write_all(&pipelined).await.unwrap();
+    let first = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.header("x-gantry-instance"), Some("tiny-0"));
+    assert_eq!(first.json()["object"], "text_completion", "{first:?}");
+    let second = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(second.status, 200, "{second:?}");
+    assert!(second
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let events = String::from_utf8(second.body.clone()).unwrap();
+    assert!(events.starts_with("data: "), "{events}");
+    assert!(events.trim_end().ends_with("data: [DONE]"), "{events}");
+    let third = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(third.status, 200, "{third:?}");
+    assert_eq!(third.json()["object"], "chat.completion", "{third:?}");
+    assert!(buf.is_empty(), "nothing follows the three answers");
+
+    // The same connection moves on to the management API, then back to the gateway.
+    stream
+        .write_all(
+            format!(
+                "GET /v1/models HTTP/1.1\r\nhost: gantry\r\nauthorization: Bearer {key}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let models = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(models.status, 200, "{models:?}");
+    assert_eq!(models.json()["data"][0]["id"], "tiny", "{models:?}");
+    stream
+        .write_all(&raw_post("/v1/completions", &key, &completion, ""))
+        .await
+        .unwrap();
+    let after = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(after.status, 200, "{after:?}");
+    assert_eq!(after.json()["object"], "text_completion");
+
+    // Expect: 100-continue: the body is sent once the gateway asks for it.
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut buf = Vec::new();
+    let request = raw_post(
+        "/v1/completions",
+        &key,
+        &completion,
+        "expect: 100-continue\r\n",
+    );
+    let split = request.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    stream.write_all(&request[..split]).await.unwrap();
+    let interim = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(interim.status, 100, "{interim:?}");
+    stream.write_all(&request[split..]).await.unwrap();
+    let answered = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    assert_eq!(answered.json()["object"], "text_completion");
+
+    // A chunked request body is served too (by the general HTTP server).
+    let body = completion.to_string();
+    let (front, back) = body.split_at(10);
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: gantry\r\nauthorization: Bearer {key}\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{front}\r\n{:x}\r\n{back}\r\n0\r\n\r\n",
+        front.len(),
+        back.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let chunked = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(chunked.status, 200, "{chunked:?}");
+    assert_eq!(chunked.json()["object"], "text_completion");
+
+    // A refused key is an OpenAI error that keeps the connection; `Connection: close`
+    // is answered, then the connection ends.
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut buf = Vec::new();
+    stream
+        .write_all(&raw_post(
+            "/v1/completions",
+            "gantry-not-a-key",
+            &completion,
+            "",
+        ))
+        .await
+        .unwrap();
+    let refused = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert_eq!(
+        refused.json()["error"]["code"],
+        "invalid_api_key",
+        "{refused:?}"
+    );
+    stream
+        .write_all(&raw_post(
+            "/v1/completions",
+            &key,
+            &completion,
+            "connection: close\r\n",
+        ))
+        .await
+        .unwrap();
+    let last = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(last.status, 200, "{last:?}");
+    assert_eq!(last.header("connection"), Some("close"), "{last:?}");
+    let mut rest = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut rest))
+        .await
+        .expect("the gateway closes the connection after the answer")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "nothing follows a `Connection: close` answer");
+
+    drop(llama);
+    cluster.server.shutdown().await;
+}
+
 test_both_engines!(
     chat_and_completions_are_proxied_and_usage_is_recorded,
     streaming_arrives_as_sse_with_a_usage_chunk_only_when_asked,
@@ -1657,4 +1909,5 @@ test_both_engines!(
     the_official_openai_python_client_works_against_the_gateway,
     a_frozen_instance_is_ejected_and_every_request_is_served_by_the_other,
     a_request_waiting_on_an_instance_that_leaves_routing_is_retried_at_once,
+    the_gateway_speaks_http1_on_raw_connections,
 );

@@ -1,0 +1,532 @@
+//! The gateway's hot routes served straight off the connection: every connection to the
+//! server's port starts here, and requests for `POST /v1/chat/completions`,
+//! `/v1/completions` and `/v1/embeddings` are read, proxied and answered with gantry's
+//! own HTTP/1.1 (`h1.rs`) — the head parsed in place, the headers passed on as the
+//! bytes they arrived as, the backend's answer written back as it comes, with no
+//! request or response object, header map or boxed body in between.
+//!
+//! The first request that is anything else — another path or method, HTTP/1.0, a
+//! chunked or oversized body, an `Upgrade`, a head that does not parse — hands the
+//! connection, with the bytes read so far ([`Rewind`]), to the general HTTP server
+//! (hyper and the axum router), which serves it from then on. Keep-alive and pipelined
+//! requests, `Expect: 100-continue` and `Connection: close` are handled here; while the
+//! server drains, answers carry `Connection: close`.
+//!
+//! A client that goes away while its request waits for a backend is noticed (its
+//! connection is read meanwhile): the request is dropped, which closes the backend's
+//! connection and so cancels its work, as when the client leaves mid-stream.
+
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::OpenAiError;
+use crate::h1::{self, RequestHead};
+use crate::proxy::{self, Answer, ClientRequest, Endpoint, INSTANCE_HEADER, TARGET_HEADER};
+use crate::upstream::RequestError;
+use crate::Gateway;
+
+/// What a read asks room for.
+const READ_CHUNK: usize = 8 * 1024;
+/// Answer bytes gathered before they are written even though more are ready.
+const WRITE_BATCH: usize = 64 * 1024;
+/// How long a request may take to arrive once its first bytes are in (a client that
+/// trickles a head, or never sends the body it announced, holds a connection no
+/// longer).
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A hot-route request the front serves itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hot {
+    endpoint: Endpoint,
+    length: usize,
+    expect_continue: bool,
+    /// The client asked to close after the answer (or spoke HTTP/1.0).
+    close: bool,
+}
+
+/// The endpoint of a hot-route request the front can serve itself, given the
+/// gateway's body limit; `None` for anything the general server should see.
+fn hot(request: &RequestHead, limit: usize) -> Option<Hot> {
+    if request.method() != b"POST" || request.head.minor_version != 1 {
+        return None;
+    }
+    let endpoint = match request.path() {
+        b"/v1/chat/completions" => Endpoint::ChatCompletions,
+        b"/v1/completions" => Endpoint::Completions,
+        b"/v1/embeddings" => Endpoint::Embeddings,
+        _ => return None,
+    };
+    if request.head.get("transfer-encoding").is_some() || request.head.get("upgrade").is_some() {
+        return None;
+    }
+    if request
+        .query()
+        .is_some_and(|q| std::str::from_utf8(q).is_err())
+    {
+        return None;
+    }
+    let length = request.head.content_length().ok()??;
+    if length > limit as u64 {
+        return None;
+    }
+    let expect_continue = match request.head.get("expect") {
+        None => false,
+        Some(value) if value.eq_ignore_ascii_case(b"100-continue") => true,
+        Some(_) => return None,
+    };
+    Some(Hot {
+        endpoint,
+        length: length as usize,
+        expect_continue,
+        close: !request.head.keeps_alive(),
+    })
+}
+
+/// The caller's token: the bearer token, else the session cookie's (the console's
+/// playground), as `proxy::authenticate` reads them.
+fn token(request: &RequestHead) -> Option<&str> {
+    if let Some(value) = request.head.get("authorization") {
+        return gantry_types::auth::bearer_token(std::str::from_utf8(value).ok()?);
+    }
+    gantry_types::auth::session_cookie(
+        request
+            .head
+            .get_all("cookie")
+            .filter_map(|value| std::str::from_utf8(value).ok()),
+    )
+}
+
+/// Serves hot-route requests on `io` until it closes or a request needs the general
+/// server; then returns the connection with what was read of it.
+pub async fn serve<I>(
+    mut io: I,
+    gateway: &Gateway,
+    draining: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> Option<Rewind<I>>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut out: Vec<u8> = Vec::new();
+    let mut headers: Vec<u8> = Vec::new();
+    // When the request being read must be in by; set only once a read leaves it
+    // incomplete, so a request that arrives whole arms no timer.
+    let mut read_by: Option<Instant> = None;
+    loop {
+        let request = loop {
+            match h1::parse_request(&mut buf) {
+                Ok(Some(request)) => break request,
+                Ok(None) => {}
+                // The general server answers it (400).
+                Err(_) => return Some(Rewind::new(buf.freeze(), io)),
+            }
+            buf.reserve(READ_CHUNK);
+            let read = if buf.is_empty() {
+                // Idle between requests: the connection ends with the server.
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return None,
+                    read = io.read_buf(&mut buf) => read,
+                }
+            } else {
+                // Part of a head is in: the rest must follow in time.
+                let deadline = *read_by.get_or_insert_with(|| Instant::now() + READ_TIMEOUT);
+                match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        tracing::debug!(
+                            "a request head did not arrive in time; closing the connection"
+                        );
+                        return None;
+                    }
+                }
+            };
+            match read {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        };
+        let Some(hot) = hot(&request, gateway.config.max_request_body) else {
+            return Some(Rewind::with_head(request.head.raw, buf, io));
+        };
+
+        if hot.expect_continue && buf.len() < hot.length {
+            if io
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return None;
+            }
+            let _ = io.flush().await;
+        }
+        while buf.len() < hot.length {
+            buf.reserve(hot.length - buf.len());
+            let deadline = *read_by.get_or_insert_with(|| Instant::now() + READ_TIMEOUT);
+            match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => return None,
+                Ok(Ok(_)) => {}
+                Err(_) => {
+                    tracing::debug!(
+                        length = hot.length,
+                        received = buf.len(),
+                        "a request body did not arrive in time; closing the connection"
+                    );
+                    return None;
+                }
+            }
+        }
+        read_by = None;
+        let body = buf.split_to(hot.length).freeze();
+
+        headers.clear();
+        for (name, value) in request.head.iter() {
+            if !h1::is_withheld_request_header(name) {
+                h1::put_header(&mut headers, name, value);
+            }
+        }
+        let query = request.query().and_then(|q| std::str::from_utf8(q).ok());
+        let started = Instant::now();
+        let in_flight = gateway.metrics.start_request();
+        let work =
+            proxy::authenticate_then_proxy(gateway, token(&request), |caller| ClientRequest {
+                endpoint: hot.endpoint,
+                caller,
+                query,
+                headers: &headers,
+                body,
+                started,
+                in_flight,
+            });
+        let answer = {
+            let mut work = pin!(work);
+            let watched = poll_fn(|cx| {
+                if let Poll::Ready(answer) = work.as_mut().poll(cx) {
+                    return Poll::Ready(Some(answer));
+                }
+                if client_gone(&mut io, &mut buf, cx) {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await;
+            match watched {
+                Some(answer) => answer,
+                // Dropping the request closed its backend connection.
+                None => return None,
+            }
+        };
+
+        let close = hot.close || draining.is_cancelled() || shutdown.is_cancelled();
+        out.clear();
+        let written = match answer {
+            Answer::Error(error) => {
+                put_error(&mut out, &error, close);
+                write(&mut io, &mut out).await
+            }
+            Answer::Backend(mut answer) => {
+                h1::put_status_line(&mut out, answer.status());
+                for (name, value) in answer.headers() {
+                    h1::put_header(&mut out, name, value);
+                }
+                h1::put_header(
+                    &mut out,
+                    INSTANCE_HEADER.as_str().as_bytes(),
+                    answer.instance.as_bytes(),
+                );
+                h1::put_header(
+                    &mut out,
+                    TARGET_HEADER.as_str().as_bytes(),
+                    answer.target.as_bytes(),
+                );
+                let length = answer.body.known_length();
+                match length {
+                    Some(n) => {
+                        out.extend_from_slice(b"content-length: ");
+                        h1::put_number(&mut out, n);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                    None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+                }
+                if close {
+                    out.extend_from_slice(b"connection: close\r\n");
+                }
+                out.extend_from_slice(b"\r\n");
+                pump(
+                    &mut io,
+                    &mut buf,
+                    &mut out,
+                    &mut answer.body,
+                    length.is_none(),
+                )
+                .await
+            }
+        };
+        if !written || close {
+            let _ = io.shutdown().await;
+            return None;
+        }
+    }
+}
+
+/// What the body pump does next.
+enum Step {
+    Chunk(Option<Result<Bytes, RequestError>>),
+    /// Nothing more is ready: write what is gathered.
+    Flush,
+    /// The client closed its connection.
+    Gone,
+}
+
+/// Passes the backend's body to the client as it arrives (chunked when its length is
+/// not known), writing whatever is ready in one go. False when the answer could not be
+/// completed (the client went away, the backend broke off): the connection closes.
+async fn pump<I>(
+    io: &mut I,
+    buf: &mut BytesMut,
+    out: &mut Vec<u8>,
+    body: &mut crate::body::ObservedBody,
+    chunked: bool,
+) -> bool
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        let step = poll_fn(|cx| match body.poll_chunk(cx) {
+            Poll::Ready(chunk) => Poll::Ready(Step::Chunk(chunk)),
+            Poll::Pending if !out.is_empty() => Poll::Ready(Step::Flush),
+            Poll::Pending if client_gone(io, buf, cx) => Poll::Ready(Step::Gone),
+            Poll::Pending => Poll::Pending,
+        })
+        .await;
+        match step {
+            Step::Chunk(Some(Ok(data))) => {
+                if chunked {
+                    h1::put_chunk(out, &data);
+                } else {
+                    out.extend_from_slice(&data);
+                }
+                if out.len() >= WRITE_BATCH && !write(io, out).await {
+                    return false;
+                }
+            }
+            Step::Chunk(Some(Err(e))) => {
+                // The head (and part of the body) may be out: the only way left to
+                // tell the client is to cut the connection.
+                tracing::debug!(error = %e, "backend broke off a response; closing the client's connection");
+                let _ = write(io, out).await;
+                return false;
+            }
+            Step::Chunk(None) => {
+                if chunked {
+                    out.extend_from_slice(h1::LAST_CHUNK);
+                }
+                return write(io, out).await;
+            }
+            Step::Flush => {
+                if !write(io, out).await {
+                    return false;
+                }
+            }
+            Step::Gone => return false,
+        }
+    }
+}
+
+/// Writes and clears `out`; false when the client is gone.
+async fn write<I>(io: &mut I, out: &mut Vec<u8>) -> bool
+where
+    I: AsyncWrite + Unpin,
+{
+    let ok = io.write_all(out).await.is_ok() && io.flush().await.is_ok();
+    out.clear();
+    ok
+}
+
+/// Whether the client closed its connection, reading what it sends meanwhile (a
+/// pipelined request, kept in `buf`) up to a head's worth.
+fn client_gone<I>(io: &mut I, buf: &mut BytesMut, cx: &mut Context<'_>) -> bool
+where
+    I: AsyncRead + Unpin,
+{
+    while buf.len() < h1::MAX_HEAD_BYTES {
+        buf.reserve(READ_CHUNK);
+        match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf) {
+            Poll::Pending => return false,
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return true,
+            Poll::Ready(Ok(_)) => {}
+        }
+    }
+    false
+}
+
+/// An error answer, as `OpenAiError::into_response` makes it.
+fn put_error(out: &mut Vec<u8>, error: &OpenAiError, close: bool) {
+    let body = error.body();
+    h1::put_status_line(out, error.status.as_u16());
+    out.extend_from_slice(b"content-type: application/json\r\n");
+    if let Some(seconds) = error.retry_after_seconds() {
+        out.extend_from_slice(b"retry-after: ");
+        h1::put_number(out, seconds);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    h1::put_number(out, body.len() as u64);
+    out.extend_from_slice(b"\r\n");
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&body);
+}
+
+/// A connection handed on with the bytes already read from it, which are read again
+/// first.
+#[derive(Debug)]
+pub struct Rewind<I> {
+    prefix: Bytes,
+    inner: I,
+}
+
+impl<I> Rewind<I> {
+    fn new(prefix: Bytes, inner: I) -> Self {
+        Self { prefix, inner }
+    }
+
+    fn with_head(head: Bytes, rest: BytesMut, inner: I) -> Self {
+        if rest.is_empty() {
+            return Self::new(head, inner);
+        }
+        let mut prefix = BytesMut::with_capacity(head.len() + rest.len());
+        prefix.extend_from_slice(&head);
+        prefix.extend_from_slice(&rest);
+        Self::new(prefix.freeze(), inner)
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(out.remaining());
+            out.put_slice(&this.prefix[..n]);
+            this.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, out)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Rewind<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn head(text: &str) -> RequestHead {
+        h1::parse_request(&mut BytesMut::from(text.as_bytes()))
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn only_simple_posts_to_the_three_endpoints_are_served_here() {
+        let ok = head("POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n");
+        assert_eq!(
+            hot(&ok, 100),
+            Some(Hot {
+                endpoint: Endpoint::ChatCompletions,
+                length: 2,
+                expect_continue: false,
+                close: false
+            })
+        );
+        let expect = head(
+            "POST /v1/embeddings?x=1 HTTP/1.1\r\ncontent-length: 2\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n",
+        );
+        let served = hot(&expect, 100).unwrap();
+        assert_eq!(served.endpoint, Endpoint::Embeddings);
+        assert!(served.expect_continue && served.close);
+        for other in [
+            "GET /v1/chat/completions HTTP/1.1\r\n\r\n",
+            "POST /v1/models HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/chat/completions/ HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /api/v1/models HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.0\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 101\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nexpect: something\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nupgrade: x\r\n\r\n",
+        ] {
+            assert_eq!(hot(&head(other), 100), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn the_token_is_the_bearer_else_the_session_cookie() {
+        let bearer = head(
+            "POST / HTTP/1.1\r\nauthorization: Bearer abc\r\ncookie: gantry_session=s\r\n\r\n",
+        );
+        assert_eq!(token(&bearer), Some("abc"));
+        let cookie = head("POST / HTTP/1.1\r\ncookie: a=b; gantry_session=s\r\n\r\n");
+        assert_eq!(token(&cookie), Some("s"));
+        let none = head("POST / HTTP/1.1\r\n\r\n");
+        assert_eq!(token(&none), None);
+    }
+
+    #[tokio::test]
+    async fn a_rewound_connection_reads_the_taken_bytes_first() {
+        let (mut near, far) = tokio::io::duplex(64);
+        let mut rewound = Rewind::with_head(
+            Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"),
+            BytesMut::from(&b"GE"[..]),
+            far,
+        );
+        near.write_all(b"T /x").await.unwrap();
+        let mut read = vec![0u8; 24];
+        rewound.read_exact(&mut read).await.unwrap();
+        assert_eq!(read, b"GET / HTTP/1.1\r\n\r\nGET /x");
+    }
+}
