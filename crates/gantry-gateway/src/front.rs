@@ -119,6 +119,9 @@ where
     // When the request being read must be in by; set only once a read leaves it
     // incomplete, so a request that arrives whole arms no timer.
     let mut read_by: Option<Instant> = None;
+    // One wait for shutdown for the connection's life, not one per request (each
+    // takes and leaves a place in the token's list of waiters, under its lock).
+    let mut shutdown_wait = pin!(shutdown.cancelled());
     loop {
         let request = loop {
             match h1::parse_request(&mut buf) {
@@ -132,7 +135,7 @@ where
                 // Idle between requests: the connection ends with the server.
                 tokio::select! {
                     biased;
-                    () = shutdown.cancelled() => return None,
+                    () = &mut shutdown_wait => return None,
                     read = io.read_buf(&mut buf) => read,
                 }
             } else {

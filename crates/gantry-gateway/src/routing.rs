@@ -88,6 +88,9 @@ pub struct Backend {
     /// deleted, moved to another address); never reset: a later return to routing
     /// makes a new `Backend`.
     removed: CancellationToken,
+    /// Set just before `removed` fires: what the balancer reads for every candidate
+    /// of every request (a token's own check takes its lock).
+    left: AtomicBool,
 }
 
 /// A fixed point the millisecond deadlines above count from.
@@ -180,6 +183,7 @@ impl Backend {
             ejected_until_ms: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
             removed: CancellationToken::new(),
+            left: AtomicBool::new(false),
         }
     }
 
@@ -304,13 +308,13 @@ impl Backend {
 
     /// Whether the routing table has dropped this instance.
     pub fn has_left_routing(&self) -> bool {
-        self.removed.is_cancelled()
+        self.left.load(Ordering::Acquire)
     }
 
     /// Called by the routing task when it drops the instance (and by the route table
     /// when a provider changes): requests waiting for its response head give up on it.
     pub(crate) fn leave_routing(&self) {
-        if !self.removed.is_cancelled() {
+        if !self.left.swap(true, Ordering::AcqRel) {
             tracing::debug!(instance = %self.instance_name, instance_id = self.instance_id, in_flight = self.in_flight(), "instance left routing");
             self.removed.cancel();
         }
