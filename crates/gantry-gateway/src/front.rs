@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::error::OpenAiError;
 use crate::h1::{self, RequestHead};
@@ -123,38 +123,12 @@ where
     // takes and leaves a place in the token's list of waiters, under its lock).
     let mut shutdown_wait = pin!(shutdown.cancelled());
     loop {
-        let request = loop {
-            match h1::parse_request(&mut buf) {
-                Ok(Some(request)) => break request,
-                Ok(None) => {}
-                // The general server answers it (400).
-                Err(_) => return Some(Rewind::new(buf.freeze(), io)),
-            }
-            buf.reserve(READ_CHUNK);
-            let read = if buf.is_empty() {
-                // Idle between requests: the connection ends with the server.
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown_wait => return None,
-                    read = io.read_buf(&mut buf) => read,
-                }
-            } else {
-                // Part of a head is in: the rest must follow in time.
-                let deadline = *read_by.get_or_insert_with(|| Instant::now() + READ_TIMEOUT);
-                match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
-                    Ok(read) => read,
-                    Err(_) => {
-                        tracing::debug!(
-                            "a request head did not arrive in time; closing the connection"
-                        );
-                        return None;
-                    }
-                }
-            };
-            match read {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
+        let request = match next_head(&mut io, &mut buf, shutdown_wait.as_mut(), &mut read_by).await
+        {
+            NextHead::Head(request) => request,
+            // The general server answers it (400).
+            NextHead::Unparsable => return Some(Rewind::new(buf.freeze(), io)),
+            NextHead::Closed => return None,
         };
         let Some(hot) = hot(&request, gateway.config.max_request_body) else {
             return Some(Rewind::with_head(request.head.raw, buf, io));
@@ -170,21 +144,8 @@ where
             }
             let _ = io.flush().await;
         }
-        while buf.len() < hot.length {
-            buf.reserve(hot.length - buf.len());
-            let deadline = *read_by.get_or_insert_with(|| Instant::now() + READ_TIMEOUT);
-            match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
-                Ok(Ok(0) | Err(_)) => return None,
-                Ok(Ok(_)) => {}
-                Err(_) => {
-                    tracing::debug!(
-                        length = hot.length,
-                        received = buf.len(),
-                        "a request body did not arrive in time; closing the connection"
-                    );
-                    return None;
-                }
-            }
+        if !read_body(&mut io, &mut buf, hot.length, &mut read_by).await {
+            return None;
         }
         read_by = None;
         let body = buf.split_to(hot.length).freeze();
@@ -277,6 +238,92 @@ where
             return None;
         }
     }
+}
+
+/// What reading a connection for its next request head came to.
+enum NextHead {
+    Head(RequestHead),
+    /// Bytes that are not an HTTP/1.1 request head (they stay in the buffer).
+    Unparsable,
+    /// The client closed, or the server shut down while the connection was idle, or a
+    /// head began and did not finish in time.
+    Closed,
+}
+
+/// Reads `io` into `buf` until it holds a request head, and takes the head off `buf`.
+/// While nothing of a request has arrived the connection may idle until `shutdown`;
+/// once part of one is in, the rest must follow by `read_by` (set here on the first
+/// incomplete read, so a request that arrives whole arms no timer).
+async fn next_head<I>(
+    io: &mut I,
+    buf: &mut BytesMut,
+    mut shutdown: Pin<&mut WaitForCancellationFuture<'_>>,
+    read_by: &mut Option<Instant>,
+) -> NextHead
+where
+    I: AsyncRead + Unpin,
+{
+    loop {
+        match h1::parse_request(buf) {
+            Ok(Some(request)) => return NextHead::Head(request),
+            Ok(None) => {}
+            Err(_) => return NextHead::Unparsable,
+        }
+        buf.reserve(READ_CHUNK);
+        let read = if buf.is_empty() {
+            tokio::select! {
+                biased;
+                () = shutdown.as_mut() => return NextHead::Closed,
+                read = io.read_buf(buf) => read,
+            }
+        } else {
+            let deadline = *read_by.get_or_insert_with(|| Instant::now() + READ_TIMEOUT);
+            match tokio::time::timeout_at(deadline, io.read_buf(buf)).await {
+                Ok(read) => read,
+                Err(_) => {
+                    tracing::debug!(
+                        received = buf.len(),
+                        "a request head did not arrive in time; closing the connection"
+                    );
+                    return NextHead::Closed;
+                }
+            }
+        };
+        match read {
+            Ok(0) | Err(_) => return NextHead::Closed,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Reads `io` into `buf` until it holds `length` bytes of body, by `read_by` (set here
+/// if the body is not in yet); false when the client closed or was too slow.
+async fn read_body<I>(
+    io: &mut I,
+    buf: &mut BytesMut,
+    length: usize,
+    read_by: &mut Option<Instant>,
+) -> bool
+where
+    I: AsyncRead + Unpin,
+{
+    while buf.len() < length {
+        buf.reserve(length - buf.len());
+        let deadline = *read_by.get_or_insert_with(|| Instant::now() + READ_TIMEOUT);
+        match tokio::time::timeout_at(deadline, io.read_buf(buf)).await {
+            Ok(Ok(0) | Err(_)) => return false,
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                tracing::debug!(
+                    length,
+                    received = buf.len(),
+                    "a request body did not arrive in time; closing the connection"
+                );
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// What the body pump does next.
@@ -531,5 +578,91 @@ mod tests {
         let mut read = vec![0u8; 24];
         rewound.read_exact(&mut read).await.unwrap();
         assert_eq!(read, b"GET / HTTP/1.1\r\n\r\nGET /x");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_waits_for_shutdown_and_a_started_head_does_not() {
+        let shutdown = CancellationToken::new();
+        let (mut near, mut far) = tokio::io::duplex(1024);
+        // Nothing sent: a minute later it still waits, until the server shuts down.
+        {
+            let mut buf = BytesMut::new();
+            let mut read_by = None;
+            let idle = async {
+                let mut wait = pin!(shutdown.cancelled());
+                next_head(&mut far, &mut buf, wait.as_mut(), &mut read_by).await
+            };
+            let mut idle = pin!(idle);
+            assert!(
+                tokio::time::timeout(std::time::Duration::from_secs(60), idle.as_mut())
+                    .await
+                    .is_err(),
+                "an idle connection is not timed out"
+            );
+            shutdown.cancel();
+            assert!(matches!(idle.await, NextHead::Closed));
+        }
+
+        // Part of a head, then nothing: closed once READ_TIMEOUT has passed.
+        let shutdown = CancellationToken::new();
+        let mut buf = BytesMut::new();
+        let mut read_by = None;
+        near.write_all(b"POST /v1/completions HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        let began = Instant::now();
+        let mut wait = pin!(shutdown.cancelled());
+        let outcome = next_head(&mut far, &mut buf, wait.as_mut(), &mut read_by).await;
+        assert!(matches!(outcome, NextHead::Closed));
+        assert!(began.elapsed() >= READ_TIMEOUT, "{:?}", began.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_in_pieces_within_the_time_is_read_and_the_body_must_follow() {
+        let shutdown = CancellationToken::new();
+        let (mut near, mut far) = tokio::io::duplex(1024);
+        let writer = tokio::spawn(async move {
+            near.write_all(b"POST /v1/completions HTTP/1.1\r\n")
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+            near.write_all(b"content-length: 10\r\n\r\n012")
+                .await
+                .unwrap();
+            near
+        });
+        let mut buf = BytesMut::new();
+        let mut read_by = None;
+        let mut wait = pin!(shutdown.cancelled());
+        let NextHead::Head(request) =
+            next_head(&mut far, &mut buf, wait.as_mut(), &mut read_by).await
+        else {
+            panic!("the head arrived within the time");
+        };
+        assert_eq!(request.path(), b"/v1/completions");
+        assert_eq!(&buf[..], b"012");
+        let _near = writer.await.unwrap();
+
+        // The deadline set by the head's first piece still holds for the body: 7 of 10
+        // bytes never come.
+        let began = Instant::now();
+        assert!(!read_body(&mut far, &mut buf, 10, &mut read_by).await);
+        let waited = began.elapsed();
+        assert!(
+            waited >= READ_TIMEOUT - std::time::Duration::from_secs(10) && waited < READ_TIMEOUT,
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_already_read_needs_no_more_reading() {
+        let (_near, mut far) = tokio::io::duplex(64);
+        let mut buf = BytesMut::from(&b"0123456789"[..]);
+        let mut read_by = None;
+        assert!(read_body(&mut far, &mut buf, 10, &mut read_by).await);
+        assert!(
+            read_by.is_none(),
+            "no timer for a request that arrived whole"
+        );
     }
 }
