@@ -27,7 +27,9 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::error::OpenAiError;
 use crate::h1::{self, RequestHead};
-use crate::proxy::{self, Answer, ClientRequest, Endpoint, INSTANCE_HEADER, TARGET_HEADER};
+use crate::proxy::{
+    self, Answer, BackendAnswer, ClientRequest, Endpoint, INSTANCE_HEADER, TARGET_HEADER,
+};
 use crate::upstream::RequestError;
 use crate::Gateway;
 
@@ -56,12 +58,7 @@ fn hot(request: &RequestHead, limit: usize) -> Option<Hot> {
     if request.method() != b"POST" || request.head.minor_version != 1 {
         return None;
     }
-    let endpoint = match request.path() {
-        b"/v1/chat/completions" => Endpoint::ChatCompletions,
-        b"/v1/completions" => Endpoint::Completions,
-        b"/v1/embeddings" => Endpoint::Embeddings,
-        _ => return None,
-    };
+    let endpoint = Endpoint::at(request.path())?;
     if request.head.get("transfer-encoding").is_some() || request.head.get("upgrade").is_some() {
         return None;
     }
@@ -159,8 +156,8 @@ where
         let query = request.query().and_then(|q| std::str::from_utf8(q).ok());
         let started = Instant::now();
         let in_flight = gateway.metrics.start_request();
-        let work =
-            proxy::authenticate_then_proxy(gateway, token(&request), |caller| ClientRequest {
+        let work = proxy::authenticate_then_proxy(gateway, token(&request), started, |caller| {
+            ClientRequest {
                 endpoint: hot.endpoint,
                 caller,
                 query,
@@ -168,7 +165,8 @@ where
                 body,
                 started,
                 in_flight,
-            });
+            }
+        });
         let answer = {
             let mut work = pin!(work);
             let watched = poll_fn(|cx| {
@@ -196,33 +194,8 @@ where
                 write(&mut io, &mut out).await
             }
             Answer::Backend(mut answer) => {
-                h1::put_status_line(&mut out, answer.status());
-                for (name, value) in answer.headers() {
-                    h1::put_header(&mut out, name, value);
-                }
-                h1::put_header(
-                    &mut out,
-                    INSTANCE_HEADER.as_str().as_bytes(),
-                    answer.instance.as_bytes(),
-                );
-                h1::put_header(
-                    &mut out,
-                    TARGET_HEADER.as_str().as_bytes(),
-                    answer.target.as_bytes(),
-                );
                 let length = answer.body.known_length();
-                match length {
-                    Some(n) => {
-                        out.extend_from_slice(b"content-length: ");
-                        h1::put_number(&mut out, n);
-                        out.extend_from_slice(b"\r\n");
-                    }
-                    None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-                }
-                if close {
-                    out.extend_from_slice(b"connection: close\r\n");
-                }
-                out.extend_from_slice(b"\r\n");
+                put_answer_head(&mut out, &answer, length, close);
                 pump(
                     &mut io,
                     &mut buf,
@@ -417,19 +390,42 @@ where
     false
 }
 
+/// A backend answer's head: the backend's status and end-to-end headers, which
+/// instance and target answered, and the body's framing (`length`, else chunked).
+fn put_answer_head(out: &mut Vec<u8>, answer: &BackendAnswer, length: Option<u64>, close: bool) {
+    h1::put_status_line(out, answer.status());
+    for (name, value) in answer.headers() {
+        h1::put_header(out, name, value);
+    }
+    h1::put_header(
+        out,
+        INSTANCE_HEADER.as_str().as_bytes(),
+        answer.instance.as_bytes(),
+    );
+    h1::put_header(
+        out,
+        TARGET_HEADER.as_str().as_bytes(),
+        answer.target.as_bytes(),
+    );
+    match length {
+        Some(n) => h1::put_number_header(out, b"content-length", n),
+        None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// An error answer, as `OpenAiError::into_response` makes it.
 fn put_error(out: &mut Vec<u8>, error: &OpenAiError, close: bool) {
     let body = error.body();
     h1::put_status_line(out, error.status.as_u16());
     out.extend_from_slice(b"content-type: application/json\r\n");
     if let Some(seconds) = error.retry_after_seconds() {
-        out.extend_from_slice(b"retry-after: ");
-        h1::put_number(out, seconds);
-        out.extend_from_slice(b"\r\n");
+        h1::put_number_header(out, b"retry-after", seconds);
     }
-    out.extend_from_slice(b"content-length: ");
-    h1::put_number(out, body.len() as u64);
-    out.extend_from_slice(b"\r\n");
+    h1::put_number_header(out, b"content-length", body.len() as u64);
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }

@@ -172,37 +172,20 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, Protocol
         .parse(buf)
         .map_err(|e| ProtocolError::new(format!("bad request head: {e}")))?;
     let httparse::Status::Complete(length) = status else {
-        if buf.len() > MAX_HEAD_BYTES {
-            return Err(ProtocolError::new(format!(
-                "request head is longer than {MAX_HEAD_BYTES} bytes"
-            )));
-        }
-        return Ok(None);
+        return incomplete(buf, "request");
     };
-    let base = buf.as_ptr() as usize;
     let (Some(method), Some(path), Some(version)) = (request.method, request.path, request.version)
     else {
         return Err(ProtocolError::new("incomplete request line"));
     };
-    let method = method.as_ptr() as usize - base..method.as_ptr() as usize - base + method.len();
-    let target = path.as_ptr() as usize - base..path.as_ptr() as usize - base + path.len();
-    let headers: Vec<(Range<usize>, Range<usize>)> = request
-        .headers
-        .iter()
-        .map(|h| {
-            let name = h.name.as_ptr() as usize - base;
-            let value = h.value.as_ptr() as usize - base;
-            (name..name + h.name.len(), value..value + h.value.len())
-        })
-        .collect();
-    let raw = buf.split_to(length).freeze();
+    let base = buf.as_ptr() as usize;
+    let method = offsets(base, method.as_bytes());
+    let target = offsets(base, path.as_bytes());
+    let headers = header_offsets(base, request.headers);
     Ok(Some(RequestHead {
         head: Head {
-            raw,
-            headers: headers
-                .into_iter()
-                .map(|(name, value)| HeaderAt { name, value })
-                .collect(),
+            raw: buf.split_to(length).freeze(),
+            headers,
             minor_version: version,
         },
         method,
@@ -225,38 +208,47 @@ pub fn parse_response(buf: &mut BytesMut) -> Result<Option<ResponseHead>, Protoc
         .parse(buf)
         .map_err(|e| ProtocolError::new(format!("bad response head: {e}")))?;
     let httparse::Status::Complete(length) = status else {
-        if buf.len() > MAX_HEAD_BYTES {
-            return Err(ProtocolError::new(format!(
-                "response head is longer than {MAX_HEAD_BYTES} bytes"
-            )));
-        }
-        return Ok(None);
+        return incomplete(buf, "response");
     };
     let (Some(code), Some(version)) = (response.code, response.version) else {
         return Err(ProtocolError::new("incomplete status line"));
     };
-    let base = buf.as_ptr() as usize;
-    let headers = response
-        .headers
-        .iter()
-        .map(|h| {
-            let name = h.name.as_ptr() as usize - base;
-            let value = h.value.as_ptr() as usize - base;
-            HeaderAt {
-                name: name..name + h.name.len(),
-                value: value..value + h.value.len(),
-            }
-        })
-        .collect();
-    let raw = buf.split_to(length).freeze();
+    let headers = header_offsets(buf.as_ptr() as usize, response.headers);
     Ok(Some(ResponseHead {
         head: Head {
-            raw,
+            raw: buf.split_to(length).freeze(),
             headers,
             minor_version: version,
         },
         status: code,
     }))
+}
+
+/// A head not complete yet: more bytes are needed, unless it is already too long.
+fn incomplete<T>(buf: &[u8], what: &str) -> Result<Option<T>, ProtocolError> {
+    if buf.len() > MAX_HEAD_BYTES {
+        return Err(ProtocolError::new(format!(
+            "{what} head is longer than {MAX_HEAD_BYTES} bytes"
+        )));
+    }
+    Ok(None)
+}
+
+/// Where `part`, a slice of the buffer that starts at address `base`, lies in it.
+fn offsets(base: usize, part: &[u8]) -> Range<usize> {
+    let start = part.as_ptr() as usize - base;
+    start..start + part.len()
+}
+
+/// Where each parsed header's name and value lie in the buffer at address `base`.
+fn header_offsets(base: usize, headers: &[httparse::Header<'_>]) -> Vec<HeaderAt> {
+    headers
+        .iter()
+        .map(|h| HeaderAt {
+            name: offsets(base, h.name.as_bytes()),
+            value: offsets(base, h.value),
+        })
+        .collect()
 }
 
 /// How a message's body is delimited.
@@ -497,6 +489,14 @@ pub fn put_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a header line whose value is a decimal number.
+pub fn put_number_header(out: &mut Vec<u8>, name: &[u8], n: u64) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    put_number(out, n);
     out.extend_from_slice(b"\r\n");
 }
 

@@ -71,6 +71,16 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The endpoint served at `path` (a `POST`'s), if it is one of the three.
+    pub fn at(path: &[u8]) -> Option<Self> {
+        match path {
+            b"/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            b"/v1/completions" => Some(Endpoint::Completions),
+            b"/v1/embeddings" => Some(Endpoint::Embeddings),
+            _ => None,
+        }
+    }
+
     fn path(self) -> &'static str {
         match self {
             Endpoint::ChatCompletions => "/v1/chat/completions",
@@ -412,21 +422,20 @@ impl BackendAnswer {
         headers.insert(INSTANCE_HEADER.clone(), self.instance);
         headers.insert(TARGET_HEADER.clone(), self.target);
         let mut response = Response::new(AxumBody::new(self.body));
-        *response.status_mut() =
-            StatusCode::from_u16(self.head.status).unwrap_or(StatusCode::BAD_GATEWAY);
+        *response.status_mut() = status_code(&self.head);
         *response.headers_mut() = headers;
         response
     }
 }
 
 /// Authenticates a request's token, then proxies the request `make` builds for the
-/// caller (the front's path: `front.rs`).
+/// caller (the front's path: `front.rs`); `started` is when the request was read.
 pub async fn authenticate_then_proxy<'a>(
     gateway: &Gateway,
     token: Option<&str>,
+    started: Instant,
     make: impl FnOnce(Caller) -> ClientRequest<'a>,
 ) -> Answer {
-    let started = Instant::now();
     match authenticate_token(gateway, token).await {
         Ok(caller) => proxy(gateway, make(caller)).await,
         Err(e) => reject(&gateway.metrics.unrouted(), started, e),

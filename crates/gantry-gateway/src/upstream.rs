@@ -311,9 +311,7 @@ impl UpstreamConnection {
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(request.headers);
         if request.method != "GET" || !request.body.is_empty() {
-            out.extend_from_slice(b"content-length: ");
-            h1::put_number(out, request.body.len() as u64);
-            out.extend_from_slice(b"\r\n");
+            h1::put_number_header(out, b"content-length", request.body.len() as u64);
         }
         out.extend_from_slice(b"\r\n");
         let inline = request.body.len() <= INLINE_BODY_BYTES;
@@ -395,11 +393,17 @@ impl UpstreamConnection {
         self.body.remaining()
     }
 
+    /// The last response was read to its end, allowed another request, and nothing
+    /// unasked followed it.
+    fn finished_cleanly(&self) -> bool {
+        self.keep_alive && self.body.is_done() && self.buf.is_empty()
+    }
+
     /// Whether the connection can carry another request: the last response was read
     /// to its end, allowed it, and the instance has not closed it (or sent anything
     /// unasked) since.
     fn settle(&mut self) -> bool {
-        if !self.keep_alive || !self.body.is_done() || !self.buf.is_empty() {
+        if !self.finished_cleanly() {
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
@@ -452,9 +456,11 @@ impl ConnectionPool {
         }
     }
 
-    /// Keeps a connection whose response ended cleanly for the next request.
-    pub fn give_back(&self, mut connection: UpstreamConnection) {
-        if !connection.settle() {
+    /// Keeps a connection whose response ended cleanly for the next request. Whether
+    /// the instance has closed it is asked when it is taken ([`ConnectionPool::take`]),
+    /// not here as well.
+    pub fn give_back(&self, connection: UpstreamConnection) {
+        if !connection.finished_cleanly() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());

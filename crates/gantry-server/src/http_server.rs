@@ -39,12 +39,7 @@ fn hot_route(method: &Method, path: &str) -> Option<Endpoint> {
     if method != Method::POST {
         return None;
     }
-    match path {
-        "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
-        "/v1/completions" => Some(Endpoint::Completions),
-        "/v1/embeddings" => Some(Endpoint::Embeddings),
-        _ => None,
-    }
+    Endpoint::at(path.as_bytes())
 }
 
 /// Routes one request: a hot route to the proxy, anything else to the router.
