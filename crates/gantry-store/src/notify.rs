@@ -31,18 +31,29 @@ const QUEUE: usize = 4096;
 /// Most changes sent in one statement.
 const BATCH: usize = 64;
 
-#[derive(Debug, Serialize, Deserialize)]
+/// A notification from another server, as read. Its `origin` (which store made the
+/// change) was checked by its first bytes before (see [`own_prefix`]).
+#[derive(Debug, Deserialize)]
 struct Envelope {
-    /// The store (server process) that made the change; it ignores its own.
-    origin: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     change: Option<Change>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
+    refresh: Option<Refresh>,
+}
+
+/// A notification as sent: the store that made the change first (see [`own_prefix`]),
+/// then the change or which row to re-read.
+#[derive(Serialize)]
+struct Outgoing<'a> {
+    origin: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    change: Option<&'a Change>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     refresh: Option<Refresh>,
 }
 
 /// A change too large to carry: which row to re-read.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Refresh {
     resource: Resource,
     id: i64,
@@ -70,33 +81,37 @@ pub(crate) struct Notifier {
 impl Notifier {
     /// Queues a change for the other servers. Never blocks the writer.
     pub(crate) fn forward(&self, change: &Change) {
-        let envelope = Envelope {
-            origin: self.origin.clone(),
-            change: Some(change.clone()),
-            refresh: None,
+        let outgoing = |change: Option<&Change>, refresh: Option<Refresh>| {
+            serde_json::to_string(&Outgoing {
+                origin: &self.origin,
+                change,
+                refresh,
+            })
+            .unwrap_or_default()
         };
-        let mut payload = serde_json::to_string(&envelope).unwrap_or_default();
+        let mut payload = outgoing(Some(change), None);
         if payload.len() > MAX_PAYLOAD && identify(change).2 == ChangeKind::Deleted {
             // A deleted row cannot be re-read: send it without its bulky fields.
-            payload = serde_json::to_string(&Envelope {
-                change: Some(slim(change)),
-                ..envelope
-            })
-            .unwrap_or_default();
+            payload = outgoing(Some(&slim(change)), None);
         }
         if payload.len() > MAX_PAYLOAD {
             let (resource, id, kind) = identify(change);
-            payload = serde_json::to_string(&Envelope {
-                origin: self.origin.clone(),
-                change: None,
-                refresh: Some(Refresh { resource, id, kind }),
-            })
-            .unwrap_or_default();
+            payload = outgoing(None, Some(Refresh { resource, id, kind }));
         }
         if self.queue.try_send(payload).is_err() {
             tracing::warn!("cross-server change queue is full; other servers will miss a change");
         }
     }
+}
+
+/// How a notification sent by the store of `origin` begins: a store skips its own by
+/// these bytes, without parsing the change (on a busy server, most of what it hears is
+/// its own writes coming back).
+fn own_prefix(origin: &str) -> String {
+    let mut prefix = String::from("{\"origin\":");
+    prefix.push_str(&serde_json::to_string(origin).unwrap_or_default());
+    prefix.push(',');
+    prefix
 }
 
 /// The change without the fields that can make it large (free text, arguments,
@@ -203,7 +218,7 @@ pub(crate) async fn start(
     let mut receiver = store.clone();
     receiver.lifetime = None;
     receiver.notifier = None;
-    let own = origin.clone();
+    let own = own_prefix(&origin);
     tokio::spawn(async move {
         loop {
             let message = tokio::select! {
@@ -234,8 +249,12 @@ fn rand_suffix() -> u64 {
 }
 
 impl Store {
-    /// Republishes a change another server made.
-    async fn receive(&self, payload: &str, own_origin: &str) {
+    /// Republishes a change another server made; `own` is how this store's own
+    /// notifications begin ([`own_prefix`]).
+    async fn receive(&self, payload: &str, own: &str) {
+        if payload.starts_with(own) {
+            return;
+        }
         let envelope: Envelope = match serde_json::from_str(payload) {
             Ok(envelope) => envelope,
             Err(e) => {
@@ -243,9 +262,6 @@ impl Store {
                 return;
             }
         };
-        if envelope.origin == own_origin {
-            return;
-        }
         let change = match (envelope.change, envelope.refresh) {
             (Some(change), _) => change,
             (None, Some(refresh)) => match self.reread(&refresh).await {
@@ -296,5 +312,59 @@ impl Store {
                 .ok()
                 .map(|o| Change::Route(kind, o)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_types::fixtures;
+    use gantry_types::InstanceState;
+
+    fn sent(notifier: &Notifier, outgoing: &mut mpsc::Receiver<String>, change: &Change) -> String {
+        notifier.forward(change);
+        outgoing.try_recv().expect("a notification was queued")
+    }
+
+    #[test]
+    fn a_store_knows_its_own_notifications_by_their_first_bytes() {
+        let (queue, mut outgoing) = mpsc::channel(4);
+        let notifier = Notifier {
+            queue,
+            origin: "41-1700000000000-7".to_owned(),
+        };
+        let model = fixtures::model(3, "m");
+        let small = Change::Model(ChangeKind::Updated, model.clone());
+        let mut large = model;
+        large.description = "x".repeat(MAX_PAYLOAD);
+        let large = Change::Model(ChangeKind::Updated, large);
+        let instance = Change::Instance(
+            ChangeKind::Created,
+            fixtures::instance(9, &fixtures::model(3, "m"), 0, InstanceState::Pending),
+        );
+        for change in [&small, &large, &instance] {
+            let payload = sent(&notifier, &mut outgoing, change);
+            assert!(
+                payload.starts_with(&own_prefix("41-1700000000000-7")),
+                "{payload}"
+            );
+            // Another store's prefix, and one that only begins the same, do not match.
+            assert!(!payload.starts_with(&own_prefix("41-1700000000000")));
+            assert!(!payload.starts_with(&own_prefix("42-1700000000000-7")));
+            // What another server reads of it.
+            let envelope: Envelope = serde_json::from_str(&payload).unwrap();
+            assert!(envelope.change.is_some() != envelope.refresh.is_some());
+        }
+        let payload = sent(&notifier, &mut outgoing, &large);
+        let envelope: Envelope = serde_json::from_str(&payload).unwrap();
+        assert!(envelope.change.is_none(), "too large to carry: re-read");
+        assert!(matches!(
+            envelope.refresh,
+            Some(Refresh {
+                resource: Resource::Model,
+                id: 3,
+                kind: ChangeKind::Updated
+            })
+        ));
     }
 }

@@ -90,6 +90,8 @@ pub struct ControlPass {
     /// Shared with the placement loop of distributed scheduling, which places when
     /// this pass does not.
     placer: Arc<tokio::sync::Mutex<Placer>>,
+    /// Whether the last pass saw a roll under way (it waits for instances to run).
+    rolling: bool,
 }
 
 impl ControlPass {
@@ -102,6 +104,7 @@ impl ControlPass {
             state,
             backoff: RescheduleBackoff::new(config.reschedule_base, config.reschedule_cap),
             placer,
+            rolling: true,
         }
     }
 
@@ -121,6 +124,7 @@ impl ControlPass {
             read_ms = began.elapsed().as_secs_f64() * 1e3,
             "control pass read the models and instances"
         );
+        self.rolling = super::rollout::under_way(&models, &instances);
         let replicas_changed =
             super::model::reconcile_replicas(&store, &models, &instances, fence).await?;
         if !leading() {
@@ -169,7 +173,13 @@ impl Reconcile for ControlPass {
         }
     }
 
+    fn wakes_on_running(&self) -> bool {
+        self.rolling
+    }
+
     async fn pass(&mut self) -> Result<Action, StoreError> {
+        // Until this pass has read the instances, assume a roll waits.
+        self.rolling = true;
         let cluster = Arc::clone(&self.state.cluster);
         let Some(fence) = cluster.leader_fence() else {
             return Ok(Action::AwaitChange);

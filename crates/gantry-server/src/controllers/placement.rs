@@ -51,6 +51,10 @@ use gantry_source::Sources;
 /// its batch is written, so until then the pass plans around them.
 const WRITES_PER_BATCH: usize = 500;
 
+/// A pass whose analyses took longer than this reads the workers and their claims
+/// again before placing: what it read with the candidates may be out of date.
+const CLUSTER_READ_AGE: Duration = Duration::from_millis(500);
+
 /// The scheduler's memory between passes: analyses per model version, and the workers that
 /// gave up on instances being placed again.
 #[derive(Debug)]
@@ -102,25 +106,45 @@ impl Placer {
         let began = Instant::now();
         let model_ids: HashSet<i64> = models.iter().map(|m| m.id).collect();
         self.analyses.retain_models(&model_ids);
-        let mut candidates = match known {
-            Some(instances) => instances
-                .into_iter()
-                .filter(|i| matches!(i.state, InstanceState::Pending | InstanceState::Analyzing))
-                .collect(),
+        let unplaced = |instance: &ModelInstance| {
+            matches!(
+                instance.state,
+                InstanceState::Pending | InstanceState::Analyzing
+            ) && instance.worker_id.is_none()
+        };
+        // Read, the candidates come with the workers and the placed claims, all at once
+        // (three connections: on PostgreSQL the database works while the server decodes);
+        // a pass handed its instances reads the cluster only when some wait.
+        let (mut candidates, cluster) = match known {
+            Some(mut instances) => {
+                instances.retain(unplaced);
+                let cluster = if instances.is_empty() {
+                    None
+                } else {
+                    Some(read_cluster(store).await?)
+                };
+                (instances, cluster)
+            }
             None => {
-                let mut read = instances_in(store, InstanceState::Pending).await?;
-                read.extend(instances_in(store, InstanceState::Analyzing).await?);
-                read
+                let (pending, analyzing, cluster) = tokio::try_join!(
+                    instances_in(store, InstanceState::Pending),
+                    instances_in(store, InstanceState::Analyzing),
+                    read_cluster(store)
+                )?;
+                let mut read = pending;
+                read.extend(analyzing);
+                read.retain(unplaced);
+                (read, Some(cluster))
             }
         };
-        candidates.retain(|instance| instance.worker_id.is_none());
+        let read = began.elapsed();
         candidates.sort_by_key(|instance| (instance.created_at, instance.id));
         let candidate_ids: HashSet<i64> = candidates.iter().map(|i| i.id).collect();
         self.avoid_worker.retain(|id, _| candidate_ids.contains(id));
-        if candidates.is_empty() {
+        let Some(cluster) = cluster.filter(|_| !candidates.is_empty()) else {
             // Cached failures matter only to instances waiting for placement.
             return Ok(Action::AwaitChange);
-        }
+        };
 
         // Analysis, once per model version.
         let by_id: HashMap<i64, &Model> = models.iter().map(|m| (m.id, m)).collect();
@@ -142,11 +166,13 @@ impl Placer {
             defined.insert(model.id, defined_backend(store, model).await?);
         }
 
-        let candidates_read = began.elapsed();
-        let (workers, _) = store
-            .list_workers(&WorkerFilter::default(), EVERYTHING)
-            .await?;
-        let placed = store.placed_instance_claims().await?;
+        let analysed = began.elapsed();
+        let (workers, placed) = if analysed - read > CLUSTER_READ_AGE {
+            // An analysis took its time: the cluster may have moved on meanwhile.
+            read_cluster(store).await?
+        } else {
+            cluster
+        };
         let snapshot = build_snapshot(&workers, &placed);
         let mut ledger = SnapshotState::new(&snapshot);
         let snapshot_built = began.elapsed();
@@ -235,8 +261,9 @@ impl Placer {
         tracing::debug!(
             candidates = candidates.len(),
             workers = workers.len(),
-            read_candidates_ms = candidates_read.as_secs_f64() * 1e3,
-            read_workers_and_snapshot_ms = (snapshot_built - candidates_read).as_secs_f64() * 1e3,
+            read_ms = read.as_secs_f64() * 1e3,
+            analyse_ms = (analysed - read).as_secs_f64() * 1e3,
+            snapshot_ms = (snapshot_built - analysed).as_secs_f64() * 1e3,
             decide_ms = (total - snapshot_built - writing).as_secs_f64() * 1e3,
             write_ms = writing.as_secs_f64() * 1e3,
             total_ms = total.as_secs_f64() * 1e3,
@@ -674,6 +701,25 @@ fn describe_claim(claim: &ResourceClaim) -> String {
             format_gib(claim.base_ram_bytes)
         ),
     }
+}
+
+/// Every worker and every placed instance's claim: what the pass's ledger starts from.
+async fn read_cluster(
+    store: &Store,
+) -> Result<
+    (
+        Vec<gantry_types::Worker>,
+        Vec<gantry_store::PlacedInstanceClaim>,
+    ),
+    StoreError,
+> {
+    let workers = async {
+        Ok(store
+            .list_workers(&WorkerFilter::default(), EVERYTHING)
+            .await?
+            .0)
+    };
+    tokio::try_join!(workers, store.placed_instance_claims())
 }
 
 async fn instances_in(

@@ -78,6 +78,20 @@ pub fn plan(model: &Model, instances: &[ModelInstance]) -> Vec<RollStep> {
     steps
 }
 
+/// Whether some instance of `models` runs other settings than its model's: a roll is under
+/// way, and waits for instances to be `running`.
+pub fn under_way(models: &[Model], instances: &[ModelInstance]) -> bool {
+    let templates: std::collections::HashMap<i64, LaunchTemplate> = models
+        .iter()
+        .map(|model| (model.id, model.launch_template()))
+        .collect();
+    instances.iter().any(|instance| {
+        templates
+            .get(&instance.model_id)
+            .is_some_and(|template| outdated(instance, template))
+    })
+}
+
 /// Makes this pass's moves for every model; returns how many instances moved.
 pub async fn roll(
     store: &Store,

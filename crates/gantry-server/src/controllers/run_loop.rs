@@ -5,7 +5,8 @@
 //!
 //! * at once when leadership is gained (a new term starts from the store alone:
 //!   [`Reconcile::new_term`] drops what the last term remembered);
-//! * after a store change that can make a difference ([`super::triggers`]): at once when
+//! * after a store change that can make a difference ([`super::triggers`]; an instance
+//!   becoming `running` only while the last pass says a roll waits for one): at once when
 //!   the loop has been idle at least as long as its last pass took, else once it has (at
 //!   most [`LoopConfig::debounce`] later), gathering whatever else changes meanwhile. A
 //!   model created on a quiet cluster is scheduled in milliseconds, and a flood of changes
@@ -65,6 +66,14 @@ pub trait Reconcile: Send {
 
     /// One level-triggered pass over the store; never depends on why it was woken.
     fn pass(&mut self) -> impl Future<Output = Result<Action, StoreError>> + Send;
+
+    /// Whether an instance becoming `running` can let the next pass do something new
+    /// (a roll waits for it), as of the last pass; when not, such reports wake no pass
+    /// (a fleet reporting 10,000 instances running would keep the loop busy re-reading
+    /// the store for nothing).
+    fn wakes_on_running(&self) -> bool {
+        true
+    }
 }
 
 /// Timing of the loop.
@@ -143,6 +152,7 @@ pub async fn run<R: Reconcile>(
             ended,
             took: ended.saturating_duration_since(now),
         };
+        filter.wake_on_running(outcome.is_err() || reconciler.wakes_on_running());
         match outcome {
             Ok(Action::RequeueAt(due)) => wake = wake.min(due),
             Ok(Action::AwaitChange) => {}
@@ -194,6 +204,8 @@ mod tests {
         next: Arc<Mutex<Vec<Outcome>>>,
         /// How long each pass takes (in the paused clock).
         pass_time: Arc<Mutex<Duration>>,
+        /// What the passes say of `running` reports: wake on them unless set.
+        ignores_running: Arc<Mutex<bool>>,
     }
 
     impl Recorder {
@@ -209,6 +221,10 @@ mod tests {
     impl Reconcile for Recorder {
         fn new_term(&mut self) {
             *self.terms.lock().unwrap() += 1;
+        }
+
+        fn wakes_on_running(&self) -> bool {
+            !*self.ignores_running.lock().unwrap()
         }
 
         async fn pass(&mut self) -> Result<Action, StoreError> {
@@ -291,6 +307,37 @@ mod tests {
         settle().await;
         assert_eq!(h.recorder.runs(), 1, "a new leader passes at once");
         assert_eq!(*h.recorder.terms.lock().unwrap(), 1);
+        h.shutdown.cancel();
+        h.task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn running_reports_wake_the_loop_only_while_the_last_pass_waits_for_them() {
+        let h = start(true);
+        settle().await;
+        assert_eq!(h.recorder.runs(), 1);
+        h.changes
+            .send(instance_change(InstanceState::Running))
+            .unwrap();
+        settle().await;
+        assert_eq!(h.recorder.runs(), 2, "a roll may wait for it");
+        // From the next pass on, no roll waits.
+        *h.recorder.ignores_running.lock().unwrap() = true;
+        h.changes
+            .send(instance_change(InstanceState::Pending))
+            .unwrap();
+        settle().await;
+        assert_eq!(h.recorder.runs(), 3);
+        h.changes
+            .send(instance_change(InstanceState::Running))
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(h.recorder.runs(), 3, "nothing waits for it");
+        h.changes
+            .send(instance_change(InstanceState::Error))
+            .unwrap();
+        settle().await;
+        assert_eq!(h.recorder.runs(), 4);
         h.shutdown.cancel();
         h.task.await.unwrap();
     }

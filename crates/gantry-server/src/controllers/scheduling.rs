@@ -44,6 +44,11 @@ impl LockedPlacement {
 impl Reconcile for LockedPlacement {
     fn new_term(&mut self) {}
 
+    /// Placement never waits for an instance to run.
+    fn wakes_on_running(&self) -> bool {
+        false
+    }
+
     async fn pass(&mut self) -> Result<Action, StoreError> {
         let store = &self.state.store;
         let owner = self.state.config.server_id.as_str();

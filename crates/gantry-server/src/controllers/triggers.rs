@@ -30,14 +30,37 @@ pub fn triggers_pass(change: &Change) -> bool {
 /// [`triggers_pass`], except that a worker update triggers only when something placement
 /// looks at changed (state, labels, backends, GPUs, memory totals): workers report their
 /// utilisation often, and those reports alone cannot make a placement possible.
-#[derive(Debug, Default)]
+///
+/// An instance becoming `running` triggers only while [`TriggerFilter::wake_on_running`]
+/// says so (the loop sets it from each pass).
+#[derive(Debug)]
 pub struct TriggerFilter {
     workers: HashMap<i64, gantry_sched::WorkerView>,
+    running_matters: bool,
+}
+
+impl Default for TriggerFilter {
+    fn default() -> Self {
+        Self {
+            workers: HashMap::new(),
+            running_matters: true,
+        }
+    }
 }
 
 impl TriggerFilter {
+    /// Whether an instance becoming `running` triggers from now on.
+    pub fn wake_on_running(&mut self, matters: bool) {
+        self.running_matters = matters;
+    }
+
     pub fn triggers(&mut self, change: &Change) -> bool {
         match change {
+            Change::Instance(ChangeKind::Updated, instance)
+                if instance.state == InstanceState::Running =>
+            {
+                self.running_matters
+            }
             Change::Worker(ChangeKind::Deleted, worker) => {
                 self.workers.remove(&worker.id);
                 true
@@ -139,5 +162,23 @@ mod tests {
             filter.triggers(&updated(&worker)),
             "seen anew after deletion"
         );
+    }
+
+    #[test]
+    fn running_instances_trigger_only_while_a_pass_waits_for_them() {
+        let model = fixtures::model(1, "m");
+        let change =
+            |state| Change::Instance(ChangeKind::Updated, fixtures::instance(1, &model, 0, state));
+        let mut filter = TriggerFilter::default();
+        assert!(
+            filter.triggers(&change(InstanceState::Running)),
+            "until told"
+        );
+        filter.wake_on_running(false);
+        assert!(!filter.triggers(&change(InstanceState::Running)));
+        assert!(filter.triggers(&change(InstanceState::Error)));
+        assert!(filter.triggers(&change(InstanceState::Pending)));
+        filter.wake_on_running(true);
+        assert!(filter.triggers(&change(InstanceState::Running)));
     }
 }
