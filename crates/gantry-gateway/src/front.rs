@@ -18,6 +18,8 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -99,12 +101,41 @@ fn token(request: &RequestHead) -> Option<&str> {
     )
 }
 
+/// Whether answers close their connections: set once the server drains or shuts down.
+/// Every answer reads it, so it is one atomic load rather than a cancellation token's
+/// lock (two per request, on a lock every connection shares).
+#[derive(Debug, Clone, Default)]
+pub struct Closing(Arc<AtomicBool>);
+
+impl Closing {
+    /// A flag that a task sets as soon as `draining` or `shutdown` is cancelled.
+    pub fn once_either(draining: &CancellationToken, shutdown: &CancellationToken) -> Self {
+        let closing = Self::default();
+        let flag = Arc::clone(&closing.0);
+        let (draining, shutdown) = (draining.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = draining.cancelled() => {}
+                () = shutdown.cancelled() => {}
+            }
+            flag.store(true, Ordering::Relaxed);
+        });
+        closing
+    }
+
+    /// Whether the server drains or shuts down.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Serves hot-route requests on `io` until it closes or a request needs the general
-/// server; then returns the connection with what was read of it.
+/// server; then returns the connection with what was read of it. Answers close their
+/// connection once `closing` is set; an idle connection closes at `shutdown`.
 pub async fn serve<I>(
     mut io: I,
     gateway: &Gateway,
-    draining: &CancellationToken,
+    closing: &Closing,
     shutdown: &CancellationToken,
 ) -> Option<Rewind<I>>
 where
@@ -186,7 +217,7 @@ where
             }
         };
 
-        let close = hot.close || draining.is_cancelled() || shutdown.is_cancelled();
+        let close = hot.close || closing.is_set();
         out.clear();
         let written = match answer {
             Answer::Error(error) => {
@@ -560,6 +591,24 @@ mod tests {
         assert_eq!(token(&cookie), Some("s"));
         let none = head("POST / HTTP/1.1\r\n\r\n");
         assert_eq!(token(&none), None);
+    }
+
+    #[tokio::test]
+    async fn closing_is_set_once_the_server_drains_or_shuts_down() {
+        for which in 0..2 {
+            let (draining, shutdown) = (CancellationToken::new(), CancellationToken::new());
+            let closing = Closing::once_either(&draining, &shutdown);
+            tokio::task::yield_now().await;
+            assert!(!closing.is_set());
+            [&draining, &shutdown][which].cancel();
+            tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                while !closing.is_set() {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("set within a moment");
+        }
     }
 
     #[tokio::test]

@@ -49,6 +49,8 @@ pub(crate) struct Dispatch {
     pub gateway: Gateway,
     /// Cancelled once the server drains.
     pub draining: CancellationToken,
+    /// Set once the server drains or shuts down (what the front's answers read).
+    pub closing: front::Closing,
     /// The client's address, set per connection; handlers read it as axum's
     /// `ConnectInfo<SocketAddr>` (failed-login limits).
     pub peer: Option<std::net::SocketAddr>,
@@ -158,7 +160,7 @@ async fn serve_connection<I>(
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let rest = front::serve(io, &service.gateway, &service.draining, &shutdown).await;
+    let rest = front::serve(io, &service.gateway, &service.closing, &shutdown).await;
     if let Some(rest) = rest {
         gantry_tls::serve_http1(rest, service, shutdown, peer).await;
     }

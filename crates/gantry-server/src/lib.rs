@@ -256,6 +256,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         router: api::router(state.clone()).merge(gantry_gateway::router(&gateway)),
         gateway: gateway.clone(),
         draining: state.draining.clone(),
+        closing: gantry_gateway::front::Closing::once_either(&state.draining, &state.shutdown),
         peer: None,
     };
     let tls_on = tls.is_some();

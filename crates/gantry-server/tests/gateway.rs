@@ -1894,8 +1894,41 @@ async fn the_gateway_speaks_http1_on_raw_connections(engine: TestEngine) {
         .unwrap_or(0);
     assert_eq!(n, 0, "nothing follows a `Connection: close` answer");
 
+    // While the server drains, an answer on a kept connection closes it (the client
+    // moves to another server).
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut buf = Vec::new();
+    stream
+        .write_all(&raw_post("/v1/completions", &key, &completion, ""))
+        .await
+        .unwrap();
+    let before = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(before.status, 200, "{before:?}");
+    assert_eq!(before.header("connection"), None, "{before:?}");
+    let base = cluster.server.base.clone();
+    let stopping = tokio::spawn(cluster.server.shutdown());
+    let http = reqwest::Client::new();
+    let began = std::time::Instant::now();
+    loop {
+        let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+        if ready.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "the server drains"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stream
+        .write_all(&raw_post("/v1/completions", &key, &completion, ""))
+        .await
+        .unwrap();
+    let draining = read_raw_response(&mut stream, &mut buf).await;
+    assert_eq!(draining.status, 200, "{draining:?}");
+    assert_eq!(draining.header("connection"), Some("close"), "{draining:?}");
+    stopping.await.unwrap();
     drop(llama);
-    cluster.server.shutdown().await;
 }
 
 test_both_engines!(

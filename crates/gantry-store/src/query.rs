@@ -1,6 +1,7 @@
 //! A small builder for filtered, paginated SELECTs with `$n` placeholders, which both
 //! engines accept.
 
+use futures_util::TryStreamExt;
 use gantry_types::query::{Condition, ListFilter, Value};
 use sqlx::any::{AnyArguments, AnyRow};
 use sqlx::Arguments;
@@ -145,21 +146,21 @@ impl Store {
         if page.page <= 1 && page.per_page == u32::MAX {
             // Every row (what the controllers read): one query, joins and all, and the
             // count is what it returned. Without a LIMIT there is no OFFSET to walk, so
-            // the ids-first read below would only add a round trip and an IN list. The
-            // rows are put in order here, by id, once decoded: the database then has no
-            // wide joined rows to sort.
-            let rows = sqlx::query_with(
-                &format!(
-                    "SELECT {} FROM {}{}",
-                    listing.columns,
-                    listing.from,
-                    f.where_sql(),
-                ),
-                f.arguments(),
-            )
-            .fetch_all(&self.reads)
-            .await?;
-            let mut items: Vec<T> = rows.iter().map(listing.decode).collect::<Result<_, _>>()?;
+            // the ids-first read below would only add a round trip and an IN list. Each
+            // row is decoded as it arrives (the raw rows are never all held at once),
+            // and the items put in order here, by id: the database has no wide joined
+            // rows to sort.
+            let sql = format!(
+                "SELECT {} FROM {}{}",
+                listing.columns,
+                listing.from,
+                f.where_sql(),
+            );
+            let mut rows = sqlx::query_with(&sql, f.arguments()).fetch(&self.reads);
+            let mut items: Vec<T> = Vec::new();
+            while let Some(row) = rows.try_next().await? {
+                items.push((listing.decode)(&row)?);
+            }
             items.sort_by_key(|item| (listing.id_of)(item));
             let total = items.len() as u64;
             return Ok((items, total));
