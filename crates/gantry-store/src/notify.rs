@@ -53,7 +53,7 @@ struct Outgoing<'a> {
 }
 
 /// A change too large to carry: which row to re-read.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Refresh {
     resource: Resource,
     id: i64,

@@ -178,8 +178,6 @@ impl Reconcile for ControlPass {
     }
 
     async fn pass(&mut self) -> Result<Action, StoreError> {
-        // Until this pass has read the instances, assume a roll waits.
-        self.rolling = true;
         let cluster = Arc::clone(&self.state.cluster);
         let Some(fence) = cluster.leader_fence() else {
             return Ok(Action::AwaitChange);

@@ -131,9 +131,8 @@ impl Placer {
         if candidates.is_empty() {
             // Cached failures matter only to instances waiting for placement. Nothing
             // else is read: on PostgreSQL this runs after every change, under the
-            // scheduling lock, and reading every worker each time (an earlier version
-            // did, beside the candidates) cost a fleet of 10,000 registering workers a
-            // fifth more server CPU.
+            // scheduling lock, and reading every worker each time costs a fleet of
+            // 10,000 registering workers a fifth more server CPU.
             return Ok(Action::AwaitChange);
         }
         let read = began.elapsed();
