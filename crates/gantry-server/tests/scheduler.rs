@@ -7,15 +7,17 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{huge_safetensors_dir, labels, model, simulated_worker, Options, TestServer};
 use gantry_client::Client;
 use gantry_testkit::{test_both_engines, TestEngine};
+use gantry_types::query::MAX_PER_PAGE;
 use gantry_types::{
-    BackendKind, InstanceState, InstanceStateReport, ModelCreate, ModelInstance, ModelMemory,
-    ModelUpdate, PlacementKind, PlacementStrategy,
+    BackendKind, InstanceQuery, InstanceState, InstanceStateReport, ModelCreate, ModelInstance,
+    ModelMemory, ModelUpdate, PlacementKind, PlacementStrategy,
 };
 
 /// Registers a worker with `gpus` simulated 80 GiB GPUs and these labels; returns its
@@ -386,7 +388,104 @@ async fn errored_instances_are_rescheduled_on_another_worker(engine: TestEngine)
     server.shutdown().await;
 }
 
+/// Every instance, over as many pages as it takes.
+async fn all_instances(server: &TestServer) -> Vec<ModelInstance> {
+    let mut instances = Vec::new();
+    for page in 1.. {
+        let query = InstanceQuery {
+            page: Some(page),
+            per_page: Some(MAX_PER_PAGE),
+            ..InstanceQuery::default()
+        };
+        let items = server.client().list_instances(&query).await.unwrap().items;
+        let last = items.len() < MAX_PER_PAGE as usize;
+        instances.extend(items);
+        if last {
+            break;
+        }
+    }
+    instances
+}
+
+/// A pass with more decisions than several batches writes a few batches at once while it
+/// decides the next: instances are placed on every GPU, the rest stay pending with the
+/// reason, and no GPU is booked beyond its memory.
+async fn a_backlog_of_several_batches_fills_the_gpus_without_overbooking(engine: TestEngine) {
+    const GIB: u64 = 1 << 30;
+    const GPUS: u32 = 8;
+    let server = TestServer::start(engine).await;
+    let path = tiny_gguf(&server);
+    // 2,000 instances wait for a worker; its registration makes one pass decide them all
+    // (more than the 8 GPUs hold: each claims about 0.5 GiB).
+    for name in ["backlog-a", "backlog-b"] {
+        create_model(&server, &llama_model(name, &path, MAX_PER_PAGE)).await;
+    }
+    let total = 2 * MAX_PER_PAGE as usize;
+    let waiting = server
+        .wait_for(
+            &format!("{total} instances pending for want of a worker"),
+            || async { Ok(all_instances(&server).await) },
+            |instances: &Vec<ModelInstance>| {
+                instances.len() == total
+                    && instances
+                        .iter()
+                        .all(|i| i.state == InstanceState::Pending && !i.state_message.is_empty())
+            },
+        )
+        .await;
+    let before = waiting[0].state_message.clone();
+
+    let worker = register(&server, "w1", GPUS, &[]).await;
+    let _alive = keep_alive(&[&worker]);
+    let instances = server
+        .wait_for(
+            &format!("{total} instances placed or pending with a new reason"),
+            || async { Ok(all_instances(&server).await) },
+            |instances: &Vec<ModelInstance>| {
+                instances.iter().all(|i| {
+                    i.state == InstanceState::Scheduled
+                        || (i.state == InstanceState::Pending && i.state_message != before)
+                })
+            },
+        )
+        .await;
+
+    let mut booked: BTreeMap<u32, u64> = BTreeMap::new();
+    for instance in &instances {
+        let Some(record) = &instance.placement else {
+            continue;
+        };
+        for gpu in &record.reservation.as_ref().unwrap().placement.gpus {
+            *booked.entry(gpu.index).or_default() += gpu.bytes;
+        }
+    }
+    assert_eq!(booked.len(), GPUS as usize, "every GPU is used: {booked:?}");
+    for (gpu, bytes) in &booked {
+        assert!(
+            *bytes <= 80 * GIB,
+            "GPU {gpu} is booked {bytes} bytes of 80 GiB"
+        );
+    }
+    let placed = instances.iter().filter(|i| i.worker_id.is_some()).count();
+    let pending: Vec<&ModelInstance> = instances.iter().filter(|i| i.worker_id.is_none()).collect();
+    assert!(
+        placed > 0 && !pending.is_empty(),
+        "the GPUs fill up: {placed} placed, {} pending",
+        pending.len()
+    );
+    for instance in pending {
+        assert!(
+            instance.state_message.starts_with("no ready worker has"),
+            "{}: {}",
+            instance.name,
+            instance.state_message
+        );
+    }
+    server.shutdown().await;
+}
+
 test_both_engines!(
+    a_backlog_of_several_batches_fills_the_gpus_without_overbooking,
     replicas_are_scheduled_on_simulated_gpus_spread_over_workers,
     binpack_packs_replicas_onto_one_worker,
     models_too_large_for_any_worker_stay_pending_with_the_shortfall,

@@ -41,18 +41,26 @@ impl StoreError {
     /// The database could not be reached (connection refused or lost, no pooled
     /// connection within the acquire timeout): worth trying again later, unlike an error
     /// in what was asked.
+    ///
+    /// PostgreSQL also says so itself on a connection it ends: SQLSTATE class `08`
+    /// (connection exception) and `57P01`–`57P03` (shut down by an administrator, after
+    /// a crash, or not accepting connections yet) — what a pooled connection reads first
+    /// after the server was stopped or restarted.
     pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
+        match self {
             StoreError::Unreachable(_)
-                | StoreError::Database(
-                    sqlx::Error::Io(_)
-                        | sqlx::Error::PoolTimedOut
-                        | sqlx::Error::PoolClosed
-                        | sqlx::Error::WorkerCrashed
-                        | sqlx::Error::Tls(_)
-                )
-        )
+            | StoreError::Database(
+                sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+                | sqlx::Error::Tls(_),
+            ) => true,
+            StoreError::Database(sqlx::Error::Database(e)) => e.code().is_some_and(|code| {
+                code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
+            }),
+            _ => false,
+        }
     }
 
     pub(crate) fn not_found(resource: &'static str, key: impl ToString) -> Self {

@@ -17,7 +17,24 @@ const COLUMNS: &str = "i.id, i.name, i.model_id, m.name AS model_name, i.replica
 const FROM: &str = "model_instances i JOIN models m ON m.id = i.model_id \
      LEFT JOIN workers w ON w.id = i.worker_id";
 
-fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
+/// The same columns as [`COLUMNS`], for an `UPDATE model_instances … RETURNING`: the
+/// written row comes back with the statement instead of being read again (a second round
+/// trip and index lookup for every report of every instance). The model's and worker's
+/// names are subqueries, since SQLite lets `RETURNING` name only the table written.
+pub(crate) const RETURNING: &str = "model_instances.id AS id, model_instances.name AS name, \
+     model_instances.model_id AS model_id, \
+     (SELECT m.name FROM models m WHERE m.id = model_instances.model_id) AS model_name, \
+     model_instances.replica AS replica, model_instances.worker_id AS worker_id, \
+     (SELECT w.name FROM workers w WHERE w.id = model_instances.worker_id) AS worker_name, \
+     model_instances.gpu_indexes AS gpu_indexes, model_instances.port AS port, \
+     model_instances.address AS address, model_instances.state AS state, \
+     model_instances.state_message AS state_message, model_instances.placement AS placement, \
+     model_instances.download AS download, model_instances.install AS install, \
+     model_instances.backend_version AS backend_version, \
+     model_instances.restart_count AS restart_count, model_instances.created_at AS created_at, \
+     model_instances.updated_at AS updated_at";
+
+pub(crate) fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
     const T: &str = "model_instances";
     let port = opt_int(row, T, "port")?
         .map(|p| u16::try_from(p).map_err(|_| StoreError::corrupt(T, format!("port {p}"))))
@@ -78,16 +95,6 @@ where
     .fetch_all(executor)
     .await?;
     rows.iter().map(decode).collect()
-}
-
-/// The instances of `ids` that exist, in no particular order, read on `connection` (inside
-/// a transaction, to see its own writes).
-pub(crate) async fn by_ids(
-    connection: &mut sqlx::AnyConnection,
-    ids: &[i64],
-) -> Result<Vec<ModelInstance>, StoreError> {
-    let select = format!("SELECT {COLUMNS} FROM {FROM} WHERE i.id IN");
-    crate::query::by_ids(connection, &select, ids, decode).await
 }
 
 /// How the `model_instances` list reads.
@@ -222,11 +229,12 @@ impl Store {
         worker_id: i64,
         report: &gantry_types::InstanceStateReport,
     ) -> Result<ModelInstance, StoreError> {
-        let result = sqlx::query(
+        let row = sqlx::query(&format!(
             "UPDATE model_instances SET state = $3, state_message = $4, port = $5, address = $6, \
              restart_count = $7, updated_at = $8, download = $9, install = $10, \
-             backend_version = COALESCE($11, backend_version) WHERE id = $1 AND worker_id = $2",
-        )
+             backend_version = COALESCE($11, backend_version) WHERE id = $1 AND worker_id = $2 \
+             RETURNING {RETURNING}"
+        ))
         .bind(id)
         .bind(worker_id)
         .bind(report.state.as_str())
@@ -238,15 +246,12 @@ impl Store {
         .bind(report.download.map(|d| to_json(&d)))
         .bind(report.install.as_ref().map(to_json))
         .bind(report.backend_version.as_deref())
-        .execute(&self.writes)
-        .await?;
-        if result.rows_affected() == 0 {
-            return Err(StoreError::not_found(
-                "model instance",
-                format!("{id} on worker {worker_id}"),
-            ));
-        }
-        let instance = self.get_instance(id).await?;
+        .fetch_optional(&self.writes)
+        .await?
+        .ok_or_else(|| {
+            StoreError::not_found("model instance", format!("{id} on worker {worker_id}"))
+        })?;
+        let instance = decode(&row)?;
         self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
         Ok(instance)
     }

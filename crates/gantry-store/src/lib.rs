@@ -56,7 +56,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
-use sqlx::{AnyPool, ConnectOptions};
+use sqlx::{AnyPool, ConnectOptions, Connection};
 use tokio::sync::broadcast;
 
 pub use api_keys::{ApiKeyRecord, NewApiKey};
@@ -145,6 +145,10 @@ const CHANGE_CHANNEL_CAPACITY: usize = 4096;
 /// How much of a SQLite database file each connection maps into memory (256 MiB; the
 /// rest, if the file is larger, is read as usual).
 const SQLITE_MMAP_SIZE: u64 = 256 * 1024 * 1024;
+
+/// How long a PostgreSQL connection may have been idle in the pool before it is pinged
+/// as it is handed out (see `connect`).
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// How long a PostgreSQL transaction may wait on its client between statements. Every
 /// transaction of the store runs its statements back to back, so only a frozen or hung
@@ -305,6 +309,21 @@ async fn connect(
     AnyPoolOptions::new()
         .max_connections(max_connections.max(1))
         .acquire_timeout(Duration::from_secs(10))
+        // sqlx pings every connection it hands out, and again when it takes one back:
+        // three round trips for one statement. The ping on return stays (it cannot be
+        // turned off, and it finds a connection broken during use); the one on acquire
+        // is kept only for a PostgreSQL connection idle for a while, which a database
+        // restart or a dropped TCP session may have ended meanwhile. A connection
+        // returned healthy a moment ago is handed out as it is.
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if engine == Engine::Postgres && meta.idle_for >= PING_AFTER_IDLE {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .after_connect(move |conn, _meta| {
             Box::pin(async move {
                 if engine == Engine::Sqlite {

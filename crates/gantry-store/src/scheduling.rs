@@ -24,6 +24,7 @@ use gantry_types::{InstanceState, ModelInstance, PlacementRecord, Timestamp};
 
 use crate::changes::{Change, ChangeKind};
 use crate::fence::Fence;
+use crate::instances::RETURNING;
 use crate::placement_record::StoredPlacement;
 use crate::rows::{int, json, opt_text, parse_enum, text, to_json};
 use crate::{Store, StoreError};
@@ -156,7 +157,7 @@ impl Store {
                      AND model_instances.state IN ('pending', 'analyzing') \
                      AND NOT (model_instances.state = 'pending' \
                               AND model_instances.state_message = v.column2) \
-                     RETURNING id",
+                     RETURNING {RETURNING}",
                     values_rows(chunk.len(), &["BIGINT", "TEXT"], 2)
                 )
             })
@@ -209,7 +210,7 @@ impl Store {
                                  AND m.updated_at = v.column6) \
                      AND EXISTS (SELECT 1 FROM workers w WHERE w.id = v.column2 \
                                  AND w.state = 'ready') \
-                     RETURNING id",
+                     RETURNING {RETURNING}",
                     values_rows(
                         chunk.len(),
                         &["BIGINT", "BIGINT", "TEXT", "TEXT", "TEXT", "BIGINT"],
@@ -311,10 +312,10 @@ impl Store {
         self.publish_instance_update(id).await
     }
 
-    /// Runs conditional `UPDATE … RETURNING id` statements of instances in one transaction
-    /// that first checks `fence` (and on PostgreSQL holds it until commit, so a leader that
-    /// lost its lease meanwhile writes nothing). Reads the written instances back inside
-    /// the transaction, commits, and only then publishes them. `ids` are the instances the
+    /// Runs conditional `UPDATE … RETURNING` statements of instances (returning
+    /// [`RETURNING`], the instance as written) in one transaction that first checks
+    /// `fence` (and on PostgreSQL holds it until commit, so a leader that lost its lease
+    /// meanwhile writes nothing); commits, and only then publishes them. `ids` are the instances the
     /// caller asked to write, in its order; returns, for each, the instance as written,
     /// or `None` when no statement wrote it (and for every occurrence after its first).
     async fn instance_writes_in_one_transaction<'q>(
@@ -326,24 +327,39 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut written_ids = Vec::new();
+        let began = std::time::Instant::now();
+        let mut written = HashMap::new();
         let mut tx = self.writes.begin().await?;
+        let connected = began.elapsed();
         self.check_fence_in(&mut tx, fence).await?;
+        let fenced = began.elapsed();
         for statement in statements {
             for row in statement.fetch_all(&mut *tx).await? {
-                written_ids.push(int(&row, "model_instances", "id")?);
+                let instance = crate::instances::decode(&row)?;
+                written.insert(instance.id, instance);
             }
         }
-        let written = crate::instances::by_ids(&mut tx, &written_ids).await?;
+        let updated = began.elapsed();
+        let count = written.len();
         tx.commit().await?;
+        let committed = began.elapsed();
 
-        let mut written: HashMap<i64, ModelInstance> =
-            written.into_iter().map(|i| (i.id, i)).collect();
         let outcomes: Vec<Option<ModelInstance>> =
             ids.iter().map(|id| written.remove(id)).collect();
         for instance in outcomes.iter().flatten() {
             self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
         }
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        tracing::debug!(
+            asked = ids.len(),
+            written = count,
+            connect_ms = ms(connected),
+            fence_ms = ms(fenced - connected),
+            update_ms = ms(updated - fenced),
+            commit_ms = ms(committed - updated),
+            publish_ms = ms(began.elapsed() - committed),
+            "instance batch written"
+        );
         Ok(outcomes)
     }
 

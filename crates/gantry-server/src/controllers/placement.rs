@@ -12,12 +12,16 @@
 //! batches of [`WRITES_PER_BATCH`] ([`Store::record_placements`],
 //! [`Store::set_pending_reasons`]: one transaction each), so a large backlog costs a
 //! commit per batch instead of per instance, and its first instances still reach their
-//! workers while the rest are being placed.
+//! workers while the rest are being placed. Up to [`BATCHES_IN_FLIGHT`] batches are
+//! written at once while the pass decides the next.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use gantry_sched::units::format_gib;
 use gantry_sched::{
     reservation_parts, ClusterSnapshot, GpuShare, ManualGpuSelection, ModelMemory, PlacedClaim,
@@ -50,6 +54,13 @@ use gantry_source::Sources;
 /// sooner. A placement that does not apply gives its bytes back to the ledger only once
 /// its batch is written, so until then the pass plans around them.
 const WRITES_PER_BATCH: usize = 500;
+
+/// How many batches a pass may have being written at once. The pass goes on deciding
+/// while its batches are written (they touch disjoint rows), and on a busy database
+/// several transactions get more of its time than one: on PostgreSQL, with 10,000
+/// workers reporting on the instances already placed, one batch after another spent
+/// most of a 10,000-instance pass waiting for its own round trips.
+const BATCHES_IN_FLIGHT: usize = 3;
 
 /// The scheduler's memory between passes: analyses per model version, and the workers that
 /// gave up on instances being placed again.
@@ -164,9 +175,14 @@ impl Placer {
         let snapshot = build_snapshot(&workers, &placed);
         let mut ledger = SnapshotState::new(&snapshot);
         let snapshot_built = began.elapsed();
-        let mut writing = Duration::ZERO;
+        let mut waiting = Duration::ZERO;
 
         let mut batch = Batch::default();
+        // Batches being written, at most BATCHES_IN_FLIGHT; a write that fails stops the
+        // deciding, and the writes under way are awaited before the pass returns it (a
+        // write dropped after its commit was sent would leave changes unpublished).
+        let mut writes = FuturesUnordered::new();
+        let mut failed: Option<StoreError> = None;
         // Why each model's last instance found no place in this pass. The ledger only
         // fills up as the pass books placements, so the model's next instance (the same
         // request but for its id) cannot fit either: it gets the same reason without a
@@ -176,14 +192,19 @@ impl Placer {
         // back, so the memory starts afresh after each batch written.
         let mut unplaceable: HashMap<i64, String> = HashMap::new();
         for instance in &candidates {
-            if !leading() {
+            if !leading() || failed.is_some() {
                 break;
             }
             if batch.len() >= WRITES_PER_BATCH {
-                let write_began = Instant::now();
-                self.write(store, fence, &mut ledger, &mut batch).await?;
-                writing += write_began.elapsed();
-                unplaceable.clear();
+                writes.push(write_batch(store, fence, std::mem::take(&mut batch)));
+                let wait_began = Instant::now();
+                while let Some(written) = next_written(&mut writes).await {
+                    if let Err(e) = self.settle(written, &mut ledger) {
+                        failed.get_or_insert(e);
+                    }
+                    unplaceable.clear();
+                }
+                waiting += wait_began.elapsed();
             }
             if let Some(reason) = unplaceable.get(&instance.model_id) {
                 batch.stay_pending(Unplaced {
@@ -240,10 +261,18 @@ impl Placer {
         }
         // What was decided after the lead was lost is dropped: the next leader decides
         // again from what is stored.
-        if leading() {
-            let write_began = Instant::now();
-            self.write(store, fence, &mut ledger, &mut batch).await?;
-            writing += write_began.elapsed();
+        if leading() && failed.is_none() {
+            writes.push(write_batch(store, fence, batch));
+        }
+        let wait_began = Instant::now();
+        while let Some(written) = writes.next().await {
+            if let Err(e) = self.settle(written, &mut ledger) {
+                failed.get_or_insert(e);
+            }
+        }
+        waiting += wait_began.elapsed();
+        if let Some(e) = failed {
+            return Err(e);
         }
         let total = began.elapsed();
         tracing::debug!(
@@ -252,8 +281,8 @@ impl Placer {
             read_ms = read.as_secs_f64() * 1e3,
             analyse_ms = (analysed - read).as_secs_f64() * 1e3,
             read_workers_and_snapshot_ms = (snapshot_built - analysed).as_secs_f64() * 1e3,
-            decide_ms = (total - snapshot_built - writing).as_secs_f64() * 1e3,
-            write_ms = writing.as_secs_f64() * 1e3,
+            decide_ms = (total - snapshot_built - waiting).as_secs_f64() * 1e3,
+            wait_for_writes_ms = waiting.as_secs_f64() * 1e3,
             total_ms = total.as_secs_f64() * 1e3,
             "placement pass"
         );
@@ -323,31 +352,18 @@ impl Placer {
         Ok(result)
     }
 
-    /// Writes the batch's placements and pending reasons, and empties it. A placement
-    /// that did not apply (the instance was deleted or placed by hand, or its model or
-    /// worker changed since the snapshot) gives its bytes back to the ledger for the rest
-    /// of the pass and keeps the instance's worker to avoid; the next pass decides again.
-    async fn write(
+    /// Takes in a written batch: a placement that did not apply (the instance was deleted
+    /// or placed by hand, or its model or worker changed since the snapshot) gives its
+    /// bytes back to the ledger for the rest of the pass and keeps the instance's worker
+    /// to avoid; the next pass decides again.
+    fn settle(
         &mut self,
-        store: &Store,
-        fence: &Fence,
+        written: Written<'_>,
         ledger: &mut SnapshotState,
-        batch: &mut Batch<'_>,
     ) -> Result<(), StoreError> {
-        let new: Vec<NewPlacement<'_>> = batch
-            .placements
-            .iter()
-            .map(|decided| NewPlacement {
-                instance_id: decided.instance.id,
-                model_updated_at: decided.model.updated_at,
-                worker_id: decided.placement.worker_id,
-                gpu_indexes: &decided.gpu_indexes,
-                state_message: &decided.message,
-                record: &decided.record,
-            })
-            .collect();
-        let written = store.record_placements(&new, fence).await?;
-        for (decided, written) in batch.placements.drain(..).zip(written) {
+        let Written { batch, outcome } = written;
+        let Rows { placed, reasons } = outcome?;
+        for (decided, written) in batch.placements.iter().zip(placed) {
             if written.is_none() {
                 ledger.release(&PlacedClaim::from(&decided.placement));
                 continue;
@@ -355,17 +371,7 @@ impl Placer {
             self.avoid_worker.remove(&decided.instance.id);
             decided.log_placed();
         }
-
-        let reasons: Vec<PendingReason<'_>> = batch
-            .reasons
-            .iter()
-            .map(|unplaced| PendingReason {
-                instance_id: unplaced.instance.id,
-                message: &unplaced.message,
-            })
-            .collect();
-        let written = store.set_pending_reasons(&reasons, fence).await?;
-        for (unplaced, written) in batch.reasons.drain(..).zip(written) {
+        for (unplaced, written) in batch.reasons.iter().zip(reasons) {
             if let (Some(reason), Some(_)) = (&unplaced.unschedulable, written) {
                 tracing::info!(instance = %unplaced.instance.name,
                     instance_id = unplaced.instance.id, reason = %reason,
@@ -374,6 +380,61 @@ impl Placer {
         }
         Ok(())
     }
+}
+
+/// A batch and how its writes went.
+struct Written<'p> {
+    batch: Batch<'p>,
+    outcome: Result<Rows, StoreError>,
+}
+
+/// For each placement and each pending reason of a batch, in order, the instance as
+/// written, or `None` where the write did not apply.
+struct Rows {
+    placed: Vec<Option<ModelInstance>>,
+    reasons: Vec<Option<ModelInstance>>,
+}
+
+/// The next batch written, waited for while [`BATCHES_IN_FLIGHT`] are being written;
+/// else one only if it has finished already. Either way the writes are polled, which is
+/// what sends a new one's statements on their way.
+async fn next_written<F: Future>(writes: &mut FuturesUnordered<F>) -> Option<F::Output> {
+    if writes.len() >= BATCHES_IN_FLIGHT {
+        writes.next().await
+    } else {
+        writes.next().now_or_never().flatten()
+    }
+}
+
+/// Writes a batch's placements, then its pending reasons: a transaction each.
+async fn write_batch<'p>(store: &Store, fence: &Fence, batch: Batch<'p>) -> Written<'p> {
+    let placements: Vec<NewPlacement<'_>> = batch
+        .placements
+        .iter()
+        .map(|decided| NewPlacement {
+            instance_id: decided.instance.id,
+            model_updated_at: decided.model.updated_at,
+            worker_id: decided.placement.worker_id,
+            gpu_indexes: &decided.gpu_indexes,
+            state_message: &decided.message,
+            record: &decided.record,
+        })
+        .collect();
+    let reasons: Vec<PendingReason<'_>> = batch
+        .reasons
+        .iter()
+        .map(|unplaced| PendingReason {
+            instance_id: unplaced.instance.id,
+            message: &unplaced.message,
+        })
+        .collect();
+    let outcome = async {
+        let placed = store.record_placements(&placements, fence).await?;
+        let reasons = store.set_pending_reasons(&reasons, fence).await?;
+        Ok(Rows { placed, reasons })
+    }
+    .await;
+    Written { batch, outcome }
 }
 
 /// What a pass has decided and not yet written.
