@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{huge_safetensors_dir, labels, model, simulated_worker, Options, TestServer};
-use gantry_client::Client;
+use gantry_client::{Client, ClientError};
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::query::MAX_PER_PAGE;
 use gantry_types::{
@@ -407,48 +407,67 @@ async fn all_instances(server: &TestServer) -> Vec<ModelInstance> {
     instances
 }
 
+/// How many instances show each state (and, when pending, message): what a wait over
+/// thousands of instances looks at and prints.
+async fn tally(server: &TestServer) -> Result<BTreeMap<String, usize>, ClientError> {
+    let mut tally = BTreeMap::new();
+    for instance in all_instances(server).await {
+        let key = match instance.state {
+            InstanceState::Pending => format!("pending: {}", instance.state_message),
+            state => state.as_str().to_owned(),
+        };
+        *tally.entry(key).or_default() += 1;
+    }
+    Ok(tally)
+}
+
 /// A pass with more decisions than several batches writes a few batches at once while it
 /// decides the next: instances are placed on every GPU, the rest stay pending with the
 /// reason, and no GPU is booked beyond its memory.
 async fn a_backlog_of_several_batches_fills_the_gpus_without_overbooking(engine: TestEngine) {
     const GIB: u64 = 1 << 30;
     const GPUS: u32 = 8;
+    const REPLICAS: u32 = 800;
+    // Thousands of instances on a test machine running the rest of the suite.
+    const WITHIN: Duration = Duration::from_secs(60);
+    const EVERY: Duration = Duration::from_millis(250);
     let server = TestServer::start(engine).await;
     let path = tiny_gguf(&server);
-    // 2,000 instances wait for a worker; its registration makes one pass decide them all
-    // (more than the 8 GPUs hold: each claims about 0.5 GiB).
+    // 1,600 instances wait for a worker; its registration makes one pass decide them all,
+    // four batches (more than the 8 GPUs hold: each claims about 0.5 GiB).
     for name in ["backlog-a", "backlog-b"] {
-        create_model(&server, &llama_model(name, &path, MAX_PER_PAGE)).await;
+        create_model(&server, &llama_model(name, &path, REPLICAS)).await;
     }
-    let total = 2 * MAX_PER_PAGE as usize;
-    let waiting = server
-        .wait_for(
-            &format!("{total} instances pending for want of a worker"),
-            || async { Ok(all_instances(&server).await) },
-            |instances: &Vec<ModelInstance>| {
-                instances.len() == total
-                    && instances
-                        .iter()
-                        .all(|i| i.state == InstanceState::Pending && !i.state_message.is_empty())
-            },
-        )
-        .await;
-    let before = waiting[0].state_message.clone();
+    let total = 2 * REPLICAS as usize;
+    let waiting = gantry_testkit::eventually(
+        &format!("{total} instances pending for want of a worker"),
+        WITHIN,
+        EVERY,
+        || tally(&server),
+        |tally| tally.len() == 1 && tally.values().sum::<usize>() == total,
+        String::new,
+    )
+    .await;
+    let before = waiting.into_keys().next().unwrap();
+    assert!(before.starts_with("pending: no ready worker"), "{before}");
 
     let worker = register(&server, "w1", GPUS, &[]).await;
     let _alive = keep_alive(&[&worker]);
-    let instances = server
-        .wait_for(
-            &format!("{total} instances placed or pending with a new reason"),
-            || async { Ok(all_instances(&server).await) },
-            |instances: &Vec<ModelInstance>| {
-                instances.iter().all(|i| {
-                    i.state == InstanceState::Scheduled
-                        || (i.state == InstanceState::Pending && i.state_message != before)
+    gantry_testkit::eventually(
+        &format!("{total} instances placed or pending with a new reason"),
+        WITHIN,
+        EVERY,
+        || tally(&server),
+        |tally| {
+            tally.values().sum::<usize>() == total
+                && tally.keys().all(|key| {
+                    *key != before && (key == "scheduled" || key.starts_with("pending: "))
                 })
-            },
-        )
-        .await;
+        },
+        String::new,
+    )
+    .await;
+    let instances = all_instances(&server).await;
 
     let mut booked: BTreeMap<u32, u64> = BTreeMap::new();
     for instance in &instances {
