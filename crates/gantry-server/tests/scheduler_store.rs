@@ -457,7 +457,8 @@ async fn a_stale_fence_writes_nothing_of_a_batch(engine: TestEngine) {
 }
 
 async fn a_batch_larger_than_one_statement_writes_every_instance(engine: TestEngine) {
-    // 501 instances: two statements of one transaction, for the reasons and the placements.
+    // 501 instances: two statements of one transaction, for the reasons and the placements
+    // (the placements under the leader's fence).
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
     let model = store
@@ -494,8 +495,17 @@ async fn a_batch_larger_than_one_statement_writes_every_instance(engine: TestEng
         .iter()
         .map(|instance| placement(instance, &model, worker_id, &record))
         .collect();
+    // A stale fence stops the transaction of two statements at its first.
+    let refused = store
+        .record_placements(&placements, &Fence::Leader(1))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{refused:?}"
+    );
+    assert!(store.placed_instance_claims().await.unwrap().is_empty());
     let written = store
-        .record_placements(&placements, &UNFENCED)
+        .record_placements(&placements, &Fence::Leader(0))
         .await
         .unwrap();
     assert_eq!(written.len(), 501);

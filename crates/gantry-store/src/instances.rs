@@ -220,42 +220,6 @@ pub struct ManualPlacement<'a> {
 }
 
 impl Store {
-    /// Applies a worker's report about an instance placed on it. `NotFound` when the
-    /// instance does not exist or is no longer placed on that worker (a late report
-    /// from a worker the instance was moved away from changes nothing).
-    pub async fn report_instance_state(
-        &self,
-        id: i64,
-        worker_id: i64,
-        report: &gantry_types::InstanceStateReport,
-    ) -> Result<ModelInstance, StoreError> {
-        let row = sqlx::query(&format!(
-            "UPDATE model_instances SET state = $3, state_message = $4, port = $5, address = $6, \
-             restart_count = $7, updated_at = $8, download = $9, install = $10, \
-             backend_version = COALESCE($11, backend_version) WHERE id = $1 AND worker_id = $2 \
-             RETURNING {RETURNING}"
-        ))
-        .bind(id)
-        .bind(worker_id)
-        .bind(report.state.as_str())
-        .bind(&report.state_message)
-        .bind(report.port.map(i64::from))
-        .bind(report.address.as_deref())
-        .bind(i64::from(report.restart_count))
-        .bind(Timestamp::now().as_millis())
-        .bind(report.download.map(|d| to_json(&d)))
-        .bind(report.install.as_ref().map(to_json))
-        .bind(report.backend_version.as_deref())
-        .fetch_optional(&self.writes)
-        .await?
-        .ok_or_else(|| {
-            StoreError::not_found("model instance", format!("{id} on worker {worker_id}"))
-        })?;
-        let instance = decode(&row)?;
-        self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
-        Ok(instance)
-    }
-
     /// Every instance placed on a worker: what it must run.
     pub async fn worker_assignments(
         &self,

@@ -13,10 +13,13 @@
 //! itself included.
 //!
 //! A pass's placements and pending reasons are written in batches
-//! ([`Store::record_placements`], [`Store::set_pending_reasons`]): one transaction that
-//! checks the fence once and holds it to the commit, then conditional `UPDATE … FROM
-//! (VALUES …)` statements of many rows, whose conditions judge each row on its own;
-//! changes are published after the commit.
+//! ([`Store::record_placements`], [`Store::set_pending_reasons`]): conditional `UPDATE …
+//! FROM (VALUES …)` statements of many rows, whose conditions judge each row on its own.
+//! A batch of one statement (up to 500 rows) checks the fence in its own `WHERE` and
+//! commits alone, one round trip; a longer one is a transaction that checks the fence
+//! first and holds it to the commit. Changes are published after the commit. These
+//! writes run on the leader's own connections (`Store::leader_writes`), so that they
+//! never queue for a connection behind the fleet's heartbeats and reports.
 
 use std::collections::{HashMap, HashSet};
 
@@ -134,7 +137,7 @@ impl Store {
     }
 
     /// Leaves unplaced instances `pending` with the scheduler's reason each is not
-    /// placed, in one transaction under `fence`. Each applies only from `pending` or
+    /// placed, atomically under `fence`. Each applies only from `pending` or
     /// `analyzing` with no worker, and only when something changes. Returns, per input in
     /// order, the instance as written and published, or `None` when it is gone, was placed
     /// meanwhile, or already says its message. A stale fence writes nothing and fails with
@@ -146,7 +149,7 @@ impl Store {
     ) -> Result<Vec<Option<ModelInstance>>, StoreError> {
         let unique = first_of_each(reasons, |reason| reason.instance_id);
         let chunks: Vec<&[&PendingReason<'_>]> = unique.chunks(ROWS_PER_STATEMENT).collect();
-        // No fence clause: the transaction's fence check holds the fence until commit.
+        let fence_in = FenceIn::statements(chunks.len());
         let sqls: Vec<String> = chunks
             .iter()
             .map(|chunk| {
@@ -156,26 +159,28 @@ impl Store {
                      WHERE model_instances.id = v.column1 AND model_instances.worker_id IS NULL \
                      AND model_instances.state IN ('pending', 'analyzing') \
                      AND NOT (model_instances.state = 'pending' \
-                              AND model_instances.state_message = v.column2) \
+                              AND model_instances.state_message = v.column2){} \
                      RETURNING {RETURNING}",
-                    values_rows(chunk.len(), &["BIGINT", "TEXT"], 2)
+                    values_rows(chunk.len(), &["BIGINT", "TEXT"], 2),
+                    fence_in.clause(fence, self.engine, 2 + chunk.len() * 2),
                 )
             })
             .collect();
         let now = Timestamp::now().as_millis();
         let statements = chunks.iter().zip(&sqls).map(|(chunk, sql)| {
-            chunk
+            let query = chunk
                 .iter()
                 .fold(sqlx::query(sql).bind(now), |query, reason| {
                     query.bind(reason.instance_id).bind(reason.message)
-                })
+                });
+            fence_in.bind(fence, query)
         });
         let ids: Vec<i64> = reasons.iter().map(|reason| reason.instance_id).collect();
-        self.instance_writes_in_one_transaction(fence, &ids, statements)
+        self.instance_writes(fence, fence_in, &ids, statements)
             .await
     }
 
-    /// Records the scheduler's placements in one transaction under `fence`: for each,
+    /// Records the scheduler's placements atomically under `fence`: for each,
     /// worker, GPUs, state `scheduled`, message and claim. Each applies only while its
     /// instance is still unplaced (`pending` or `analyzing`, no worker), its model is
     /// still the version the claim was computed for, and the worker still exists and is
@@ -183,10 +188,10 @@ impl Store {
     /// `None` when that placement did not apply (a second placement of one instance in a
     /// call never does). A stale fence writes nothing and fails with `StoreError::Fenced`.
     ///
-    /// The whole input is one transaction, whatever its length (the caller picks the
-    /// batch size), of one `UPDATE … FROM (VALUES …)` per `ROWS_PER_STATEMENT`
-    /// placements: a batch costs a handful of round trips and one commit, where each
-    /// placement on its own cost two round trips and a commit.
+    /// The whole input is written at once, whatever its length (the caller picks the
+    /// batch size), by one `UPDATE … FROM (VALUES …)` per `ROWS_PER_STATEMENT`
+    /// placements: up to that many, one round trip, where each placement on its own
+    /// cost two round trips and a commit.
     pub async fn record_placements(
         &self,
         placements: &[NewPlacement<'_>],
@@ -194,8 +199,8 @@ impl Store {
     ) -> Result<Vec<Option<ModelInstance>>, StoreError> {
         let unique = first_of_each(placements, |placement| placement.instance_id);
         let chunks: Vec<&[&NewPlacement<'_>]> = unique.chunks(ROWS_PER_STATEMENT).collect();
-        // Each row: instance, worker, GPUs, message, record, model version. No fence
-        // clause: the transaction's fence check holds the fence until commit.
+        let fence_in = FenceIn::statements(chunks.len());
+        // Each row: instance, worker, GPUs, message, record, model version.
         let sqls: Vec<String> = chunks
             .iter()
             .map(|chunk| {
@@ -209,19 +214,20 @@ impl Store {
                      AND EXISTS (SELECT 1 FROM models m WHERE m.id = model_instances.model_id \
                                  AND m.updated_at = v.column6) \
                      AND EXISTS (SELECT 1 FROM workers w WHERE w.id = v.column2 \
-                                 AND w.state = 'ready') \
+                                 AND w.state = 'ready'){} \
                      RETURNING {RETURNING}",
                     values_rows(
                         chunk.len(),
                         &["BIGINT", "BIGINT", "TEXT", "TEXT", "TEXT", "BIGINT"],
                         2
-                    )
+                    ),
+                    fence_in.clause(fence, self.engine, 2 + chunk.len() * 6),
                 )
             })
             .collect();
         let now = Timestamp::now().as_millis();
         let statements = chunks.iter().zip(&sqls).map(|(chunk, sql)| {
-            chunk
+            let query = chunk
                 .iter()
                 .fold(sqlx::query(sql).bind(now), |query, placement| {
                     query
@@ -231,13 +237,14 @@ impl Store {
                         .bind(placement.state_message)
                         .bind(to_json(placement.record))
                         .bind(placement.model_updated_at.as_millis())
-                })
+                });
+            fence_in.bind(fence, query)
         });
         let ids: Vec<i64> = placements
             .iter()
             .map(|placement| placement.instance_id)
             .collect();
-        self.instance_writes_in_one_transaction(fence, &ids, statements)
+        self.instance_writes(fence, fence_in, &ids, statements)
             .await
     }
 
@@ -313,14 +320,18 @@ impl Store {
     }
 
     /// Runs conditional `UPDATE … RETURNING` statements of instances (returning
-    /// [`RETURNING`], the instance as written) in one transaction that first checks
-    /// `fence` (and on PostgreSQL holds it until commit, so a leader that lost its lease
-    /// meanwhile writes nothing); commits, and only then publishes them. `ids` are the instances the
-    /// caller asked to write, in its order; returns, for each, the instance as written,
-    /// or `None` when no statement wrote it (and for every occurrence after its first).
-    async fn instance_writes_in_one_transaction<'q>(
+    /// [`RETURNING`], the instance as written) under `fence`, on the leader's own
+    /// connections, and only after they are committed publishes what they wrote. One
+    /// statement runs on its own, the fence checked in its `WHERE` (`fence_in` says so);
+    /// several run in one transaction that first checks `fence` (on PostgreSQL holding
+    /// it until commit). Either way a leader that lost its lease meanwhile writes
+    /// nothing. `ids` are the instances the caller asked to write, in its order; returns,
+    /// for each, the instance as written, or `None` when no statement wrote it (and for
+    /// every occurrence after its first).
+    async fn instance_writes<'q>(
         &self,
         fence: &Fence,
+        fence_in: FenceIn,
         ids: &[i64],
         statements: impl Iterator<Item = InstanceWrite<'q>>,
     ) -> Result<Vec<Option<ModelInstance>>, StoreError> {
@@ -329,20 +340,41 @@ impl Store {
         }
         let began = std::time::Instant::now();
         let mut written = HashMap::new();
-        let mut tx = self.writes.begin().await?;
-        let connected = began.elapsed();
-        self.check_fence_in(&mut tx, fence).await?;
-        let fenced = began.elapsed();
-        for statement in statements {
-            for row in statement.fetch_all(&mut *tx).await? {
-                let instance = crate::instances::decode(&row)?;
+        let mut keep = |rows: Vec<sqlx::any::AnyRow>| -> Result<(), StoreError> {
+            for row in &rows {
+                let instance = crate::instances::decode(row)?;
                 written.insert(instance.id, instance);
             }
+            Ok(())
+        };
+        let (connected, fenced, updated);
+        match fence_in {
+            FenceIn::Statement => {
+                let started = Timestamp::now();
+                let mut conn = self.leader_writes.acquire().await?;
+                connected = began.elapsed();
+                fenced = connected;
+                for statement in statements {
+                    keep(statement.fetch_all(&mut *conn).await?)?;
+                }
+                updated = began.elapsed();
+                let count = u64::try_from(written.len()).unwrap_or(u64::MAX);
+                self.settle_fenced(fence, started, count).await?;
+            }
+            FenceIn::Transaction => {
+                let mut tx = self.leader_writes.begin().await?;
+                connected = began.elapsed();
+                self.check_fence_in(&mut tx, fence).await?;
+                fenced = began.elapsed();
+                for statement in statements {
+                    keep(statement.fetch_all(&mut *tx).await?)?;
+                }
+                updated = began.elapsed();
+                tx.commit().await?;
+            }
         }
-        let updated = began.elapsed();
-        let count = written.len();
-        tx.commit().await?;
         let committed = began.elapsed();
+        let count = written.len();
 
         let outcomes: Vec<Option<ModelInstance>> =
             ids.iter().map(|id| written.remove(id)).collect();
@@ -373,6 +405,43 @@ impl Store {
             }
             Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// Where a batch of instance writes checks its fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FenceIn {
+    /// One statement: the fence is a condition of its `WHERE` (share-locking the lease
+    /// row on PostgreSQL for as long as the statement runs), and the statement commits
+    /// on its own. One round trip, where a transaction takes four.
+    Statement,
+    /// Several statements: one transaction, whose first statement checks the fence.
+    Transaction,
+}
+
+impl FenceIn {
+    fn statements(count: usize) -> Self {
+        if count == 1 {
+            FenceIn::Statement
+        } else {
+            FenceIn::Transaction
+        }
+    }
+
+    /// The fence's condition for a statement whose parameters before it end at
+    /// `$(first - 1)`: empty in a transaction, which checks the fence itself.
+    fn clause(self, fence: &Fence, engine: crate::Engine, first: usize) -> String {
+        match self {
+            FenceIn::Statement => fence.clause(engine, first),
+            FenceIn::Transaction => String::new(),
+        }
+    }
+
+    fn bind<'q>(self, fence: &'q Fence, query: InstanceWrite<'q>) -> InstanceWrite<'q> {
+        match self {
+            FenceIn::Statement => fence.bind(query),
+            FenceIn::Transaction => query,
         }
     }
 }

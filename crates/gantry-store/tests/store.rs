@@ -11,7 +11,9 @@ use gantry_store::{
 use gantry_store::{Fence, Listed, UploadDone};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
 use gantry_types::fixtures::worker_status;
-use gantry_types::{BackendKind, InstanceState, ModelCreate, Role, UploadCreate, UploadState};
+use gantry_types::{
+    BackendKind, InstanceState, InstanceStateReport, ModelCreate, Role, UploadCreate, UploadState,
+};
 
 fn new_user(name: &str, role: Role) -> NewUser {
     NewUser {
@@ -278,6 +280,128 @@ async fn a_placement_by_hand_records_the_launch_and_a_deleted_worker_unplaces(en
     assert_eq!(back.state, InstanceState::Pending);
     assert_eq!(back.worker_id, None);
     assert!(back.state_message.contains("w1 was deleted"));
+}
+
+fn report(state: InstanceState, port: u16, backend_version: Option<&str>) -> InstanceStateReport {
+    InstanceStateReport {
+        state,
+        state_message: format!("now {state:?}"),
+        port: Some(port),
+        address: (state == InstanceState::Running).then(|| format!("127.0.0.1:{port}")),
+        restart_count: 0,
+        download: None,
+        install: None,
+        backend_version: backend_version.map(str::to_owned),
+    }
+}
+
+/// Many reports at once (what a fleet starting a model sends): the store writes those
+/// that queue up together, and each must still be judged and answered on its own.
+async fn reports_arriving_together_are_each_applied_in_order_and_answered(engine: TestEngine) {
+    let db = TestDatabase::new(engine).await;
+    let store = db.open().await;
+    let status = worker_status("w", 1);
+    let w1 = store
+        .create_worker("w1", &BTreeMap::new(), "127.0.0.1:1", &status, "c1")
+        .await
+        .unwrap();
+    let w2 = store
+        .create_worker("w2", &BTreeMap::new(), "127.0.0.1:2", &status, "c2")
+        .await
+        .unwrap();
+    let (_, instances) = model_with_instances(&store, "tiny", 150).await;
+    for instance in &instances {
+        place_by_hand(&store, instance.id, w1.id, &[0]).await;
+    }
+    let mut changes = store.subscribe();
+
+    // Every instance `starting` from its worker (with a backend version), the first 20
+    // then `running` (no version: the one reported stays), 10 reports from a worker
+    // the instances are not on, and one of an instance that does not exist.
+    let mut sent = Vec::new();
+    for instance in &instances {
+        sent.push((
+            instance.id,
+            w1.id,
+            report(InstanceState::Starting, 20_001, Some("b7")),
+        ));
+    }
+    for instance in &instances[..20] {
+        sent.push((
+            instance.id,
+            w1.id,
+            report(InstanceState::Running, 20_002, None),
+        ));
+    }
+    for instance in &instances[20..30] {
+        sent.push((
+            instance.id,
+            w2.id,
+            report(InstanceState::Error, 20_003, None),
+        ));
+    }
+    sent.push((
+        i64::MAX,
+        w1.id,
+        report(InstanceState::Running, 20_004, None),
+    ));
+    let answers = futures_util::future::join_all(
+        sent.iter()
+            .map(|(id, worker_id, report)| store.report_instance_state(*id, *worker_id, report)),
+    )
+    .await;
+
+    let mut applied = 0;
+    for ((id, worker_id, report), answer) in sent.iter().zip(answers) {
+        if *worker_id == w2.id || *id == i64::MAX {
+            assert!(
+                matches!(answer, Err(StoreError::NotFound { .. })),
+                "instance {id} is not on worker {worker_id}: {answer:?}"
+            );
+            continue;
+        }
+        let instance = answer.unwrap_or_else(|e| panic!("report of {id}: {e}"));
+        assert_eq!((instance.id, instance.state), (*id, report.state));
+        assert_eq!(instance.port, report.port);
+        assert_eq!(instance.backend_version.as_deref(), Some("b7"));
+        assert_eq!(instance.worker_name.as_deref(), Some("w1"));
+        applied += 1;
+    }
+    assert_eq!(applied, 170);
+
+    // Stored as last reported: the two reports of one instance applied in order.
+    let (stored, _) = store
+        .list_instances(
+            &InstanceFilter::default(),
+            Page {
+                page: 1,
+                per_page: 500,
+            },
+        )
+        .await
+        .unwrap();
+    for (n, instance) in instances.iter().enumerate() {
+        let now = stored.iter().find(|i| i.id == instance.id).unwrap();
+        let (state, address) = if n < 20 {
+            (InstanceState::Running, Some("127.0.0.1:20002"))
+        } else {
+            (InstanceState::Starting, None)
+        };
+        assert_eq!(
+            (now.state, now.address.as_deref()),
+            (state, address),
+            "instance {n}"
+        );
+        assert_eq!(now.backend_version.as_deref(), Some("b7"));
+    }
+    // One change published per report applied, and none for the others.
+    let mut published = 0;
+    while let Ok(change) = changes.try_recv() {
+        if let Change::Instance(ChangeKind::Updated, _) = change.as_ref() {
+            published += 1;
+        }
+    }
+    assert_eq!(published, 170);
 }
 
 async fn lists_paginate_and_filter(engine: TestEngine) {
@@ -670,6 +794,7 @@ test_both_engines!(
     an_instance_is_deleted_only_as_it_was_read,
     deleting_a_model_deletes_its_instances,
     a_placement_by_hand_records_the_launch_and_a_deleted_worker_unplaces,
+    reports_arriving_together_are_each_applied_in_order_and_answered,
     lists_and_watches_read_a_filter_the_same_way,
     lists_paginate_and_filter,
     committed_writes_are_published_as_changes,

@@ -59,8 +59,9 @@ const WRITES_PER_BATCH: usize = 500;
 /// while its batches are written (they touch disjoint rows), and on a busy database
 /// several transactions get more of its time than one: on PostgreSQL, with 10,000
 /// workers reporting on the instances already placed, one batch after another spent
-/// most of a 10,000-instance pass waiting for its own round trips.
-const BATCHES_IN_FLIGHT: usize = 3;
+/// most of a 10,000-instance pass waiting for its own round trips. The store keeps as
+/// many connections for them.
+const BATCHES_IN_FLIGHT: usize = gantry_store::LEADER_WRITE_CONNECTIONS as usize;
 
 /// The scheduler's memory between passes: analyses per model version, and the workers that
 /// gave up on instances being placed again.

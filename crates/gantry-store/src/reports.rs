@@ -1,0 +1,270 @@
+//! Workers' instance state reports, written together when they arrive together (group
+//! commit).
+//!
+//! A fleet that starts many instances at once reports each of them `starting` and then
+//! `running` within seconds: 10,000 instances are 20,000 single-row `UPDATE`s, each a
+//! statement and a commit of its own, and on PostgreSQL they took most of the database's
+//! share of the machine while the scheduler was writing its placements. So reports queue
+//! here, and one task at a time writes whatever has queued (up to
+//! [`MOST_PER_STATEMENT`]) as one `UPDATE … FROM (VALUES …)`, then answers each report.
+//! A report that finds no write under way is written at once, alone: nothing waits for
+//! company, and the statements grow only while the database is the bottleneck.
+//!
+//! * Each report is judged on its own row: it applies only while the instance is placed
+//!   on the reporting worker, and one that does not is `NotFound`, as when written alone.
+//! * An instance appears at most once per statement; a second report of it waits for the
+//!   next statement, so the reports of one instance apply in the order they came.
+//! * A statement that fails is tried again report by report, so that each report gets
+//!   its own answer and one bad report does not fail the others.
+//! * The writes run in a task of their own: a caller that goes away (its client
+//!   disconnected) leaves the others' reports written and answered.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+
+use gantry_types::{InstanceStateReport, ModelInstance, Timestamp};
+use tokio::sync::oneshot;
+
+use crate::changes::{Change, ChangeKind};
+use crate::instances::{decode, RETURNING};
+use crate::rows::to_json;
+use crate::scheduling::values_rows;
+use crate::{Store, StoreError};
+
+/// Most reports in one statement (ten parameters each).
+pub(crate) const MOST_PER_STATEMENT: usize = 64;
+
+/// Reports waiting for their statement, and whether a task is writing.
+#[derive(Default)]
+pub(crate) struct ReportQueue {
+    state: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    waiting: VecDeque<Queued>,
+    /// A writer task is running; it takes whatever is waiting until nothing is.
+    writing: bool,
+}
+
+/// One report and where its answer goes.
+struct Queued {
+    id: i64,
+    worker_id: i64,
+    report: InstanceStateReport,
+    answer: oneshot::Sender<Result<ModelInstance, StoreError>>,
+}
+
+impl ReportQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // The state is a queue and a flag, consistent after every statement that
+        // changes it: a panic elsewhere leaves nothing half done.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The next statement's reports: the oldest waiting ones, up to the limit, and
+    /// stopping before a second report of an instance already taken.
+    fn next_batch(&self) -> Vec<Queued> {
+        let mut state = self.lock();
+        let mut ids = HashSet::new();
+        let mut batch = Vec::new();
+        while batch.len() < MOST_PER_STATEMENT {
+            match state.waiting.front() {
+                Some(front) if ids.insert(front.id) => {
+                    batch.extend(state.waiting.pop_front());
+                }
+                _ => break,
+            }
+        }
+        if batch.is_empty() {
+            state.writing = false;
+        }
+        batch
+    }
+}
+
+/// Ends the writer's turn however its task ends: normally with nothing waiting, else
+/// (the runtime shutting down, a panic) by dropping what waits, whose callers then hear
+/// that the writer stopped, and clearing the flag so the next report starts a writer.
+struct WriterTurn<'a>(&'a ReportQueue);
+
+impl Drop for WriterTurn<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.writing = false;
+        state.waiting.clear();
+    }
+}
+
+impl Store {
+    /// Applies a worker's report about an instance placed on it. `NotFound` when the
+    /// instance does not exist or is no longer placed on that worker (a late report
+    /// from a worker the instance was moved away from changes nothing). Reports that
+    /// arrive while others are being written are written together (see `reports.rs`).
+    pub async fn report_instance_state(
+        &self,
+        id: i64,
+        worker_id: i64,
+        report: &InstanceStateReport,
+    ) -> Result<ModelInstance, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        let start_writer = {
+            let mut state = self.reports.lock();
+            state.waiting.push_back(Queued {
+                id,
+                worker_id,
+                report: report.clone(),
+                answer,
+            });
+            !std::mem::replace(&mut state.writing, true)
+        };
+        if start_writer {
+            tokio::spawn(self.clone().write_reports());
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(StoreError::Unreachable(
+                "the writer of instance reports stopped (the server is shutting down)".into(),
+            ))
+        })
+    }
+
+    /// Writes what waits, a statement at a time, until nothing does.
+    async fn write_reports(self) {
+        let queue = std::sync::Arc::clone(&self.reports);
+        let _turn = WriterTurn(&queue);
+        loop {
+            let batch = queue.next_batch();
+            if batch.is_empty() {
+                return;
+            }
+            self.write_report_batch(batch).await;
+        }
+    }
+
+    async fn write_report_batch(&self, batch: Vec<Queued>) {
+        if batch.len() > 1 {
+            match self.write_reports_together(&batch).await {
+                Ok(mut written) => {
+                    for queued in batch {
+                        let outcome = written
+                            .remove(&queued.id)
+                            .ok_or_else(|| not_placed_there(queued.id, queued.worker_id));
+                        let _ = queued.answer.send(outcome);
+                    }
+                    return;
+                }
+                Err(e) => tracing::warn!(
+                    reports = batch.len(),
+                    error = %e,
+                    "writing instance reports together failed; writing them one by one"
+                ),
+            }
+        }
+        for queued in batch {
+            let outcome = self
+                .write_report(queued.id, queued.worker_id, &queued.report)
+                .await;
+            let _ = queued.answer.send(outcome);
+        }
+    }
+
+    /// One statement for every report of `batch` (one per instance): the instances
+    /// written, by id, each published.
+    async fn write_reports_together(
+        &self,
+        batch: &[Queued],
+    ) -> Result<HashMap<i64, ModelInstance>, StoreError> {
+        let sql = format!(
+            "UPDATE model_instances SET state = v.column3, state_message = v.column4, \
+             port = v.column5, address = v.column6, restart_count = v.column7, \
+             updated_at = $1, download = v.column8, install = v.column9, \
+             backend_version = COALESCE(v.column10, model_instances.backend_version) \
+             FROM (VALUES {}) AS v \
+             WHERE model_instances.id = v.column1 AND model_instances.worker_id = v.column2 \
+             RETURNING {RETURNING}",
+            values_rows(
+                batch.len(),
+                &[
+                    "BIGINT", "BIGINT", "TEXT", "TEXT", "BIGINT", "TEXT", "BIGINT", "TEXT", "TEXT",
+                    "TEXT"
+                ],
+                2
+            )
+        );
+        let query = batch.iter().fold(
+            sqlx::query(&sql).bind(Timestamp::now().as_millis()),
+            |query, queued| {
+                let report = &queued.report;
+                query
+                    .bind(queued.id)
+                    .bind(queued.worker_id)
+                    .bind(report.state.as_str())
+                    .bind(report.state_message.as_str())
+                    .bind(report.port.map(i64::from))
+                    .bind(report.address.as_deref())
+                    .bind(i64::from(report.restart_count))
+                    .bind(report.download.map(|d| to_json(&d)))
+                    .bind(report.install.as_ref().map(to_json))
+                    .bind(report.backend_version.as_deref())
+            },
+        );
+        let began = std::time::Instant::now();
+        let rows = query.fetch_all(&self.writes).await?;
+        tracing::debug!(
+            reports = batch.len(),
+            written = rows.len(),
+            ms = began.elapsed().as_secs_f64() * 1e3,
+            "instance reports written together"
+        );
+        let mut written = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let instance = decode(row)?;
+            written.insert(instance.id, instance);
+        }
+        // Published in the order the reports came.
+        for queued in batch {
+            if let Some(instance) = written.get(&queued.id) {
+                self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
+            }
+        }
+        Ok(written)
+    }
+
+    /// One report on its own.
+    async fn write_report(
+        &self,
+        id: i64,
+        worker_id: i64,
+        report: &InstanceStateReport,
+    ) -> Result<ModelInstance, StoreError> {
+        let row = sqlx::query(&format!(
+            "UPDATE model_instances SET state = $3, state_message = $4, port = $5, address = $6, \
+             restart_count = $7, updated_at = $8, download = $9, install = $10, \
+             backend_version = COALESCE($11, backend_version) WHERE id = $1 AND worker_id = $2 \
+             RETURNING {RETURNING}"
+        ))
+        .bind(id)
+        .bind(worker_id)
+        .bind(report.state.as_str())
+        .bind(report.state_message.as_str())
+        .bind(report.port.map(i64::from))
+        .bind(report.address.as_deref())
+        .bind(i64::from(report.restart_count))
+        .bind(Timestamp::now().as_millis())
+        .bind(report.download.map(|d| to_json(&d)))
+        .bind(report.install.as_ref().map(to_json))
+        .bind(report.backend_version.as_deref())
+        .fetch_optional(&self.writes)
+        .await?
+        .ok_or_else(|| not_placed_there(id, worker_id))?;
+        let instance = decode(&row)?;
+        self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
+        Ok(instance)
+    }
+}
+
+fn not_placed_there(id: i64, worker_id: i64) -> StoreError {
+    StoreError::not_found("model instance", format!("{id} on worker {worker_id}"))
+}
