@@ -457,6 +457,65 @@ async fn lists_paginate_and_filter(engine: TestEngine) {
         name: None,
     };
     assert_eq!(store.list_workers(&ready, ALL).await.unwrap().1, 1);
+
+    // A listing that joins (instances, with their model's name): each page in id order
+    // with the count of every instance the filter selects, and past the end an empty
+    // page that still says how many there are.
+    let (_, others) = model_with_instances(&store, "other", 2).await;
+    let (paged, instances) = model_with_instances(&store, "paged", 5).await;
+    let of_paged = InstanceFilter {
+        model_id: Some(paged.id),
+        ..Default::default()
+    };
+    for (number, ids) in [
+        (1, &instances[..2]),
+        (2, &instances[2..4]),
+        (3, &instances[4..]),
+    ] {
+        let page = Page {
+            page: number,
+            per_page: 2,
+        };
+        let (listed, total) = store.list_instances(&of_paged, page).await.unwrap();
+        assert_eq!(total, 5, "page {number}");
+        let listed: Vec<(i64, &str)> = listed
+            .iter()
+            .map(|i| (i.id, i.model_name.as_str()))
+            .collect();
+        let expected: Vec<(i64, &str)> = ids.iter().map(|i| (i.id, "paged")).collect();
+        assert_eq!(listed, expected, "page {number}");
+    }
+    let past = Page {
+        page: 4,
+        per_page: 2,
+    };
+    assert_eq!(
+        store.list_instances(&of_paged, past).await.unwrap(),
+        (Vec::new(), 5)
+    );
+    let (all, total) = store
+        .list_instances(
+            &InstanceFilter::default(),
+            Page {
+                page: 1,
+                per_page: 3,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(total, 7);
+    assert_eq!(all[0].id, others[0].id);
+    let (users, total) = store
+        .list_users(
+            &UserFilter::default(),
+            Page {
+                page: 9,
+                per_page: 10,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((users.len(), total), (0, 0));
 }
 
 /// Checks, for each filter, that the store's SQL selects exactly the items (of all that
