@@ -256,6 +256,37 @@ async fn worker_selectors_are_respected(engine: TestEngine) {
         instances[0].state_message,
         "no worker matches selector zone=c"
     );
+
+    // A worker relabelled to match: the passes read the workers again (they keep what
+    // they read only while no worker changes).
+    let wa = server
+        .client()
+        .list_workers(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|w| w.name == "wa")
+        .unwrap();
+    let relabelled = std::time::Instant::now();
+    server
+        .client()
+        .set_worker_labels(
+            wa.id,
+            &gantry_types::WorkerLabelsUpdate {
+                labels: labels(&[("zone", "c")]),
+            },
+        )
+        .await
+        .unwrap();
+    let instances = wait_scheduled(&server, in_c, 1).await;
+    assert_eq!(worker_names(&instances), ["wa"]);
+    // Well before the 10 s after which a pass reads the workers again regardless.
+    assert!(
+        relabelled.elapsed() < Duration::from_secs(8),
+        "placed only {:?} after the relabelling",
+        relabelled.elapsed()
+    );
     server.shutdown().await;
 }
 

@@ -135,6 +135,9 @@ pub struct Store {
     worker_rows: Arc<workers::WorkerRows>,
     /// Instance reports waiting to be written together (see `reports.rs`).
     reports: Arc<reports::ReportQueue>,
+    /// Bumped with every worker change published here and whenever changes may have
+    /// been missed (see [`Store::workers_generation`]).
+    workers_generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Store {
@@ -234,6 +237,7 @@ impl Store {
             reachability: Arc::default(),
             worker_rows: Arc::default(),
             reports: Arc::default(),
+            workers_generation: Arc::default(),
         };
         migrations::run(&store).await?;
         match engine {
@@ -282,9 +286,28 @@ impl Store {
             .push(listener);
     }
 
+    /// A number that moves whenever a worker may have changed: with every worker change
+    /// published on this server (its own writes and those it hears of from others), and
+    /// when the changes of other servers may have been missed (the listener
+    /// reconnected). A list of workers read after taking the number is still whole and
+    /// current while the number stays the same.
+    pub fn workers_generation(&self) -> u64 {
+        self.workers_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Changes of other servers may have been missed: whatever was kept of workers is
+    /// to be read again.
+    pub(crate) fn changes_may_be_missed(&self) {
+        self.workers_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Publishes a change on this server only.
     fn publish_local(&self, change: Change) {
         if let Change::Worker(_, worker) = &change {
+            self.workers_generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.worker_rows.forget(worker.id);
         }
         let change = Arc::new(change);

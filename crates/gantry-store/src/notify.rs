@@ -227,11 +227,15 @@ pub(crate) async fn start(
             };
             match message {
                 Ok(Some(notification)) => receiver.receive(notification.payload(), &own).await,
-                Ok(None) => tracing::warn!(
-                    "lost the connection that listens for other servers' changes; reconnected, \
-                     changes made meanwhile were missed"
-                ),
+                Ok(None) => {
+                    receiver.changes_may_be_missed();
+                    tracing::warn!(
+                        "lost the connection that listens for other servers' changes; reconnected, \
+                         changes made meanwhile were missed"
+                    );
+                }
                 Err(e) => {
+                    receiver.changes_may_be_missed();
                     tracing::warn!(error = %e, "listening for other servers' changes failed; retrying");
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 }
