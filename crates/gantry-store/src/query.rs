@@ -165,55 +165,65 @@ impl Store {
             let total = items.len() as u64;
             return Ok((items, total));
         }
-        // One statement for the page and the count of every row the filter selects
-        // (`COUNT(*) OVER ()` counts before the LIMIT): one round trip, where a count, the
-        // page's ids and its rows took three (instances list p99 22–40 ms at 10,000 rows
-        // on PostgreSQL under the fleet's load).
-        let sql = if listing.from == listing.count_from {
-            format!(
-                "SELECT {}, COUNT(*) OVER () AS total_rows FROM {}{} ORDER BY {}{}",
-                listing.columns,
-                listing.from,
-                f.where_sql(),
-                listing.order_by,
-                f.limit_sql()
+        let total = self.count(listing.count_from, &f).await?;
+        if listing.from == listing.count_from {
+            let rows = sqlx::query_with(
+                &format!(
+                    "SELECT {} FROM {}{} ORDER BY {}{}",
+                    listing.columns,
+                    listing.from,
+                    f.where_sql(),
+                    listing.order_by,
+                    f.limit_sql()
+                ),
+                f.arguments_with_page(page),
             )
-        } else {
-            // A listing that joins: the page's ids from its own table alone (a walk of
-            // the primary key), joined afterwards. Selecting the joined rows with OFFSET
-            // made PostgreSQL join every row before the page only to skip them
-            // (instances list p99 94 ms at 10,000 rows).
-            format!(
-                "SELECT {}, page.total_rows AS total_rows FROM \
-                 (SELECT {} AS page_id, COUNT(*) OVER () AS total_rows FROM {}{} ORDER BY {}{}) \
-                 AS page, {} WHERE {} = page.page_id",
-                listing.columns,
+            .fetch_all(&self.reads)
+            .await?;
+            let items = rows.iter().map(listing.decode).collect::<Result<_, _>>()?;
+            return Ok((items, total));
+        }
+        // A listing that joins: the page's ids first, from its own table alone (a walk of
+        // the primary key), then those rows with their joins. Selecting the joined rows with
+        // OFFSET made PostgreSQL join every row before the page only to skip them (instances
+        // list p99 94 ms at 10,000 rows).
+        let ids: Vec<i64> = sqlx::query_with(
+            &format!(
+                "SELECT {} AS id FROM {}{} ORDER BY {}{}",
                 listing.order_by,
                 listing.count_from,
                 f.where_sql(),
                 listing.order_by,
-                f.limit_sql(),
-                listing.from,
-                listing.order_by,
-            )
-        };
-        let rows = sqlx::query_with(&sql, f.arguments_with_page(page))
-            .fetch_all(&self.reads)
-            .await?;
-        let Some(first) = rows.first() else {
-            // Past the last page (or nothing selected): no row carries the count.
-            let total = self.count(listing.count_from, &f).await?;
+                f.limit_sql()
+            ),
+            f.arguments_with_page(page),
+        )
+        .fetch_all(&self.reads)
+        .await?
+        .iter()
+        .map(|row| crate::rows::int(row, "listing", "id"))
+        .collect::<Result<_, _>>()?;
+        if ids.is_empty() {
             return Ok((Vec::new(), total));
-        };
-        let total = u64::try_from(crate::rows::int(first, "listing", "total_rows")?)
-            .map_err(|_| StoreError::corrupt("listing", "a negative count"))?;
-        let mut items = rows
-            .iter()
-            .map(listing.decode)
-            .collect::<Result<Vec<T>, _>>()?;
-        // Oldest first (the join does not keep the page's order).
-        items.sort_by_key(|item| (listing.id_of)(item));
-        Ok((items, total))
+        }
+        let mut connection = self.reads.acquire().await?;
+        let select = format!(
+            "SELECT {} FROM {} WHERE {} IN",
+            listing.columns, listing.from, listing.order_by
+        );
+        let mut items = by_ids(&mut connection, &select, &ids, listing.decode).await?;
+        // In the ids' order (the IN list does not keep it).
+        let position: std::collections::HashMap<i64, usize> =
+            ids.iter().enumerate().map(|(at, id)| (*id, at)).collect();
+        let mut keyed: Vec<(usize, T)> = items
+            .drain(..)
+            .map(|item| {
+                let id = (listing.id_of)(&item);
+                (position.get(&id).copied().unwrap_or(usize::MAX), item)
+            })
+            .collect();
+        keyed.sort_by_key(|(at, _)| *at);
+        Ok((keyed.into_iter().map(|(_, item)| item).collect(), total))
     }
 }
 
