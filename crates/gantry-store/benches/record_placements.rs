@@ -1,7 +1,7 @@
 //! Writing one scheduler pass's placements: 10,000 pending instances recorded with
-//! `Store::record_placements` one instance per call (a transaction and a commit each, as
+//! `Store::record_placements` one instance per call (a statement and a commit each, as
 //! every placement used to be written) and in batches of 500 (as the scheduler writes
-//! them now), on SQLite and, when `GANTRY_TEST_POSTGRES_URL` is set, on PostgreSQL with
+//! them now: one statement each), on SQLite and, when `GANTRY_TEST_POSTGRES_URL` is set, on PostgreSQL with
 //! the leader's fence. Each run places a model's instances on one ready worker, on a fresh
 //! database. Run with `cargo bench -p gantry-store --bench record_placements`.
 

@@ -28,8 +28,9 @@ const MAX_PAYLOAD: usize = 7900;
 
 /// How many changes may wait to be sent before new ones are dropped (with a warning).
 const QUEUE: usize = 4096;
-/// Most changes sent in one statement.
-const BATCH: usize = 64;
+/// Most changes sent in one statement. A placement batch publishes 500 changes at once,
+/// and the leader writes up to three batches at a time.
+const BATCH: usize = 256;
 
 /// A notification from another server, as read. Its `origin` (which store made the
 /// change) was checked by its first bytes before (see [`own_prefix`]).
@@ -179,8 +180,14 @@ pub(crate) async fn start(
     // One sender, so notifications leave in the order the changes were committed. What
     // queued up meanwhile leaves together, up to BATCH in one statement: one round trip
     // per burst instead of one per change, so a burst of writes (a scheduler pass placing
-    // hundreds of instances) does not overflow the queue.
-    let pool = store.writes.clone();
+    // hundreds of instances) does not overflow the queue. It sends on a connection of its
+    // own: from the shared pool, each statement waited behind the fleet's heartbeats for
+    // a connection (up to 170 ms with 10,000 workers), and the queue overflowed while the
+    // scheduler placed 10,000 instances.
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .connect_lazy(&store.url)?;
     let send_cancel = cancel.clone();
     tokio::spawn(async move {
         let mut batch: Vec<String> = Vec::with_capacity(BATCH);
