@@ -303,12 +303,26 @@ impl Store {
     /// Records a heartbeat of a worker that is `ready` and stays so: one statement, no
     /// change published. `None` when the worker is not `ready` (or does not exist); the
     /// caller then decides its state with [`Store::record_heartbeat`].
+    ///
+    /// On PostgreSQL the worker's row is share-locked (`FOR KEY SHARE`) while the
+    /// heartbeat is written, against [`Store::mark_silent_workers`]: that locks the rows
+    /// of the workers it is about to mark before it reads their heartbeats again, so a
+    /// heartbeat either commits before that read (and the worker is not marked) or waits
+    /// for the marking to commit and then finds the worker no longer `ready`. Without
+    /// the lock a worker could be marked `not_ready` by a pass that read its heartbeat
+    /// time just before a heartbeat landed, and stay so for an interval although it
+    /// had just been heard from.
     pub async fn record_heartbeat_of_ready(&self, id: i64) -> Result<Option<Worker>, StoreError> {
         let now = Timestamp::now().as_millis();
-        let written = sqlx::query(
+        let lock = if self.engine == crate::Engine::Postgres {
+            " FOR KEY SHARE"
+        } else {
+            ""
+        };
+        let written = sqlx::query(&format!(
             "UPDATE worker_heartbeats SET at = $2 WHERE worker_id = $1 \
-             AND EXISTS (SELECT 1 FROM workers WHERE id = $1 AND state = 'ready')",
-        )
+             AND EXISTS (SELECT 1 FROM workers WHERE id = $1 AND state = 'ready'{lock})"
+        ))
         .bind(id)
         .bind(now)
         .execute(&self.writes)
@@ -414,6 +428,21 @@ impl Store {
         let now = Timestamp::now().as_millis();
         let mut tx = self.writes.begin().await?;
         self.check_fence_in(&mut tx, fence).await?;
+        if self.engine == crate::Engine::Postgres {
+            // The rows of the workers that look silent are locked first; the statements
+            // below then read the heartbeats afresh (each statement has its snapshot).
+            // A heartbeat that has not committed by then waits for this transaction
+            // (see `record_heartbeat_of_ready`), so none lands unseen between the read
+            // of its time and the marking. (SQLite writes one statement at a time.)
+            sqlx::query(
+                "SELECT id FROM workers WHERE state IN ('ready', 'not_ready') \
+                 AND id IN (SELECT worker_id FROM worker_heartbeats WHERE at < $1) \
+                 ORDER BY id FOR UPDATE",
+            )
+            .bind(not_ready_before.as_millis())
+            .fetch_all(&mut *tx)
+            .await?;
+        }
         let unreachable = sqlx::query(
             "UPDATE workers SET state = 'unreachable', state_message = $2, updated_at = $3 \
              WHERE state IN ('ready', 'not_ready') \
