@@ -155,8 +155,12 @@ pub type ChangeListener = Arc<dyn Fn(&Arc<Change>) + Send + Sync>;
 /// at once (`BATCHES_IN_FLIGHT` in the server's placement).
 pub const LEADER_WRITE_CONNECTIONS: u32 = 3;
 
-/// How many unread changes a slow watcher may fall behind before it is cut off.
-const CHANGE_CHANNEL_CAPACITY: usize = 4096;
+/// How many unread changes a slow watcher may fall behind before it is cut off. A
+/// placement publishes its batches of 500 at once, up to three together, while the
+/// fleet's reports go on; with 4,096 the gateway's routing fell behind 3–8 times while
+/// 10,000 instances were placed (and read the store again each time). The slots hold
+/// pointers; a change is freed once every subscriber has read it.
+const CHANGE_CHANNEL_CAPACITY: usize = 16_384;
 
 /// How much of a SQLite database file each connection maps into memory (256 MiB; the
 /// rest, if the file is larger, is read as usual).
