@@ -205,6 +205,7 @@ impl Store {
                 redact_url(&config.url)
             ))
         };
+        let notifier_options = options.clone();
         let (reads, writes, leader_writes) = match engine {
             Engine::Sqlite => {
                 let writes = connect(engine, Role::Writes, options.clone(), 1)
@@ -246,7 +247,14 @@ impl Store {
         migrations::run(&store).await?;
         match engine {
             Engine::Postgres => {
-                store.notifier = Some(notify::start(&store, shutdown.clone()).await?);
+                // The notifier sends on a connection of its own: from the shared pool,
+                // each statement waited behind the fleet's heartbeats (up to 170 ms with
+                // 10,000 workers) and its queue overflowed while 10,000 instances were
+                // placed.
+                let connection = connect(engine, Role::Both, notifier_options, 1)
+                    .await
+                    .map_err(cannot_connect)?;
+                store.notifier = Some(notify::start(&store, connection, shutdown.clone()).await?);
                 reachability::start_probe(&store, &config.url, shutdown.clone());
             }
             Engine::Sqlite => checkpoint::start(store.reads.clone(), shutdown.clone()),
@@ -300,9 +308,9 @@ impl Store {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Changes of other servers may have been missed: whatever was kept of workers is
-    /// to be read again.
-    pub(crate) fn changes_may_be_missed(&self) {
+    /// A worker changed, or changes of other servers may have been missed: whatever
+    /// was kept of workers is to be read again.
+    pub(crate) fn workers_may_have_changed(&self) {
         self.workers_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
@@ -310,8 +318,7 @@ impl Store {
     /// Publishes a change on this server only.
     fn publish_local(&self, change: Change) {
         if let Change::Worker(_, worker) = &change {
-            self.workers_generation
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.workers_may_have_changed();
             self.worker_rows.forget(worker.id);
         }
         let change = Arc::new(change);

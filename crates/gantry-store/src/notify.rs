@@ -165,8 +165,10 @@ fn identify(change: &Change) -> (Resource, i64, ChangeKind) {
 }
 
 /// Starts the sender and the listener for `store`; both end when `cancel` fires.
+/// The notifications are sent on `pool`, one connection of their own.
 pub(crate) async fn start(
     store: &Store,
+    pool: sqlx::AnyPool,
     cancel: CancellationToken,
 ) -> Result<Arc<Notifier>, StoreError> {
     let origin = format!(
@@ -180,14 +182,7 @@ pub(crate) async fn start(
     // One sender, so notifications leave in the order the changes were committed. What
     // queued up meanwhile leaves together, up to BATCH in one statement: one round trip
     // per burst instead of one per change, so a burst of writes (a scheduler pass placing
-    // hundreds of instances) does not overflow the queue. It sends on a connection of its
-    // own: from the shared pool, each statement waited behind the fleet's heartbeats for
-    // a connection (up to 170 ms with 10,000 workers), and the queue overflowed while the
-    // scheduler placed 10,000 instances.
-    let pool = sqlx::any::AnyPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect_lazy(&store.url)?;
+    // hundreds of instances) does not overflow the queue.
     let send_cancel = cancel.clone();
     tokio::spawn(async move {
         let mut batch: Vec<String> = Vec::with_capacity(BATCH);
@@ -235,14 +230,14 @@ pub(crate) async fn start(
             match message {
                 Ok(Some(notification)) => receiver.receive(notification.payload(), &own).await,
                 Ok(None) => {
-                    receiver.changes_may_be_missed();
+                    receiver.workers_may_have_changed();
                     tracing::warn!(
                         "lost the connection that listens for other servers' changes; reconnected, \
                          changes made meanwhile were missed"
                     );
                 }
                 Err(e) => {
-                    receiver.changes_may_be_missed();
+                    receiver.workers_may_have_changed();
                     tracing::warn!(error = %e, "listening for other servers' changes failed; retrying");
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 }

@@ -55,6 +55,19 @@ struct Queued {
     answer: oneshot::Sender<Result<ModelInstance, StoreError>>,
 }
 
+impl Queued {
+    /// Sends the report its answer: the instance as its statement wrote it, else why not.
+    fn answer(self, written: Result<&HashMap<i64, ModelInstance>, StoreError>) {
+        let outcome = written.and_then(|written| {
+            written
+                .get(&self.id)
+                .cloned()
+                .ok_or_else(|| not_placed_there(self.id, self.worker_id))
+        });
+        let _ = self.answer.send(outcome);
+    }
+}
+
 impl ReportQueue {
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
         // The state is a queue and a flag, consistent after every statement that
@@ -143,36 +156,42 @@ impl Store {
         }
     }
 
+    /// Writes `batch` as one statement and answers each report; if the statement fails
+    /// and holds several, each report is written again on its own, for its own answer.
     async fn write_report_batch(&self, batch: Vec<Queued>) {
-        if batch.len() > 1 {
-            match self.write_reports_together(&batch).await {
-                Ok(mut written) => {
-                    for queued in batch {
-                        let outcome = written
-                            .remove(&queued.id)
-                            .ok_or_else(|| not_placed_there(queued.id, queued.worker_id));
-                        let _ = queued.answer.send(outcome);
-                    }
-                    return;
+        match self.write_report_statement(&batch).await {
+            Ok(written) => {
+                for queued in batch {
+                    queued.answer(Ok(&written));
                 }
-                Err(e) => tracing::warn!(
+            }
+            Err(e) if batch.len() > 1 => {
+                tracing::warn!(
                     reports = batch.len(),
                     error = %e,
                     "writing instance reports together failed; writing them one by one"
-                ),
+                );
+                for queued in batch {
+                    match self
+                        .write_report_statement(std::slice::from_ref(&queued))
+                        .await
+                    {
+                        Ok(written) => queued.answer(Ok(&written)),
+                        Err(e) => queued.answer(Err(e)),
+                    }
+                }
             }
-        }
-        for queued in batch {
-            let outcome = self
-                .write_report(queued.id, queued.worker_id, &queued.report)
-                .await;
-            let _ = queued.answer.send(outcome);
+            Err(e) => {
+                if let Some(queued) = batch.into_iter().next() {
+                    queued.answer(Err(e));
+                }
+            }
         }
     }
 
-    /// One statement for every report of `batch` (one per instance): the instances
+    /// One statement for every report of `batch` (an instance at most once): the instances
     /// written, by id, each published.
-    async fn write_reports_together(
+    async fn write_report_statement(
         &self,
         batch: &[Queued],
     ) -> Result<HashMap<i64, ModelInstance>, StoreError> {
@@ -230,38 +249,6 @@ impl Store {
             }
         }
         Ok(written)
-    }
-
-    /// One report on its own.
-    async fn write_report(
-        &self,
-        id: i64,
-        worker_id: i64,
-        report: &InstanceStateReport,
-    ) -> Result<ModelInstance, StoreError> {
-        let row = sqlx::query(&format!(
-            "UPDATE model_instances SET state = $3, state_message = $4, port = $5, address = $6, \
-             restart_count = $7, updated_at = $8, download = $9, install = $10, \
-             backend_version = COALESCE($11, backend_version) WHERE id = $1 AND worker_id = $2 \
-             RETURNING {RETURNING}"
-        ))
-        .bind(id)
-        .bind(worker_id)
-        .bind(report.state.as_str())
-        .bind(report.state_message.as_str())
-        .bind(report.port.map(i64::from))
-        .bind(report.address.as_deref())
-        .bind(i64::from(report.restart_count))
-        .bind(Timestamp::now().as_millis())
-        .bind(report.download.map(|d| to_json(&d)))
-        .bind(report.install.as_ref().map(to_json))
-        .bind(report.backend_version.as_deref())
-        .fetch_optional(&self.writes)
-        .await?
-        .ok_or_else(|| not_placed_there(id, worker_id))?;
-        let instance = decode(&row)?;
-        self.publish(Change::Instance(ChangeKind::Updated, instance.clone()));
-        Ok(instance)
     }
 }
 

@@ -6,17 +6,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use gantry_store::Fence;
+use gantry_store::{Fence, Store};
 use gantry_testkit::{TestDatabase, TestEngine};
 use gantry_types::fixtures::worker_status;
-use gantry_types::{Timestamp, WorkerState};
+use gantry_types::{Timestamp, Worker, WorkerState};
 use sqlx::Connection;
 
-/// A heartbeat that arrives while a marking of its worker is under way waits for it, and
-/// then sees the worker no longer `ready` (so the caller sets it `ready` again): it does
-/// not write a fresh heartbeat beside a `not_ready` that commits after it.
-#[tokio::test]
-async fn a_heartbeat_waits_for_a_marking_under_way_and_sees_it() {
+/// A database with one worker, `ready` and heard from.
+async fn ready_worker() -> (TestDatabase, Store, Worker) {
     let db = TestDatabase::new(TestEngine::Postgres).await;
     let store = db.open().await;
     let worker = store
@@ -28,6 +25,15 @@ async fn a_heartbeat_waits_for_a_marking_under_way_and_sees_it() {
         .await
         .unwrap()
         .is_some());
+    (db, store, worker)
+}
+
+/// A heartbeat that arrives while a marking of its worker is under way waits for it, and
+/// then sees the worker no longer `ready` (so the caller sets it `ready` again): it does
+/// not write a fresh heartbeat beside a `not_ready` that commits after it.
+#[tokio::test]
+async fn a_heartbeat_waits_for_a_marking_under_way_and_sees_it() {
+    let (db, store, worker) = ready_worker().await;
 
     // What `mark_silent_workers` does first: lock the row of the worker it will mark.
     let mut marking = sqlx::PgConnection::connect(&db.url).await.unwrap();
@@ -66,17 +72,7 @@ async fn a_heartbeat_waits_for_a_marking_under_way_and_sees_it() {
 /// committed meanwhile keeps its worker `ready`.
 #[tokio::test]
 async fn a_marking_does_not_mark_a_worker_whose_heartbeat_landed_first() {
-    let db = TestDatabase::new(TestEngine::Postgres).await;
-    let store = db.open().await;
-    let worker = store
-        .create_worker("w1", &BTreeMap::new(), "a:1", &worker_status("w1", 1), "c1")
-        .await
-        .unwrap();
-    assert!(store
-        .record_heartbeat_of_ready(worker.id)
-        .await
-        .unwrap()
-        .is_some());
+    let (db, store, worker) = ready_worker().await;
     // A heartbeat in progress: its share lock on the worker's row is held.
     let mut beating = sqlx::PgConnection::connect(&db.url).await.unwrap();
     sqlx::query("BEGIN").execute(&mut beating).await.unwrap();
