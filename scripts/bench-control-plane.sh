@@ -40,7 +40,8 @@
 #
 # Environment: BENCH_WORKERS (N values, default "1000"), BENCH_DATABASES (default
 # "sqlite postgres"), BENCH_PROFILE (default release), BENCH_KEEP=1 (keep each run's data
-# directory and logs under /tmp), GANTRY_TEST_POSTGRES_URL (an existing PostgreSQL), and
+# directory and logs under /tmp, and its database on GANTRY_TEST_POSTGRES_URL),
+# GANTRY_TEST_POSTGRES_URL (an existing PostgreSQL), and
 # everything control-plane-load reads: BENCH_INSTANCES (M, default 10000),
 # BENCH_REPLICAS (per model, default 100), BENCH_WINDOW (seconds, default 30),
 # BENCH_CYCLES (default 10000), BENCH_CHURN_CONCURRENCY (default 16),
@@ -148,7 +149,7 @@ EOF
   kill "$SERVER_PID" 2>/dev/null || true
   wait "$SERVER_PID" 2>/dev/null || true
   SERVER_PID=
-  if [[ $db == postgres ]]; then
+  if [[ $db == postgres && "${BENCH_KEEP:-0}" != 1 ]]; then
     "$PSQL" -q "$GANTRY_TEST_POSTGRES_URL" -c "DROP DATABASE IF EXISTS ${name} WITH (FORCE)" >/dev/null || true
   fi
   if [[ "${BENCH_KEEP:-0}" != 1 ]]; then rm -rf "$WORK"; fi

@@ -77,6 +77,13 @@ impl ReportQueue {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Queues a report; `true` when no writer is running, so the caller starts one.
+    fn push(&self, queued: Queued) -> bool {
+        let mut state = self.lock();
+        state.waiting.push_back(queued);
+        !std::mem::replace(&mut state.writing, true)
+    }
+
     /// The next statement's reports: the oldest waiting ones, up to the limit, and
     /// stopping before a second report of an instance already taken.
     fn next_batch(&self) -> Vec<Queued> {
@@ -98,14 +105,42 @@ impl ReportQueue {
     }
 }
 
-/// Ends the writer's turn however its task ends: normally with nothing waiting, else
-/// (the runtime shutting down, a panic) by dropping what waits, whose callers then hear
-/// that the writer stopped, and clearing the flag so the next report starts a writer.
-struct WriterTurn<'a>(&'a ReportQueue);
+/// A writer task's turn. It ends when [`WriterTurn::next_batch`] finds nothing waiting
+/// (the flag is cleared under the same lock, so a report queued after that starts a new
+/// writer). Should the task end any other way (the runtime shutting down, a panic), the
+/// drop ends it: what waits is dropped, whose callers then hear that the writer stopped,
+/// and the flag is cleared so that the next report starts a writer. A turn that ended
+/// normally touches nothing when dropped: by then another writer may own the queue.
+struct WriterTurn<'a> {
+    queue: &'a ReportQueue,
+    ended: bool,
+}
+
+impl<'a> WriterTurn<'a> {
+    fn new(queue: &'a ReportQueue) -> Self {
+        WriterTurn {
+            queue,
+            ended: false,
+        }
+    }
+
+    /// The next statement's reports, or `None` (and the turn over) when none wait.
+    fn next_batch(&mut self) -> Option<Vec<Queued>> {
+        let batch = self.queue.next_batch();
+        if batch.is_empty() {
+            self.ended = true;
+            return None;
+        }
+        Some(batch)
+    }
+}
 
 impl Drop for WriterTurn<'_> {
     fn drop(&mut self) {
-        let mut state = self.0.lock();
+        if self.ended {
+            return;
+        }
+        let mut state = self.queue.lock();
         state.writing = false;
         state.waiting.clear();
     }
@@ -123,16 +158,12 @@ impl Store {
         report: &InstanceStateReport,
     ) -> Result<ModelInstance, StoreError> {
         let (answer, answered) = oneshot::channel();
-        let start_writer = {
-            let mut state = self.reports.lock();
-            state.waiting.push_back(Queued {
-                id,
-                worker_id,
-                report: report.clone(),
-                answer,
-            });
-            !std::mem::replace(&mut state.writing, true)
-        };
+        let start_writer = self.reports.push(Queued {
+            id,
+            worker_id,
+            report: report.clone(),
+            answer,
+        });
         if start_writer {
             tokio::spawn(self.clone().write_reports());
         }
@@ -146,12 +177,8 @@ impl Store {
     /// Writes what waits, a statement at a time, until nothing does.
     async fn write_reports(self) {
         let queue = std::sync::Arc::clone(&self.reports);
-        let _turn = WriterTurn(&queue);
-        loop {
-            let batch = queue.next_batch();
-            if batch.is_empty() {
-                return;
-            }
+        let mut turn = WriterTurn::new(&queue);
+        while let Some(batch) = turn.next_batch() {
             self.write_report_batch(batch).await;
         }
     }
@@ -254,4 +281,88 @@ impl Store {
 
 fn not_placed_there(id: i64, worker_id: i64) -> StoreError {
     StoreError::not_found("model instance", format!("{id} on worker {worker_id}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_types::InstanceState;
+
+    use super::*;
+
+    fn queued(id: i64) -> (Queued, oneshot::Receiver<Result<ModelInstance, StoreError>>) {
+        let (answer, answered) = oneshot::channel();
+        let report = InstanceStateReport {
+            state: InstanceState::Running,
+            state_message: String::new(),
+            port: None,
+            address: None,
+            restart_count: 0,
+            download: None,
+            install: None,
+            backend_version: None,
+        };
+        let queued = Queued {
+            id,
+            worker_id: 1,
+            report,
+            answer,
+        };
+        (queued, answered)
+    }
+
+    /// A report queued just after a writer found the queue empty, but before that
+    /// writer's task ended, belongs to the next writer: the first one's end must
+    /// neither drop it nor clear the flag the next writer runs under. (It did: the
+    /// report's caller got "the writer of instance reports stopped", a 503, in a
+    /// 10,000-worker run, and two writers could have run at once.)
+    #[test]
+    fn a_writer_that_ends_leaves_the_next_writers_reports_alone() {
+        let queue = ReportQueue::default();
+        let (first, _first_answer) = queued(1);
+        assert!(queue.push(first), "the first report starts a writer");
+        let mut turn = WriterTurn::new(&queue);
+        assert_eq!(turn.next_batch().map(|batch| batch.len()), Some(1));
+        assert!(turn.next_batch().is_none(), "nothing else waits");
+        let (second, mut second_answer) = queued(2);
+        assert!(queue.push(second), "the writer has ended: a new one starts");
+        drop(turn);
+        assert!(
+            matches!(
+                second_answer.try_recv(),
+                Err(oneshot::error::TryRecvError::Empty)
+            ),
+            "the report is still waiting for its writer"
+        );
+        let state = queue.lock();
+        assert_eq!(state.waiting.len(), 1);
+        assert!(state.writing, "the new writer's flag stays set");
+    }
+
+    /// A writer task that ends without finishing (a panic, the runtime shutting down)
+    /// answers what waits with an error and lets the next report start a writer.
+    #[test]
+    fn a_writer_that_stops_midway_releases_the_queue() {
+        let queue = ReportQueue::default();
+        let (first, _first_answer) = queued(1);
+        let (second, mut second_answer) = queued(2);
+        assert!(queue.push(first));
+        assert!(!queue.push(second), "one writer at a time");
+        let mut turn = WriterTurn::new(&queue);
+        let batch = turn.next_batch().expect("two reports wait");
+        assert_eq!(batch.len(), 2);
+        let (third, mut third_answer) = queued(3);
+        assert!(!queue.push(third));
+        drop(turn);
+        assert!(matches!(
+            third_answer.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
+        drop(batch);
+        assert!(matches!(
+            second_answer.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
+        let (fourth, _fourth_answer) = queued(4);
+        assert!(queue.push(fourth), "the next report starts a writer");
+    }
 }
