@@ -2,8 +2,9 @@
 //! start-up inside one transaction each.
 //!
 //! Both engines run the same statements; `{id}` stands for the one thing they spell
-//! differently, an auto-generated 64-bit primary key. On PostgreSQL an advisory lock
-//! serialises servers that start at the same moment.
+//! differently, an auto-generated 64-bit primary key, and a statement that begins with
+//! `{sqlite}` runs on SQLite only (an index the other engine has no use for). On
+//! PostgreSQL an advisory lock serialises servers that start at the same moment.
 
 use sqlx::Row;
 
@@ -277,7 +278,29 @@ const MIGRATIONS: &[Migration] = &[Migration {
             PRIMARY KEY (server_id, api_key_id)
         )",
     ],
+}, Migration {
+    version: 10,
+    name: "list pages walk a narrow index of ids on SQLite",
+    statements: &[
+        // A page of workers or instances reads its ids first, `ORDER BY id LIMIT n
+        // OFFSET m` (see query.rs). SQLite walks the table itself for that (the id is
+        // the rowid), reading every wide row before the page: 4-9 ms for a deep page of
+        // 10,000 workers, against 0.1 ms through an index of the ids alone. PostgreSQL
+        // walks its primary key index already.
+        "{sqlite} CREATE INDEX workers_by_id ON workers (id)",
+        "{sqlite} CREATE INDEX model_instances_by_id ON model_instances (id)",
+    ],
 }];
+
+/// A migration statement as `engine` runs it, `None` when it is not for that engine.
+fn for_engine(statement: &str, engine: Engine, id_column: &str) -> Option<String> {
+    let statement = match statement.strip_prefix("{sqlite} ") {
+        Some(sqlite_only) if engine == Engine::Sqlite => sqlite_only,
+        Some(_) => return None,
+        None => statement,
+    };
+    Some(statement.replace("{id}", id_column))
+}
 
 /// The newest schema version this build knows.
 pub(crate) fn latest_version() -> i64 {
@@ -317,9 +340,10 @@ pub(crate) async fn run(store: &Store) -> Result<(), StoreError> {
     }
     for migration in MIGRATIONS.iter().filter(|m| m.version > applied) {
         for statement in migration.statements {
-            sqlx::query(&statement.replace("{id}", id_column))
-                .execute(&mut *tx)
-                .await?;
+            let Some(statement) = for_engine(statement, store.engine, id_column) else {
+                continue;
+            };
+            sqlx::query(&statement).execute(&mut *tx).await?;
         }
         sqlx::query(
             "INSERT INTO gantry_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
@@ -353,5 +377,25 @@ impl Store {
     /// True when every migration this build knows has been applied.
     pub async fn migrations_done(&self) -> Result<bool, StoreError> {
         Ok(applied_version(self).await? >= latest_version())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sqlite_only_statement_runs_on_sqlite_alone() {
+        let index = "{sqlite} CREATE INDEX t_by_id ON t (id)";
+        assert_eq!(
+            for_engine(index, Engine::Sqlite, "ID").as_deref(),
+            Some("CREATE INDEX t_by_id ON t (id)")
+        );
+        assert_eq!(for_engine(index, Engine::Postgres, "ID"), None);
+        let table = "CREATE TABLE t (id {id})";
+        assert_eq!(
+            for_engine(table, Engine::Postgres, "BIGSERIAL PRIMARY KEY").as_deref(),
+            Some("CREATE TABLE t (id BIGSERIAL PRIMARY KEY)")
+        );
     }
 }

@@ -732,7 +732,7 @@ async fn upgrading_to_the_heartbeat_table_keeps_each_workers_last_heartbeat(engi
     store.close().await;
 
     // The database as version 7 left it: the time in the worker's row, w2 never heard
-    // (and version 9's additions undone, so that it applies again after 8).
+    // (and the additions of versions 9 and 10 undone, so that they apply again after 8).
     let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
     for statement in [
         "DROP TABLE worker_heartbeats",
@@ -743,6 +743,8 @@ async fn upgrading_to_the_heartbeat_table_keeps_each_workers_last_heartbeat(engi
         "ALTER TABLE api_keys DROP COLUMN allowed_routes",
         "ALTER TABLE api_keys DROP COLUMN requests_per_minute",
         "ALTER TABLE api_keys DROP COLUMN tokens_per_minute",
+        "DROP INDEX IF EXISTS workers_by_id",
+        "DROP INDEX IF EXISTS model_instances_by_id",
         "DELETE FROM gantry_migrations WHERE version >= 8",
     ] {
         sqlx::query(statement).execute(&pool).await.unwrap();
@@ -900,4 +902,33 @@ async fn model_with_instances(
         .await
         .unwrap();
     (model, instances)
+}
+
+/// On SQLite a page of workers or instances finds its ids through the narrow index of
+/// ids (migration 10), not by walking the wide rows before it: the statement the listing
+/// runs (query.rs) is planned as a covering-index scan.
+#[tokio::test]
+async fn sqlite_pages_of_workers_and_instances_walk_the_index_of_ids() {
+    let db = TestDatabase::new(TestEngine::Sqlite).await;
+    let store = db.open().await;
+    store.close().await;
+    let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
+    for (table, alias) in [("workers", "w"), ("model_instances", "i")] {
+        let plan: Vec<String> = sqlx::query(&format!(
+            "EXPLAIN QUERY PLAN SELECT {alias}.id AS id FROM {table} {alias} \
+             ORDER BY {alias}.id LIMIT 100 OFFSET 9900"
+        ))
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
+        .collect();
+        assert!(
+            plan.iter()
+                .any(|step| step.contains(&format!("COVERING INDEX {table}_by_id"))),
+            "{table}: {plan:?}"
+        );
+    }
+    pool.close().await;
 }
