@@ -51,6 +51,7 @@ mod uploads;
 mod usage;
 mod users;
 mod workers;
+mod write_priority;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -135,6 +136,9 @@ pub struct Store {
     worker_rows: Arc<workers::WorkerRows>,
     /// Instance reports waiting to be written together (see `reports.rs`).
     reports: Arc<reports::ReportQueue>,
+    /// Leader writes under way, which reports and heartbeats let go first (see
+    /// `write_priority.rs`).
+    write_priority: Arc<write_priority::WritePriority>,
     /// Bumped with every worker change published here and whenever changes may have
     /// been missed (see [`Store::workers_generation`]).
     workers_generation: Arc<std::sync::atomic::AtomicU64>,
@@ -242,6 +246,7 @@ impl Store {
             reachability: Arc::default(),
             worker_rows: Arc::default(),
             reports: Arc::default(),
+            write_priority: Arc::default(),
             workers_generation: Arc::default(),
         };
         migrations::run(&store).await?;

@@ -178,7 +178,12 @@ impl Store {
     async fn write_reports(self) {
         let queue = std::sync::Arc::clone(&self.reports);
         let mut turn = WriterTurn::new(&queue);
-        while let Some(batch) = turn.next_batch() {
+        loop {
+            // Reports that come meanwhile join the next statement.
+            self.write_priority.yield_to_leader().await;
+            let Some(batch) = turn.next_batch() else {
+                return;
+            };
             self.write_report_batch(batch).await;
         }
     }

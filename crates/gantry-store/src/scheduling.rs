@@ -338,6 +338,8 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        // Reports and heartbeats wait for this write (see `write_priority.rs`).
+        let _leader_write = self.write_priority.leader_write();
         let began = std::time::Instant::now();
         let mut written = HashMap::new();
         let mut keep = |rows: Vec<sqlx::any::AnyRow>| -> Result<(), StoreError> {

@@ -319,6 +319,7 @@ impl Store {
         } else {
             ""
         };
+        self.write_priority.yield_to_leader().await;
         let written = sqlx::query(&format!(
             "UPDATE worker_heartbeats SET at = $2 WHERE worker_id = $1 \
              AND EXISTS (SELECT 1 FROM workers WHERE id = $1 AND state = 'ready'{lock})"
