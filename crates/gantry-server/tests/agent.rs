@@ -32,16 +32,7 @@ fn registration(name: &str, gpus: u32) -> WorkerRegister {
 
 /// A report of `state` with nothing else.
 fn report(state: InstanceState) -> InstanceStateReport {
-    InstanceStateReport {
-        state,
-        state_message: String::new(),
-        port: None,
-        address: None,
-        restart_count: 0,
-        download: None,
-        install: None,
-        backend_version: None,
-    }
+    InstanceStateReport::new(state, "")
 }
 
 /// Places an instance on a worker's GPU 0, or unplaces it.

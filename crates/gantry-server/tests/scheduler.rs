@@ -393,16 +393,7 @@ async fn errored_instances_are_rescheduled_on_another_worker(engine: TestEngine)
     let id = instances[0].id;
 
     // w1 gives up on it after its restart budget.
-    let gave_up = InstanceStateReport {
-        state: InstanceState::Error,
-        state_message: "llama-server exited 5 times".into(),
-        port: None,
-        address: None,
-        restart_count: 0,
-        download: None,
-        install: None,
-        backend_version: None,
-    };
+    let gave_up = InstanceStateReport::new(InstanceState::Error, "llama-server exited 5 times");
     w1.report_state(id, &gave_up).await.unwrap();
     // Both workers are ready and equally empty, so spread alone would pick w1 again; the
     // rescheduled instance prefers the worker that did not give up on it.

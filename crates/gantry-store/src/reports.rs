@@ -296,20 +296,10 @@ mod tests {
 
     fn queued(id: i64) -> (Queued, oneshot::Receiver<Result<ModelInstance, StoreError>>) {
         let (answer, answered) = oneshot::channel();
-        let report = InstanceStateReport {
-            state: InstanceState::Running,
-            state_message: String::new(),
-            port: None,
-            address: None,
-            restart_count: 0,
-            download: None,
-            install: None,
-            backend_version: None,
-        };
         let queued = Queued {
             id,
             worker_id: 1,
-            report,
+            report: InstanceStateReport::new(InstanceState::Running, ""),
             answer,
         };
         (queued, answered)

@@ -237,6 +237,23 @@ pub struct InstanceStateReport {
     pub backend_version: Option<String>,
 }
 
+impl InstanceStateReport {
+    /// A report of `state` with its message and nothing else (no port, address,
+    /// restarts or progress).
+    pub fn new(state: InstanceState, state_message: impl Into<String>) -> Self {
+        InstanceStateReport {
+            state,
+            state_message: state_message.into(),
+            port: None,
+            address: None,
+            restart_count: 0,
+            download: None,
+            install: None,
+            backend_version: None,
+        }
+    }
+}
+
 impl Validate for InstanceStateReport {
     fn validate(&self) -> Result<(), FieldError> {
         if !matches!(

@@ -135,19 +135,7 @@ fn apply(shared: &Arc<Shared>, reporter: &Arc<Reporter>, instance: &ModelInstanc
         Ok(spec) => spec,
         Err(message) => {
             tracing::error!(instance_id = id, instance = %instance.name, %message, "cannot run instance");
-            reporter.submit(
-                id,
-                InstanceStateReport {
-                    state: InstanceState::Error,
-                    state_message: message,
-                    port: None,
-                    address: None,
-                    restart_count: 0,
-                    download: None,
-                    install: None,
-                    backend_version: None,
-                },
-            );
+            reporter.submit(id, InstanceStateReport::new(InstanceState::Error, message));
             return;
         }
     };
