@@ -98,7 +98,7 @@ where
 }
 
 /// How the `model_instances` list reads.
-const LISTING: Listing<ModelInstance> = Listing {
+pub(crate) const LISTING: Listing<ModelInstance> = Listing {
     columns: COLUMNS,
     from: FROM,
     count_from: "model_instances i",

@@ -165,74 +165,65 @@ impl Store {
             let total = items.len() as u64;
             return Ok((items, total));
         }
-        // The count and the page (or its ids) are read at once, on two connections: one
-        // round trip less to wait for, which on a busy machine is a wake-up of the
-        // database and one of this process less per page.
-        let count = self.count(listing.count_from, &f);
-        if listing.from == listing.count_from {
-            let sql = format!(
-                "SELECT {} FROM {}{} ORDER BY {}{}",
-                listing.columns,
-                listing.from,
-                f.where_sql(),
-                listing.order_by,
-                f.limit_sql()
-            );
-            let rows = async {
-                Ok::<_, StoreError>(
-                    sqlx::query_with(&sql, f.arguments_with_page(page))
-                        .fetch_all(&self.reads)
-                        .await?,
-                )
-            };
-            let (total, rows) = tokio::try_join!(count, rows)?;
-            let items = rows.iter().map(listing.decode).collect::<Result<_, _>>()?;
-            return Ok((items, total));
-        }
-        // A listing that joins: the page's ids first, from its own table alone (a walk of
-        // the primary key; on SQLite of the index of ids), then those rows with their
-        // joins. Selecting the joined rows with OFFSET made PostgreSQL join every row
-        // before the page only to skip them (instances list p99 94 ms at 10,000 rows).
-        let sql = format!(
-            "SELECT {} AS id FROM {}{} ORDER BY {}{}",
-            listing.order_by,
-            listing.count_from,
-            f.where_sql(),
-            listing.order_by,
-            f.limit_sql()
-        );
-        let ids = async {
-            sqlx::query_with(&sql, f.arguments_with_page(page))
-                .fetch_all(&self.reads)
-                .await?
-                .iter()
-                .map(|row| crate::rows::int(row, "listing", "id"))
-                .collect::<Result<Vec<i64>, StoreError>>()
+        // One statement for the page and the count of all the rows it is a page of
+        // (the count a scalar subquery, computed once, on every row): one round trip,
+        // one connection and one snapshot, so the total always agrees with the page.
+        // The count and the page read on two connections at once, then the joined rows
+        // by id, cost two waits for the database per page and a wake-up of this process
+        // for each; on a busy machine each one is a wait for a CPU.
+        let sql = page_statement(listing, &f);
+        let rows = sqlx::query_with(&sql, f.arguments_with_page(page))
+            .fetch_all(&self.reads)
+            .await?;
+        let total = match rows.first() {
+            Some(row) => crate::rows::int(row, "listing", LIST_TOTAL)?,
+            // An empty first page counts nothing; past the last page, count apart.
+            None if page.offset() == 0 && page.per_page > 0 => 0,
+            None => {
+                return Ok((Vec::new(), self.count(listing.count_from, &f).await?));
+            }
         };
-        let (total, ids) = tokio::try_join!(count, ids)?;
-        if ids.is_empty() {
-            return Ok((Vec::new(), total));
-        }
-        let mut connection = self.reads.acquire().await?;
-        let select = format!(
-            "SELECT {} FROM {} WHERE {} IN",
-            listing.columns, listing.from, listing.order_by
-        );
-        let mut items = by_ids(&mut connection, &select, &ids, listing.decode).await?;
-        // In the ids' order (the IN list does not keep it).
-        let position: std::collections::HashMap<i64, usize> =
-            ids.iter().enumerate().map(|(at, id)| (*id, at)).collect();
-        let mut keyed: Vec<(usize, T)> = items
-            .drain(..)
-            .map(|item| {
-                let id = (listing.id_of)(&item);
-                (position.get(&id).copied().unwrap_or(usize::MAX), item)
-            })
-            .collect();
-        keyed.sort_by_key(|(at, _)| *at);
-        Ok((keyed.into_iter().map(|(_, item)| item).collect(), total))
+        let items = rows.iter().map(listing.decode).collect::<Result<_, _>>()?;
+        Ok((items, u64::try_from(total).unwrap_or(0)))
     }
 }
+
+/// The statement of one page of `listing` with `f`'s conditions: its rows and, in the
+/// column [`LIST_TOTAL`] of each, the count of all the rows the page is part of. Its
+/// arguments are `f.arguments_with_page(page)`.
+pub(crate) fn page_statement<T>(listing: &Listing<T>, f: &Filter) -> String {
+    let where_sql = f.where_sql();
+    let total = format!(
+        "(SELECT COUNT(*) FROM {}{where_sql}) AS {LIST_TOTAL}",
+        listing.count_from
+    );
+    if listing.from == listing.count_from {
+        format!(
+            "SELECT {total}, {} FROM {}{where_sql} ORDER BY {}{}",
+            listing.columns,
+            listing.from,
+            listing.order_by,
+            f.limit_sql()
+        )
+    } else {
+        // A listing that joins: the page's ids are walked in its own table alone (the
+        // primary key; on SQLite the index of ids), and only those rows are joined.
+        // Selecting the joined rows with OFFSET made PostgreSQL join every row before
+        // the page only to skip them (instances list p99 94 ms at 10,000 rows).
+        format!(
+            "SELECT {total}, {} FROM {} WHERE {order} IN \
+             (SELECT {order} FROM {}{where_sql} ORDER BY {order}{}) ORDER BY {order}",
+            listing.columns,
+            listing.from,
+            listing.count_from,
+            f.limit_sql(),
+            order = listing.order_by,
+        )
+    }
+}
+
+/// The column a page's statement returns its list's count in.
+const LIST_TOTAL: &str = "list_total";
 
 /// A list filter the store can list: one page of its items and their count.
 pub trait Listed: ListFilter + Sync {

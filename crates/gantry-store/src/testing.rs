@@ -48,3 +48,40 @@ impl crate::Store {
         Ok(())
     }
 }
+
+/// A list whose page statement a test can ask the plan of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PagedList {
+    Workers,
+    ModelInstances,
+}
+
+impl crate::Store {
+    /// The steps of the query plan (SQLite's `EXPLAIN QUERY PLAN`, each step's
+    /// `detail`) of the very statement that reads page 100 of 100 rows of `list`,
+    /// unfiltered. SQLite only.
+    pub async fn sqlite_plan_of_a_page_for_tests(
+        &self,
+        list: PagedList,
+    ) -> Result<Vec<String>, StoreError> {
+        use crate::query::{page_statement, Filter, Page};
+        let filter = Filter::default();
+        let statement = match list {
+            PagedList::Workers => page_statement(&crate::workers::LISTING, &filter),
+            PagedList::ModelInstances => page_statement(&crate::instances::LISTING, &filter),
+        };
+        let page = Page {
+            page: 100,
+            per_page: 100,
+        };
+        let rows = sqlx::query_with(
+            &format!("EXPLAIN QUERY PLAN {statement}"),
+            filter.arguments_with_page(page),
+        )
+        .fetch_all(&self.reads)
+        .await?;
+        rows.iter()
+            .map(|row| sqlx::Row::try_get::<String, _>(row, "detail").map_err(StoreError::from))
+            .collect()
+    }
+}

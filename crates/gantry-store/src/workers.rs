@@ -53,7 +53,7 @@ fn decode(row: &AnyRow) -> Result<Worker, StoreError> {
 }
 
 /// How the `workers` list reads.
-const LISTING: Listing<Worker> = Listing {
+pub(crate) const LISTING: Listing<Worker> = Listing {
     columns: COLUMNS,
     from: FROM,
     count_from: "workers w",

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use gantry_store::testing::PagedList;
 use gantry_store::{
     ApiKeyFilter, Change, ChangeKind, InstanceFilter, ModelFilter, NewApiKey, NewUser, Page,
     StoreError, UserFilter, WorkerFilter,
@@ -911,24 +912,26 @@ async fn model_with_instances(
 async fn sqlite_pages_of_workers_and_instances_walk_the_index_of_ids() {
     let db = TestDatabase::new(TestEngine::Sqlite).await;
     let store = db.open().await;
-    store.close().await;
-    let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
-    for (table, alias) in [("workers", "w"), ("model_instances", "i")] {
-        let plan: Vec<String> = sqlx::query(&format!(
-            "EXPLAIN QUERY PLAN SELECT {alias}.id AS id FROM {table} {alias} \
-             ORDER BY {alias}.id LIMIT 100 OFFSET 9900"
-        ))
-        .fetch_all(&pool)
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
-        .collect();
+    for (list, table) in [
+        (PagedList::Workers, "workers"),
+        (PagedList::ModelInstances, "model_instances"),
+    ] {
+        let plan = store.sqlite_plan_of_a_page_for_tests(list).await.unwrap();
+        // The page's ids are walked in the narrow index, and its count read there too.
         assert!(
             plan.iter()
                 .any(|step| step.contains(&format!("COVERING INDEX {table}_by_id"))),
             "{table}: {plan:?}"
         );
+        // Nothing scans the table's wide rows (only the page's rows are read, by rowid),
+        // and nothing is sorted.
+        assert!(
+            !plan.iter().any(
+                |step| (step.starts_with("SCAN") && !step.contains("COVERING INDEX"))
+                    || step.contains("TEMP B-TREE")
+            ),
+            "{table}: {plan:?}"
+        );
     }
-    pool.close().await;
+    store.close().await;
 }

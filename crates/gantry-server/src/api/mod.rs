@@ -248,17 +248,36 @@ pub fn created<T: serde::Serialize>(body: T) -> Response {
     (StatusCode::CREATED, axum::Json(body)).into_response()
 }
 
-/// A page of a list as JSON.
+/// What a listed item's JSON is taken to need, for the buffer a page is written into: a
+/// worker (8 GPUs) is about 1.8 KB, an instance with its placement about 1.4 KB.
+const LIST_BYTES_PER_ITEM: usize = 2048;
+
+/// A page of a list as JSON. It is written into a buffer sized for the page up front:
+/// `axum::Json` starts at 128 bytes, so a page of 100 workers (180 KB) was copied eleven
+/// times as the buffer doubled.
 pub fn list_response<T: serde::Serialize>(items: Vec<T>, page: Page, total: u64) -> Response {
-    axum::Json(gantry_types::ListResponse {
+    let mut body = Vec::with_capacity(256 + LIST_BYTES_PER_ITEM * items.len());
+    let list = gantry_types::ListResponse {
         items,
         pagination: gantry_types::Pagination {
             page: page.page,
             per_page: page.per_page,
             total,
         },
-    })
-    .into_response()
+    };
+    match serde_json::to_writer(&mut body, &list) {
+        Ok(()) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => {
+            ApiError::internal(format!("write a page of the list as JSON: {e}")).into_response()
+        }
+    }
 }
 
 /// Picks one resource out of a change: `Change::model`, `Change::instance`, …
