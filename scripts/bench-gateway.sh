@@ -253,10 +253,18 @@ if [[ -n "${BENCH_PERF:-}" ]]; then
         data="$BENCH_PERF/$target-$mode-$conc.data"
         perf record -q -F 1999 -g -p "$pids" -o "$data" -- sleep "$DURATION" 2>/dev/null &
         perf_pid=$!
+        # Beside the profile, the counts of what costs a process its CPU besides its own
+        # code: context switches, moves between CPUs, system calls.
+        perf stat -x, -e context-switches,cpu-migrations,raw_syscalls:sys_enter -p "$pids" \
+          -o "${data%.data}.stat.csv" -- sleep "$DURATION" 2>/dev/null &
+        stat_pid=$!
         out=$(wrk -t"$WRK_THREADS" -c"$conc" -d"${DURATION}s" -s "$WORK/$mode.lua" "$url/v1/chat/completions")
         wait "$perf_pid" || true
+        wait "$stat_pid" || true
         perf report -i "$data" --no-children --sort dso,symbol --stdio 2>/dev/null | grep -v '^#' | grep -E '^ +[0-9]' | head -60 >"${data%.data}.top.txt" || true
-        log "$target $mode c$conc: $(awk '/^Requests\/sec:/ {print $2}' <<<"$out") req/s; profile $data, top symbols ${data%.data}.top.txt"
+        requests=$(awk '/requests in/ {print $1}' <<<"$out")
+        per_request=$(awk -F, -v n="${requests:-0}" 'n > 0 && $1 ~ /^[0-9.]+$/ {printf "%s%.2f %s", sep, $1 / n, $3; sep=", "}' "${data%.data}.stat.csv" 2>/dev/null)
+        log "$target $mode c$conc: $(awk '/^Requests\/sec:/ {print $2}' <<<"$out") req/s; per request: ${per_request:-no perf stat}; profile $data, top symbols ${data%.data}.top.txt"
       done
     done
   done

@@ -50,6 +50,7 @@ pub mod testing;
 mod uploads;
 mod usage;
 mod users;
+mod vacuum;
 mod workers;
 mod write_priority;
 
@@ -261,6 +262,7 @@ impl Store {
                     .map_err(cannot_connect)?;
                 store.notifier = Some(notify::start(&store, connection, shutdown.clone()).await?);
                 reachability::start_probe(&store, &config.url, shutdown.clone());
+                vacuum::start(store.reads.clone(), shutdown.clone());
             }
             Engine::Sqlite => checkpoint::start(store.reads.clone(), shutdown.clone()),
         }
