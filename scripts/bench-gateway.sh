@@ -217,20 +217,23 @@ cpu_ticks() { # cpu_ticks PID... -> user+system clock ticks of every thread of t
   echo "$total"
 }
 
-run() { # run MODE CONCURRENCY URL PID... -> "rps p50 p99 cpu-us-per-request errors"
-  local mode=$1 conc=$2 url=$3 out before after
+run() { # run MODE CONCURRENCY URL PID... -> "rps p50 p99 cpu-us-per-request backend-cpu-us-per-request errors"
+  local mode=$1 conc=$2 url=$3 out before after backend_before backend_after
   shift 3
   before=$(cpu_ticks "$@")
+  backend_before=$(cpu_ticks "${PIDS[0]}")
   out=$(wrk -t"$WRK_THREADS" -c"$conc" -d"${DURATION}s" --latency -s "$WORK/$mode.lua" "$url/v1/chat/completions")
   after=$(cpu_ticks "$@")
-  local rps requests p50 p99 cpu errors
+  backend_after=$(cpu_ticks "${PIDS[0]}")
+  local rps requests p50 p99 cpu backend errors
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   requests=$(awk '/requests in/ {print $1}' <<<"$out")
   p50=$(to_ms "$(awk '$1 == "50%" {print $2}' <<<"$out")")
   p99=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
   cpu=$(python3 -c "print(f'{($after - $before) / $CLK_TCK * 1e6 / max($requests, 1):.1f}')")
+  backend=$(python3 -c "print(f'{($backend_after - $backend_before) / $CLK_TCK * 1e6 / max($requests, 1):.1f}')")
   errors=$(awk '/Non-2xx or 3xx responses:/ {print $NF} /Socket errors:/ {print "socket-errors"}' <<<"$out" | paste -sd, -)
-  echo "$rps $p50 $p99 $cpu ${errors:-0}"
+  echo "$rps $p50 $p99 $cpu $backend ${errors:-0}"
 }
 
 NGINX_WORKERS=($(pgrep -P "${PIDS[1]}")) || die "no nginx worker processes"
@@ -271,8 +274,8 @@ if [[ -n "${BENCH_PERF:-}" ]]; then
   exit 0
 fi
 log "measuring: ${DURATION}s per run, $REPEAT repetitions (medians shown), wrk with $WRK_THREADS threads, $(nproc) CPUs"
-log "cpu us/req: user+system CPU time of the target (responder, nginx workers, gantry) per request"
-printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' errors
+log "cpu us/req: user+system CPU time of the target (responder, nginx workers, gantry) per request; backend us/req: the responder's, behind it"
+printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %14s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' 'backend us/req' errors
 for conc in $CONCURRENCY; do
   for mode in plain stream; do
     # Warm every path (connection pools, caches) before timing it.
@@ -292,15 +295,15 @@ import statistics, sys
 mode, conc, path = sys.argv[1:]
 runs = {}
 for line in open(path):
-    target, rps, p50, p99, cpu, err = line.split()
-    runs.setdefault(target, []).append((float(rps), float(p50), float(p99), float(cpu), err))
-med = {t: [statistics.median(r[i] for r in rs) for i in range(4)] + [",".join(sorted({r[4] for r in rs}))]
+    target, rps, p50, p99, cpu, backend, err = line.split()
+    runs.setdefault(target, []).append((float(rps), float(p50), float(p99), float(cpu), float(backend), err))
+med = {t: [statistics.median(r[i] for r in rs) for i in range(5)] + [",".join(sorted({r[5] for r in rs}))]
        for t, rs in runs.items()}
-d_rps, d_p50, d_p99, d_cpu, d_err = med["direct"]
-print(f"{mode:<7} {conc:>5} {'direct':<8} {d_rps:>11.0f} {1:>7.2f} {d_p50:>9.3f} {d_p99:>9.3f} {'-':>9} {'-':>9} {d_cpu:>11.1f} {d_err}")
+d_rps, d_p50, d_p99, d_cpu, d_backend, d_err = med["direct"]
+print(f"{mode:<7} {conc:>5} {'direct':<8} {d_rps:>11.0f} {1:>7.2f} {d_p50:>9.3f} {d_p99:>9.3f} {'-':>9} {'-':>9} {d_cpu:>11.1f} {d_backend:>14.1f} {d_err}")
 for target in ("nginx", "gateway"):
-    rps, p50, p99, cpu, err = med[target]
-    print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11.1f} {err}")
+    rps, p50, p99, cpu, backend, err = med[target]
+    print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11.1f} {backend:>14.1f} {err}")
 print(f"{mode:<7} {conc:>5} gateway/nginx: throughput {med['gateway'][0] / med['nginx'][0]:.2f}, cpu per request {med['gateway'][3] / max(med['nginx'][3], 0.1):.2f}")
 EOF
   done
