@@ -8,7 +8,7 @@ use std::time::Duration;
 use gantry_store::Fence;
 use gantry_testkit::{TestDatabase, TestEngine};
 use gantry_types::ModelCreate;
-use sqlx::Row;
+use sqlx::{Connection, Row};
 
 const INSTANCES: u32 = 300;
 
@@ -37,13 +37,26 @@ async fn a_burst_of_instance_writes_is_vacuumed_within_seconds() {
         .await
         .unwrap();
     // Every row rewritten five times (as a deploy's reports would, here from outside
-    // the store): 1,500 dead rows beside 300 live ones.
+    // the store): 1,500 dead rows beside 300 live ones. A snapshot held meanwhile keeps
+    // PostgreSQL from pruning the old versions as it goes (which it does on a page it
+    // finds nearly full, and which left fewer than 1,000 in a busy test run).
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    sqlx::query("SELECT COUNT(*) FROM model_instances")
+        .execute(&mut holder)
+        .await
+        .unwrap();
     for _ in 0..5 {
         sqlx::query("UPDATE model_instances SET restart_count = restart_count + 1")
             .execute(&outside)
             .await
             .unwrap();
     }
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    holder.close().await.unwrap();
     // A session that ends sends its statistics at once.
     outside.close().await;
 
