@@ -18,7 +18,10 @@
 #   6. at concurrency 64 and 8, non-streaming and streaming, runs wrk against the
 #      responder directly, through nginx and through the gateway (taking turns, 3 times
 #      each), and prints the medians of requests/s, the ratio to direct, the p50/p99
-#      latency each proxy adds and the CPU time each target spends per request.
+#      latency each proxy adds, the CPU time each target spends per request, the
+#      responder's behind it, the whole machine's (wrk and the kernel included: what
+#      the throughput of a machine this busy comes down to), and the TCP segments the
+#      machine sent per request.
 #
 # Everything runs on this machine, so the proxies share the CPUs with wrk and the
 # responder; compare the proxies with each other, not with other machines.
@@ -27,7 +30,12 @@
 # "64 8"), BENCH_THREADS (wrk threads, default 2), BENCH_REPEAT (runs per target, taking
 # turns; the medians are printed; default 3), CARGO_TARGET_DIR (as for cargo),
 # BENCH_PERF (a directory: instead of the comparison, profile the gateway and nginx with
-# `perf record -g` under each load and write each profile and its top symbols there),
+# `perf record -g` under each load and write each profile and its top symbols there,
+# with the context switches, CPU migrations and system calls per request of the proxy
+# and of the responder behind it),
+# BENCH_BARE (1: also measure `proxy-shape`, an EXPERIMENT in crates/gantry-bench/examples:
+# a bare proxy of these requests with nothing else, on one multi-thread runtime
+# (`bare-mt`) and on one current-thread runtime per thread (`bare-pc`)),
 # BENCH_ROUTES (1: also define a model route `bench-route` whose one target is the bench
 # model, so the gateway's route table is not empty), BENCH_MODEL (the `model` the load
 # sends: `bench`, the default, or `bench-route` with BENCH_ROUTES=1 to measure requests
@@ -63,7 +71,9 @@ fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 log "building gantry and openai-responder (release)"
-cargo build --release -p gantry -p gantry-bench -p gantry-gguf --bins --example write-tiny-model >&2
+examples=(--example write-tiny-model)
+[[ -n "${BENCH_BARE:-}" ]] && examples+=(--example proxy-shape)
+cargo build --release -p gantry -p gantry-bench -p gantry-gguf --bins "${examples[@]}" >&2
 GANTRY="$TARGET_DIR/release/gantry"
 RESPONDER="$TARGET_DIR/release/openai-responder"
 WRITE_MODEL="$TARGET_DIR/release/examples/write-tiny-model"
@@ -72,7 +82,9 @@ WRITE_MODEL="$TARGET_DIR/release/examples/write-tiny-model"
 # --- processes -------------------------------------------------------------------------
 WORK=$(mktemp -d /tmp/gantry-bench.XXXXXX)
 PIDS=()
+BARE=() # mode:port:pid of each proxy-shape (BENCH_BARE)
 cleanup() {
+  for bare in "${BARE[@]}"; do kill "${bare##*:}" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$WORK"
@@ -130,6 +142,15 @@ EOF
 "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$NGINX_PORT/health"
+
+if [[ -n "${BENCH_BARE:-}" ]]; then
+  for mode in multi percore; do
+    port=$(free_port)
+    "$TARGET_DIR/release/examples/proxy-shape" --port "$port" --upstream "127.0.0.1:$RESPONDER_PORT" --mode "$mode" &
+    BARE+=("$mode:$port:$!")
+    wait_http "http://127.0.0.1:$port/health"
+  done
+fi
 
 GANTRY_PORT=$(free_port)
 ADMIN_PASSWORD="bench-password-1"
@@ -217,23 +238,36 @@ cpu_ticks() { # cpu_ticks PID... -> user+system clock ticks of every thread of t
   echo "$total"
 }
 
-run() { # run MODE CONCURRENCY URL PID... -> "rps p50 p99 cpu-us-per-request backend-cpu-us-per-request errors"
-  local mode=$1 conc=$2 url=$3 out before after backend_before backend_after
+machine_ticks() { # busy clock ticks of the whole machine (every CPU, every process, interrupts)
+  awk '$1 == "cpu" {print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat
+}
+tcp_segments() { # TCP segments the machine has sent
+  awk '$1 == "Tcp:" && $2 ~ /^[0-9]/ {print $12; exit}' /proc/net/snmp
+}
+
+run() { # run MODE CONCURRENCY URL PID... -> "rps p50 p99 cpu-us-per-request backend-cpu-us-per-request machine-cpu-us-per-request segments-per-request errors"
+  local mode=$1 conc=$2 url=$3 out before after backend_before backend_after machine_before machine_after segments_before segments_after
   shift 3
   before=$(cpu_ticks "$@")
   backend_before=$(cpu_ticks "${PIDS[0]}")
+  machine_before=$(machine_ticks)
+  segments_before=$(tcp_segments)
   out=$(wrk -t"$WRK_THREADS" -c"$conc" -d"${DURATION}s" --latency -s "$WORK/$mode.lua" "$url/v1/chat/completions")
+  segments_after=$(tcp_segments)
+  machine_after=$(machine_ticks)
   after=$(cpu_ticks "$@")
   backend_after=$(cpu_ticks "${PIDS[0]}")
-  local rps requests p50 p99 cpu backend errors
+  local rps requests p50 p99 cpu backend machine segments errors
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   requests=$(awk '/requests in/ {print $1}' <<<"$out")
   p50=$(to_ms "$(awk '$1 == "50%" {print $2}' <<<"$out")")
   p99=$(to_ms "$(awk '$1 == "99%" {print $2}' <<<"$out")")
   cpu=$(python3 -c "print(f'{($after - $before) / $CLK_TCK * 1e6 / max($requests, 1):.1f}')")
   backend=$(python3 -c "print(f'{($backend_after - $backend_before) / $CLK_TCK * 1e6 / max($requests, 1):.1f}')")
+  machine=$(python3 -c "print(f'{($machine_after - $machine_before) / $CLK_TCK * 1e6 / max($requests, 1):.1f}')")
+  segments=$(python3 -c "print(f'{($segments_after - $segments_before) / max($requests, 1):.2f}')")
   errors=$(awk '/Non-2xx or 3xx responses:/ {print $NF} /Socket errors:/ {print "socket-errors"}' <<<"$out" | paste -sd, -)
-  echo "$rps $p50 $p99 $cpu $backend ${errors:-0}"
+  echo "$rps $p50 $p99 $cpu $backend $machine $segments ${errors:-0}"
 }
 
 NGINX_WORKERS=($(pgrep -P "${PIDS[1]}")) || die "no nginx worker processes"
@@ -261,21 +295,28 @@ if [[ -n "${BENCH_PERF:-}" ]]; then
         perf stat -x, -e context-switches,cpu-migrations,raw_syscalls:sys_enter -p "$pids" \
           -o "${data%.data}.stat.csv" -- sleep "$DURATION" 2>/dev/null &
         stat_pid=$!
+        # The same counts for the responder behind the proxy.
+        perf stat -x, -e context-switches,cpu-migrations,raw_syscalls:sys_enter -p "${PIDS[0]}" \
+          -o "${data%.data}.backend.stat.csv" -- sleep "$DURATION" 2>/dev/null &
+        backend_stat_pid=$!
         out=$(wrk -t"$WRK_THREADS" -c"$conc" -d"${DURATION}s" -s "$WORK/$mode.lua" "$url/v1/chat/completions")
         wait "$perf_pid" || true
         wait "$stat_pid" || true
+        wait "$backend_stat_pid" || true
         perf report -i "$data" --no-children --sort dso,symbol --stdio 2>/dev/null | grep -v '^#' | grep -E '^ +[0-9]' | head -60 >"${data%.data}.top.txt" || true
         requests=$(awk '/requests in/ {print $1}' <<<"$out")
         per_request=$(awk -F, -v n="${requests:-0}" 'n > 0 && $1 ~ /^[0-9.]+$/ {printf "%s%.2f %s", sep, $1 / n, $3; sep=", "}' "${data%.data}.stat.csv" 2>/dev/null)
-        log "$target $mode c$conc: $(awk '/^Requests\/sec:/ {print $2}' <<<"$out") req/s; per request: ${per_request:-no perf stat}; profile $data, top symbols ${data%.data}.top.txt"
+        backend_per_request=$(awk -F, -v n="${requests:-0}" 'n > 0 && $1 ~ /^[0-9.]+$/ {printf "%s%.2f %s", sep, $1 / n, $3; sep=", "}' "${data%.data}.backend.stat.csv" 2>/dev/null)
+        log "$target $mode c$conc: $(awk '/^Requests\/sec:/ {print $2}' <<<"$out") req/s; per request: ${per_request:-no perf stat}; responder behind it: ${backend_per_request:-no perf stat}; profile $data, top symbols ${data%.data}.top.txt"
       done
     done
   done
   exit 0
 fi
 log "measuring: ${DURATION}s per run, $REPEAT repetitions (medians shown), wrk with $WRK_THREADS threads, $(nproc) CPUs"
-log "cpu us/req: user+system CPU time of the target (responder, nginx workers, gantry) per request; backend us/req: the responder's, behind it"
-printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %14s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' 'backend us/req' errors
+log "cpu us/req: user+system CPU time of the target (responder, nginx workers, gantry) per request; backend us/req: the responder's, behind it;"
+log "machine us/req: busy CPU time of the whole machine (wrk and the kernel included); segs/req: TCP segments sent on the machine"
+printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %14s %14s %8s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' 'backend us/req' 'machine us/req' 'segs/req' errors
 for conc in $CONCURRENCY; do
   for mode in plain stream; do
     # Warm every path (connection pools, caches) before timing it.
@@ -289,21 +330,28 @@ for conc in $CONCURRENCY; do
       echo "direct $(run "$mode" "$conc" "http://127.0.0.1:$RESPONDER_PORT" "${PIDS[0]}")" >>"$WORK/runs"
       echo "nginx $(run "$mode" "$conc" "http://127.0.0.1:$NGINX_PORT" "${NGINX_WORKERS[@]}")" >>"$WORK/runs"
       echo "gateway $(run "$mode" "$conc" "$BASE" "$GANTRY_PID")" >>"$WORK/runs"
+      for bare in "${BARE[@]}"; do
+        IFS=: read -r shape port pid <<<"$bare"
+        [[ $mode == plain ]] || continue # it forwards content-length answers only
+        name=bare-mt
+        [[ $shape == percore ]] && name=bare-pc
+        echo "$name $(run "$mode" "$conc" "http://127.0.0.1:$port" "$pid")" >>"$WORK/runs"
+      done
     done
     python3 - "$mode" "$conc" "$WORK/runs" <<'EOF'
 import statistics, sys
 mode, conc, path = sys.argv[1:]
 runs = {}
 for line in open(path):
-    target, rps, p50, p99, cpu, backend, err = line.split()
-    runs.setdefault(target, []).append((float(rps), float(p50), float(p99), float(cpu), float(backend), err))
-med = {t: [statistics.median(r[i] for r in rs) for i in range(5)] + [",".join(sorted({r[5] for r in rs}))]
+    target, rps, p50, p99, cpu, backend, machine, segments, err = line.split()
+    runs.setdefault(target, []).append((float(rps), float(p50), float(p99), float(cpu), float(backend), float(machine), float(segments), err))
+med = {t: [statistics.median(r[i] for r in rs) for i in range(7)] + [",".join(sorted({r[7] for r in rs}))]
        for t, rs in runs.items()}
-d_rps, d_p50, d_p99, d_cpu, d_backend, d_err = med["direct"]
-print(f"{mode:<7} {conc:>5} {'direct':<8} {d_rps:>11.0f} {1:>7.2f} {d_p50:>9.3f} {d_p99:>9.3f} {'-':>9} {'-':>9} {d_cpu:>11.1f} {d_backend:>14.1f} {d_err}")
-for target in ("nginx", "gateway"):
-    rps, p50, p99, cpu, backend, err = med[target]
-    print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11.1f} {backend:>14.1f} {err}")
+d_rps, d_p50, d_p99, d_cpu, d_backend, d_machine, d_segments, d_err = med["direct"]
+print(f"{mode:<7} {conc:>5} {'direct':<8} {d_rps:>11.0f} {1:>7.2f} {d_p50:>9.3f} {d_p99:>9.3f} {'-':>9} {'-':>9} {d_cpu:>11.1f} {d_backend:>14.1f} {d_machine:>14.1f} {d_segments:>8.2f} {d_err}")
+for target in [t for t in med if t != "direct"]:
+    rps, p50, p99, cpu, backend, machine, segments, err = med[target]
+    print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11.1f} {backend:>14.1f} {machine:>14.1f} {segments:>8.2f} {err}")
 print(f"{mode:<7} {conc:>5} gateway/nginx: throughput {med['gateway'][0] / med['nginx'][0]:.2f}, cpu per request {med['gateway'][3] / max(med['nginx'][3], 0.1):.2f}")
 EOF
   done

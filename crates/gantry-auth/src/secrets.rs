@@ -56,7 +56,8 @@ impl GeneratedApiKey {
 pub fn parse_api_key(token: &str) -> Option<(&str, &str)> {
     let rest = token.strip_prefix("gantry_")?;
     let (access, secret) = rest.split_once('_')?;
-    let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric());
+    // Bytes, not chars: a character outside ASCII is bytes that are not alphanumeric.
+    let plain = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric());
     (plain(access) && plain(secret)).then_some((access, secret))
 }
 

@@ -102,9 +102,11 @@ impl Inspector {
     }
 }
 
-/// The end of a JSON body, kept by reference.
+/// The end of a JSON body, kept by reference. Most answers arrive in one piece: that
+/// one is kept on its own, and a queue is made only for a second.
 #[derive(Debug, Default)]
 pub struct JsonTail {
+    first: Option<Bytes>,
     chunks: VecDeque<Bytes>,
     len: usize,
 }
@@ -112,6 +114,13 @@ pub struct JsonTail {
 impl JsonTail {
     fn push(&mut self, data: Bytes) {
         self.len += data.len();
+        if self.first.is_none() && self.chunks.is_empty() {
+            self.first = Some(data);
+            return;
+        }
+        if let Some(first) = self.first.take() {
+            self.chunks.push_back(first);
+        }
         self.chunks.push_back(data);
         if self.len > JSON_KEEP_WHOLE_BYTES {
             while let Some(front) = self.chunks.front() {
@@ -125,6 +134,9 @@ impl JsonTail {
     }
 
     fn usage(&self) -> Option<TokenUsage> {
+        if let Some(first) = &self.first {
+            return find_usage(first);
+        }
         match self.chunks.len() {
             0 => None,
             1 => find_usage(&self.chunks[0]),
@@ -351,6 +363,14 @@ pub struct ObservedBody {
 }
 
 impl ObservedBody {
+    /// Hands the answer head's list of header positions back to the connection once
+    /// the head is written (the next response on it is parsed into it).
+    pub fn recycle_headers(&mut self, headers: Vec<crate::h1::HeaderAt>) {
+        if let Some(upstream) = &mut self.upstream {
+            upstream.recycle_headers(headers);
+        }
+    }
+
     pub fn new(upstream: UpstreamConnection, inspector: Inspector, completion: Completion) -> Self {
         Self {
             upstream: Some(upstream),
@@ -511,6 +531,25 @@ mod tests {
         assert_eq!(find_usage(body), Some(usage(7, 3, 10)));
         assert_eq!(find_usage(br#"{"usage":null}"#), None);
         assert_eq!(find_usage(br#"{"a":1}"#), None);
+    }
+
+    #[test]
+    fn json_tail_reads_usage_from_one_piece_or_across_pieces() {
+        let body: &[u8] =
+            br#"{"id":"x","usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}"#;
+        let mut whole = JsonTail::default();
+        assert_eq!(whole.usage(), None);
+        whole.push(Bytes::copy_from_slice(body));
+        assert!(whole.chunks.is_empty(), "one piece needs no queue");
+        assert_eq!(whole.usage(), Some(usage(7, 3, 10)));
+
+        for cut in [1, 20, 40, body.len() - 1] {
+            let mut split = JsonTail::default();
+            split.push(Bytes::copy_from_slice(&body[..cut]));
+            split.push(Bytes::copy_from_slice(&body[cut..]));
+            assert_eq!(split.usage(), Some(usage(7, 3, 10)), "cut at {cut}");
+            assert_eq!(split.len, body.len());
+        }
     }
 
     #[test]

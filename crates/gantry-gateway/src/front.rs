@@ -37,6 +37,11 @@ use crate::Gateway;
 
 /// What a read asks room for.
 const READ_CHUNK: usize = 8 * 1024;
+/// A read goes into the buffer's spare room when it has at least this much. The head
+/// and body of the request being answered are still held (as `Bytes`) when the
+/// connection is watched for the client going away; asking for a full `READ_CHUNK`
+/// then would allocate a new buffer for every request.
+const MIN_READ_ROOM: usize = 2 * 1024;
 /// Answer bytes gathered before they are written even though more are ready.
 const WRITE_BATCH: usize = 64 * 1024;
 /// How long a request may take to arrive once its first bytes are in (a client that
@@ -144,6 +149,8 @@ where
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut out: Vec<u8> = Vec::new();
     let mut headers: Vec<u8> = Vec::new();
+    // The last request's (and, handed back, answer's) list of header positions, reused.
+    let mut spare_headers: Vec<h1::HeaderAt> = Vec::new();
     // When the request being read must be in by; set only once a read leaves it
     // incomplete, so a request that arrives whole arms no timer.
     let mut read_by: Option<Instant> = None;
@@ -151,7 +158,14 @@ where
     // takes and leaves a place in the token's list of waiters, under its lock).
     let mut shutdown_wait = pin!(shutdown.cancelled());
     loop {
-        let request = match next_head(&mut io, &mut buf, shutdown_wait.as_mut(), &mut read_by).await
+        let mut request = match next_head(
+            &mut io,
+            &mut buf,
+            &mut spare_headers,
+            shutdown_wait.as_mut(),
+            &mut read_by,
+        )
+        .await
         {
             NextHead::Head(request) => request,
             // The general server answers it (400).
@@ -227,6 +241,9 @@ where
             Answer::Backend(mut answer) => {
                 let length = answer.body.known_length();
                 put_answer_head(&mut out, &answer, length, close);
+                answer
+                    .body
+                    .recycle_headers(std::mem::take(&mut answer.head.head.headers));
                 pump(
                     &mut io,
                     &mut buf,
@@ -241,6 +258,7 @@ where
             let _ = io.shutdown().await;
             return None;
         }
+        spare_headers = std::mem::take(&mut request.head.headers);
     }
 }
 
@@ -261,6 +279,7 @@ enum NextHead {
 async fn next_head<I>(
     io: &mut I,
     buf: &mut BytesMut,
+    spare: &mut Vec<h1::HeaderAt>,
     mut shutdown: Pin<&mut WaitForCancellationFuture<'_>>,
     read_by: &mut Option<Instant>,
 ) -> NextHead
@@ -268,12 +287,12 @@ where
     I: AsyncRead + Unpin,
 {
     loop {
-        match h1::parse_request(buf) {
+        match h1::parse_request(buf, spare) {
             Ok(Some(request)) => return NextHead::Head(request),
             Ok(None) => {}
             Err(_) => return NextHead::Unparsable,
         }
-        buf.reserve(READ_CHUNK);
+        h1::make_room(buf, MIN_READ_ROOM, READ_CHUNK);
         let read = if buf.is_empty() {
             tokio::select! {
                 biased;
@@ -411,7 +430,7 @@ where
     I: AsyncRead + Unpin,
 {
     while buf.len() < h1::MAX_HEAD_BYTES {
-        buf.reserve(READ_CHUNK);
+        h1::make_room(buf, MIN_READ_ROOM, READ_CHUNK);
         match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf) {
             Poll::Pending => return false,
             Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return true,
@@ -542,7 +561,7 @@ mod tests {
     use super::*;
 
     fn head(text: &str) -> RequestHead {
-        h1::parse_request(&mut BytesMut::from(text.as_bytes()))
+        h1::parse_request(&mut BytesMut::from(text.as_bytes()), &mut Vec::new())
             .unwrap()
             .unwrap()
     }
@@ -635,7 +654,14 @@ mod tests {
             let mut read_by = None;
             let idle = async {
                 let mut wait = pin!(shutdown.cancelled());
-                next_head(&mut far, &mut buf, wait.as_mut(), &mut read_by).await
+                next_head(
+                    &mut far,
+                    &mut buf,
+                    &mut Vec::new(),
+                    wait.as_mut(),
+                    &mut read_by,
+                )
+                .await
             };
             let mut idle = pin!(idle);
             assert!(
@@ -657,7 +683,14 @@ mod tests {
             .unwrap();
         let began = Instant::now();
         let mut wait = pin!(shutdown.cancelled());
-        let outcome = next_head(&mut far, &mut buf, wait.as_mut(), &mut read_by).await;
+        let outcome = next_head(
+            &mut far,
+            &mut buf,
+            &mut Vec::new(),
+            wait.as_mut(),
+            &mut read_by,
+        )
+        .await;
         assert!(matches!(outcome, NextHead::Closed));
         assert!(began.elapsed() >= READ_TIMEOUT, "{:?}", began.elapsed());
     }
@@ -679,8 +712,14 @@ mod tests {
         let mut buf = BytesMut::new();
         let mut read_by = None;
         let mut wait = pin!(shutdown.cancelled());
-        let NextHead::Head(request) =
-            next_head(&mut far, &mut buf, wait.as_mut(), &mut read_by).await
+        let NextHead::Head(request) = next_head(
+            &mut far,
+            &mut buf,
+            &mut Vec::new(),
+            wait.as_mut(),
+            &mut read_by,
+        )
+        .await
         else {
             panic!("the head arrived within the time");
         };

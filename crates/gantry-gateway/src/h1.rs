@@ -163,9 +163,25 @@ impl RequestHead {
     }
 }
 
+/// Makes room in `buf` for a read: nothing when `min` bytes are spare already, else
+/// room for `chunk`. Heads and bodies are split off `buf` as `Bytes` that share its
+/// allocation; reserving while they are alive allocates a new buffer, and reserving
+/// after they are dropped reuses the old one, so asking only when room runs low keeps
+/// one allocation serving request after request.
+pub fn make_room(buf: &mut BytesMut, min: usize, chunk: usize) {
+    if buf.capacity() - buf.len() < min {
+        buf.reserve(chunk);
+    }
+}
+
 /// Parses a request head from the front of `buf`, taking it out when complete.
-/// `Ok(None)`: more bytes are needed.
-pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, ProtocolError> {
+/// `Ok(None)`: more bytes are needed. The head's list of headers is `spare`'s
+/// allocation when it has one (the last head's, handed back), so a connection's
+/// requests do not allocate one each.
+pub fn parse_request(
+    buf: &mut BytesMut,
+    spare: &mut Vec<HeaderAt>,
+) -> Result<Option<RequestHead>, ProtocolError> {
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut storage);
     let status = request
@@ -181,7 +197,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, Protocol
     let base = buf.as_ptr() as usize;
     let method = offsets(base, method.as_bytes());
     let target = offsets(base, path.as_bytes());
-    let headers = header_offsets(base, request.headers);
+    let headers = header_offsets(base, request.headers, spare);
     Ok(Some(RequestHead {
         head: Head {
             raw: buf.split_to(length).freeze(),
@@ -200,8 +216,12 @@ pub struct ResponseHead {
     pub status: u16,
 }
 
-/// Parses a response head from the front of `buf`, taking it out when complete.
-pub fn parse_response(buf: &mut BytesMut) -> Result<Option<ResponseHead>, ProtocolError> {
+/// Parses a response head from the front of `buf`, taking it out when complete (its
+/// list of headers in `spare`'s allocation, as for [`parse_request`]).
+pub fn parse_response(
+    buf: &mut BytesMut,
+    spare: &mut Vec<HeaderAt>,
+) -> Result<Option<ResponseHead>, ProtocolError> {
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut storage);
     let status = response
@@ -213,7 +233,7 @@ pub fn parse_response(buf: &mut BytesMut) -> Result<Option<ResponseHead>, Protoc
     let (Some(code), Some(version)) = (response.code, response.version) else {
         return Err(ProtocolError::new("incomplete status line"));
     };
-    let headers = header_offsets(buf.as_ptr() as usize, response.headers);
+    let headers = header_offsets(buf.as_ptr() as usize, response.headers, spare);
     Ok(Some(ResponseHead {
         head: Head {
             raw: buf.split_to(length).freeze(),
@@ -240,15 +260,20 @@ fn offsets(base: usize, part: &[u8]) -> Range<usize> {
     start..start + part.len()
 }
 
-/// Where each parsed header's name and value lie in the buffer at address `base`.
-fn header_offsets(base: usize, headers: &[httparse::Header<'_>]) -> Vec<HeaderAt> {
-    headers
-        .iter()
-        .map(|h| HeaderAt {
-            name: offsets(base, h.name.as_bytes()),
-            value: offsets(base, h.value),
-        })
-        .collect()
+/// Where each parsed header's name and value lie in the buffer at address `base`, in
+/// `spare`'s allocation.
+fn header_offsets(
+    base: usize,
+    headers: &[httparse::Header<'_>],
+    spare: &mut Vec<HeaderAt>,
+) -> Vec<HeaderAt> {
+    let mut list = std::mem::take(spare);
+    list.clear();
+    list.extend(headers.iter().map(|h| HeaderAt {
+        name: offsets(base, h.name.as_bytes()),
+        value: offsets(base, h.value),
+    }));
+    list
 }
 
 /// How a message's body is delimited.
@@ -574,6 +599,33 @@ mod tests {
     }
 
     #[test]
+    fn room_is_made_only_when_it_runs_low_and_heads_reuse_the_spare_list() {
+        let mut buf = BytesMut::with_capacity(8192);
+        buf.extend_from_slice(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}",
+        );
+        let mut spare = Vec::with_capacity(8);
+        let spare_at = spare.as_ptr();
+        let request = parse_request(&mut buf, &mut spare).unwrap().unwrap();
+        assert_eq!(
+            request.head.headers.as_ptr(),
+            spare_at,
+            "the spare list is used"
+        );
+        assert_eq!(request.head.headers.len(), 2);
+        let body = buf.split_to(2).freeze();
+        // The head and body still share the buffer: with room left, no new one.
+        let at = buf.as_ptr();
+        make_room(&mut buf, 2048, 8192);
+        assert_eq!(buf.as_ptr(), at, "enough room: the buffer is kept");
+        // Room runs low: room for a chunk is made.
+        buf.extend_from_slice(&vec![b'x'; buf.capacity() - 100]);
+        make_room(&mut buf, 2048, 8192);
+        assert!(buf.capacity() - buf.len() >= 8192);
+        drop((request, body));
+    }
+
+    #[test]
     fn chunked_bodies_decode_whatever_way_they_are_split() {
         let body = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
         for step in 1..body.len() {
@@ -620,7 +672,7 @@ mod tests {
         let mut buf = BytesMut::from(
             &b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: keep-alive, Close\r\n\r\n{}"[..],
         );
-        let request = parse_request(&mut buf).unwrap().unwrap();
+        let request = parse_request(&mut buf, &mut Vec::new()).unwrap().unwrap();
         assert_eq!(request.method(), b"POST");
         assert_eq!(request.path(), b"/v1/chat/completions");
         assert_eq!(request.query(), Some(&b"x=1"[..]));
@@ -631,13 +683,19 @@ mod tests {
         assert_eq!(Framing::of_request(&request).unwrap(), Framing::Length(2));
 
         let mut partial = BytesMut::from(&b"POST / HTTP/1.1\r\nHost: a\r\n"[..]);
-        assert!(parse_request(&mut partial).unwrap().is_none());
+        assert!(parse_request(&mut partial, &mut Vec::new())
+            .unwrap()
+            .is_none());
         assert_eq!(partial.len(), 26);
     }
 
     #[test]
     fn response_framing_follows_the_rfc() {
-        let head = |text: &[u8]| parse_response(&mut BytesMut::from(text)).unwrap().unwrap();
+        let head = |text: &[u8]| {
+            parse_response(&mut BytesMut::from(text), &mut Vec::new())
+                .unwrap()
+                .unwrap()
+        };
         let ok = head(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n");
         assert_eq!(Framing::of_response(&ok).unwrap(), Framing::Length(3));
         let chunked = head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");

@@ -1079,7 +1079,9 @@ async fn send_to(
         Err(e) if connection.reused && e.is_closed_early() => {
             tracing::debug!(instance = %backend.instance_name, error = %e, "reused connection was closed; reconnecting");
             drop(connection);
-            let mut fresh = backend.connect().await.map_err(TryError::Connect)?;
+            let mut fresh = Box::pin(backend.connect())
+                .await
+                .map_err(TryError::Connect)?;
             let response = fresh.send(request).await.map_err(TryError::Request)?;
             Ok((response, fresh))
         }

@@ -191,7 +191,10 @@ impl Backend {
     pub async fn connection(&self) -> Result<UpstreamConnection, ConnectError> {
         match self.pool.take() {
             Some(connection) => Ok(connection),
-            None => self.connect().await,
+            // Boxed: connecting (a TLS handshake's state included) is most of a
+            // request's future by size, and that future is moved on every request;
+            // a pooled connection, the usual case, needs none of it.
+            None => Box::pin(self.connect()).await,
         }
     }
 

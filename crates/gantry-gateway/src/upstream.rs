@@ -209,6 +209,9 @@ pub struct Outgoing<'a> {
 const INLINE_BODY_BYTES: usize = 16 * 1024;
 /// What a read asks room for.
 const READ_CHUNK: usize = 16 * 1024;
+/// A read goes into the buffer's spare room when it has at least this much (the last
+/// response's head may still be held as `Bytes`; see `h1::make_room`).
+const MIN_READ_ROOM: usize = 4 * 1024;
 
 /// One HTTP/1.1 connection to an instance (its own small HTTP/1 client: `h1.rs`).
 pub struct UpstreamConnection {
@@ -217,6 +220,9 @@ pub struct UpstreamConnection {
     buf: BytesMut,
     /// The request being written.
     out: Vec<u8>,
+    /// The list of header positions the next response head is parsed into (the last
+    /// one's, handed back once written: [`UpstreamConnection::recycle_headers`]).
+    spare_headers: Vec<h1::HeaderAt>,
     /// The response body being read; `Empty` between requests.
     body: Framing,
     /// The last response lets the connection carry another request.
@@ -287,6 +293,7 @@ impl UpstreamConnection {
             io,
             buf: BytesMut::with_capacity(READ_CHUNK),
             out: Vec::with_capacity(1024),
+            spare_headers: Vec::new(),
             body: Framing::Empty,
             keep_alive: true,
             reused: false,
@@ -327,7 +334,7 @@ impl UpstreamConnection {
         };
         write.await.map_err(|e| RequestError::from_io(e, false))?;
         loop {
-            if let Some(head) = h1::parse_response(&mut self.buf)? {
+            if let Some(head) = h1::parse_response(&mut self.buf, &mut self.spare_headers)? {
                 if head.status < 200 {
                     continue;
                 }
@@ -336,7 +343,7 @@ impl UpstreamConnection {
                     head.head.keeps_alive() && !matches!(self.body, Framing::UntilClose);
                 return Ok(head);
             }
-            self.buf.reserve(READ_CHUNK);
+            h1::make_room(&mut self.buf, MIN_READ_ROOM, READ_CHUNK);
             let received_any = !self.buf.is_empty();
             match self.io.read_buf(&mut self.buf).await {
                 Ok(0) if received_any => return Err(RequestError::Incomplete),
@@ -360,7 +367,7 @@ impl UpstreamConnection {
                     return Poll::Ready(Some(Err(e.into())));
                 }
             }
-            self.buf.reserve(READ_CHUNK);
+            h1::make_room(&mut self.buf, MIN_READ_ROOM, READ_CHUNK);
             match ready!(tokio_util::io::poll_read_buf(
                 Pin::new(&mut self.io),
                 cx,
@@ -380,6 +387,13 @@ impl UpstreamConnection {
                     return Poll::Ready(Some(Err(RequestError::Io(e))));
                 }
             }
+        }
+    }
+
+    /// Takes back a response head's list of header positions, for the next head.
+    pub fn recycle_headers(&mut self, headers: Vec<h1::HeaderAt>) {
+        if self.spare_headers.capacity() == 0 {
+            self.spare_headers = headers;
         }
     }
 
