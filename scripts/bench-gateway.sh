@@ -16,8 +16,8 @@
 #      the API, creates a model and reports its one instance running at the responder's
 #      address, so the gateway routes to it;
 #   6. at concurrency 64 and 8, non-streaming and streaming, runs wrk against the
-#      responder directly, through nginx and through the gateway (taking turns, 3 times
-#      each), and prints the medians of requests/s, the ratio to direct, the p50/p99
+#      responder directly, through nginx and through the gateway (taking turns in an
+#      order that turns by one each time, 3 times each), and prints the medians of requests/s, the ratio to direct, the p50/p99
 #      latency each proxy adds, the CPU time each target spends per request, the
 #      responder's behind it, the whole machine's (wrk and the kernel included: what
 #      the throughput of a machine this busy comes down to), and the TCP segments the
@@ -323,20 +323,30 @@ for conc in $CONCURRENCY; do
     for url in "http://127.0.0.1:$RESPONDER_PORT" "http://127.0.0.1:$NGINX_PORT" "$BASE"; do
       wrk -t1 -c"$conc" -d1s -s "$WORK/$mode.lua" "$url/v1/chat/completions" >/dev/null
     done
-    # The three targets take turns, REPEAT times, so a slow spell of the machine hits
-    # them alike; each line below is the median of its target's runs.
+    # The targets take turns, REPEAT times, so a slow spell of the machine hits them
+    # alike, and the order turns by one each time, so no target always runs in the same
+    # place (right after the direct run, say); each line below is the median of its
+    # target's runs.
+    targets=(direct nginx gateway)
+    for bare in "${BARE[@]}"; do
+      [[ $mode == plain ]] && targets+=("$bare") # it forwards content-length answers only
+    done
     : >"$WORK/runs"
-    for _ in $(seq "$REPEAT"); do
-      echo "direct $(run "$mode" "$conc" "http://127.0.0.1:$RESPONDER_PORT" "${PIDS[0]}")" >>"$WORK/runs"
-      echo "nginx $(run "$mode" "$conc" "http://127.0.0.1:$NGINX_PORT" "${NGINX_WORKERS[@]}")" >>"$WORK/runs"
-      echo "gateway $(run "$mode" "$conc" "$BASE" "$GANTRY_PID")" >>"$WORK/runs"
-      for bare in "${BARE[@]}"; do
-        IFS=: read -r shape port pid <<<"$bare"
-        [[ $mode == plain ]] || continue # it forwards content-length answers only
-        name=bare-mt
-        [[ $shape == percore ]] && name=bare-pc
-        echo "$name $(run "$mode" "$conc" "http://127.0.0.1:$port" "$pid")" >>"$WORK/runs"
-      done
+    for ((rep = 0; rep < REPEAT; rep++)); do
+      for ((i = 0; i < ${#targets[@]}; i++)); do
+        target=${targets[(i + rep) % ${#targets[@]}]}
+        case $target in
+          direct) echo "direct $(run "$mode" "$conc" "http://127.0.0.1:$RESPONDER_PORT" "${PIDS[0]}")" ;;
+          nginx) echo "nginx $(run "$mode" "$conc" "http://127.0.0.1:$NGINX_PORT" "${NGINX_WORKERS[@]}")" ;;
+          gateway) echo "gateway $(run "$mode" "$conc" "$BASE" "$GANTRY_PID")" ;;
+          *)
+            IFS=: read -r shape port pid <<<"$target"
+            name=bare-mt
+            [[ $shape == percore ]] && name=bare-pc
+            echo "$name $(run "$mode" "$conc" "http://127.0.0.1:$port" "$pid")"
+            ;;
+        esac
+      done >>"$WORK/runs"
     done
     python3 - "$mode" "$conc" "$WORK/runs" <<'EOF'
 import statistics, sys
