@@ -363,14 +363,6 @@ pub struct ObservedBody {
 }
 
 impl ObservedBody {
-    /// Hands the answer head's list of header positions back to the connection once
-    /// the head is written (the next response on it is parsed into it).
-    pub fn recycle_headers(&mut self, headers: Vec<crate::h1::HeaderAt>) {
-        if let Some(upstream) = &mut self.upstream {
-            upstream.recycle_headers(headers);
-        }
-    }
-
     pub fn new(upstream: UpstreamConnection, inspector: Inspector, completion: Completion) -> Self {
         Self {
             upstream: Some(upstream),
@@ -378,6 +370,14 @@ impl ObservedBody {
             completion: Some(completion),
             ended: false,
             failed: false,
+        }
+    }
+
+    /// Hands the answer head's list of header positions back to the connection once
+    /// the head is written (the next response on it is parsed into it).
+    pub fn recycle_headers(&mut self, headers: Vec<crate::h1::HeaderAt>) {
+        if let Some(upstream) = &mut self.upstream {
+            upstream.recycle_headers(headers);
         }
     }
 

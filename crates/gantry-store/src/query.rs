@@ -146,7 +146,8 @@ impl Store {
         if page.page <= 1 && page.per_page == u32::MAX {
             // Every row (what the controllers read): one query, joins and all, and the
             // count is what it returned. Without a LIMIT there is no OFFSET to walk, so
-            // the ids-first read below would only add a round trip and an IN list. Each
+            // the page statement below would only add a count and, for a list that
+            // joins, a walk of its ids. Each
             // row is decoded as it arrives (the raw rows are never all held at once),
             // and the items put in order here, by id: the database has no wide joined
             // rows to sort.
