@@ -18,10 +18,11 @@ use std::sync::Arc;
 
 use gantry_store::{Change, Store, StoreError};
 use gantry_types::Timestamp;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cache::{AcceptedKey, CacheConfig, Check, CredentialCache, Hit, Lookup};
+use crate::cache::{AcceptedKey, CacheConfig, Check, CredentialCache, Grant, Hit, Lookup};
 use crate::error::AuthError;
 use crate::jwt::{JwtKeys, SERVER_CREDENTIAL_PREFIX};
 use crate::last_used::{LastUsedBatcher, LAST_USED_FLUSH_INTERVAL};
@@ -108,7 +109,7 @@ impl Authenticator {
     /// Resolves a raw credential (bearer token or session cookie value).
     pub async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
         if let Some((_, secret)) = parse_api_key(token) {
-            return self.authenticate_api_key(token, secret).await;
+            return Ok(self.authenticate_api_key(token, secret).await?.0);
         }
         if token.starts_with(WORKER_CREDENTIAL_PREFIX) {
             return self.authenticate_worker(token).await;
@@ -169,25 +170,48 @@ impl Authenticator {
         }
     }
 
+    /// Like [`Authenticator::authenticate`]; an API key served from the cache comes
+    /// with the [`Grant`] to take it again, for the same token, without asking while
+    /// [`Authenticator::grant_holds`] (the gateway keeps one per connection).
+    pub async fn authenticate_granted(
+        &self,
+        token: &str,
+    ) -> Result<(Principal, Option<Grant>), AuthError> {
+        match parse_api_key(token) {
+            Some((_, secret)) => self.authenticate_api_key(token, secret).await,
+            None => Ok((self.authenticate(token).await?, None)),
+        }
+    }
+
+    /// Whether a grant from [`Authenticator::authenticate_granted`] still holds at
+    /// `now`.
+    pub fn grant_holds(&self, grant: &Grant, now: Instant) -> bool {
+        self.api_keys.holds(grant, now)
+    }
+
     async fn authenticate_api_key(
         &self,
         token: &str,
         secret: &str,
-    ) -> Result<Principal, AuthError> {
+    ) -> Result<(Principal, Option<Grant>), AuthError> {
         let digest = SecretDigest::of(token);
         let check = match self.api_keys.lookup(&digest) {
             Lookup::Hit(hit) => {
                 if hit.report_use {
                     self.last_used.record(hit.key_id, Timestamp::now());
                 }
-                return Ok(key_user(hit));
+                let grant = hit.grant;
+                return Ok((key_user(hit), Some(grant)));
             }
             Lookup::Check(check) => check,
         };
         // The database is known to be down: a key verified before is used as it was,
         // without waiting for the store to time out.
         if let Some(why) = self.store.unreachable() {
-            return known_while_unreachable(check, StoreError::Unreachable(why));
+            return Ok((
+                known_while_unreachable(check, StoreError::Unreachable(why))?,
+                None,
+            ));
         }
         // A store error drops `check` unanswered: a cached key stays for the next
         // re-check (by digest), nothing is forgotten because the database hiccupped;
@@ -198,7 +222,7 @@ impl Authenticator {
                 check.refused();
                 return Err(AuthError::InvalidApiKey);
             }
-            Err(e) if e.is_unavailable() => return known_while_unreachable(check, e),
+            Err(e) if e.is_unavailable() => return Ok((known_while_unreachable(check, e)?, None)),
             Err(e) => return Err(e.into()),
         };
         // The row was found by the SHA-256 of the whole key, secret included, so argon2
@@ -226,10 +250,12 @@ impl Authenticator {
             expires_at: record.key.expires_at,
         });
         self.last_used.record(record.key.id, Timestamp::now());
-        Ok(Principal::User {
+        let principal = Principal::User {
             user,
             api_key_id: Some(record.key.id),
-        })
+        };
+        // The next request's lookup finds the key and grants it.
+        Ok((principal, None))
     }
 
     /// Applies a committed change to the cache.

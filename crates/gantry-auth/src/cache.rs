@@ -32,6 +32,7 @@
 //! matter.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -128,6 +129,20 @@ pub struct Hit {
     /// Report this use to the last-used batcher (the first hit each
     /// [`USE_REPORT_INTERVAL`]).
     pub report_use: bool,
+    /// How long the caller may take the key as this hit found it without asking
+    /// again (see [`Grant`]).
+    pub grant: Grant,
+}
+
+/// Leave to take an API key as a cache hit found it, for the caller's next requests
+/// with the same key (the gateway keeps one per connection), without the digest, the
+/// lock and the lookup: until the entry would need a re-check, the key expires or a
+/// use is due to be reported ([`USE_REPORT_INTERVAL`]) — whichever comes first — and
+/// only while no change invalidated any entry since ([`CredentialCache::holds`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Grant {
+    until: Instant,
+    epoch: u64,
 }
 
 /// Accepted API keys by the SHA-256 of the whole key.
@@ -135,6 +150,8 @@ pub struct Hit {
 pub struct CredentialCache {
     config: CacheConfig,
     entries: Mutex<Entries>,
+    /// `Entries::epoch`, readable without the lock (for [`Grant`]s).
+    epoch: AtomicU64,
 }
 
 impl CredentialCache {
@@ -142,7 +159,15 @@ impl CredentialCache {
         Self {
             config,
             entries: Mutex::default(),
+            epoch: AtomicU64::new(0),
         }
+    }
+
+    /// Whether `grant` still holds at `now`: before its end, and no entry was
+    /// invalidated or dropped since it was given (one atomic load; the counter changes
+    /// only with keys and users, so its cache line is not passed between CPUs).
+    pub fn holds(&self, grant: &Grant, now: Instant) -> bool {
+        now < grant.until && self.epoch.load(Ordering::Acquire) == grant.epoch
     }
 
     fn lock(&self) -> MutexGuard<'_, Entries> {
@@ -168,10 +193,18 @@ impl CredentialCache {
                         if report_use {
                             entry.use_reported_at = now;
                         }
+                        let mut until = (checked_at + self.config.fresh_for)
+                            .min(entry.use_reported_at + USE_REPORT_INTERVAL);
+                        if let Some(expires_at) = entry.key.expires_at {
+                            let left = expires_at.as_millis() - Timestamp::now().as_millis();
+                            let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+                            until = until.min(now + left);
+                        }
                         return Lookup::Hit(Hit {
                             key_id: entry.key.key_id,
                             user: Arc::clone(&entry.key.user),
                             report_use,
+                            grant: Grant { until, epoch },
                         });
                     }
                 }
@@ -210,6 +243,7 @@ impl CredentialCache {
     fn invalidate(&self, kind: ChangeKind, affected: impl Fn(&AcceptedKey) -> bool) {
         let mut entries = self.lock();
         entries.epoch += 1;
+        self.epoch.store(entries.epoch, Ordering::Release);
         if kind == ChangeKind::Deleted {
             entries.by_digest.retain(|_, entry| !affected(&entry.key));
             return;
@@ -321,6 +355,11 @@ impl Check<'_> {
             user: Arc::clone(&entry.key.user),
             // Its last-used time cannot be written now.
             report_use: false,
+            // Asked again on every request while the store is down.
+            grant: Grant {
+                until: Instant::now(),
+                epoch: entries.epoch,
+            },
         })
     }
 
@@ -491,6 +530,50 @@ mod tests {
         }
         assert_eq!(check_kind(&cache, "k"), Some(false));
         assert!(cache.is_empty());
+    }
+
+    fn grant(cache: &CredentialCache, token: &str) -> Grant {
+        match cache.lookup(&digest(token)) {
+            Lookup::Hit(hit) => hit.grant,
+            Lookup::Check(_) => panic!("{token} was expected to be a hit"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_holds_until_a_use_is_due_a_change_or_the_key_expires() {
+        let cache = cache(100);
+        accept(&cache, "k", accepted(1, 1));
+        let first = grant(&cache, "k");
+        assert!(cache.holds(&first, Instant::now()));
+        // Its use was reported when the key was accepted: the next is due a second later.
+        tokio::time::advance(USE_REPORT_INTERVAL).await;
+        assert!(!cache.holds(&first, Instant::now()), "a use is due");
+
+        let second = grant(&cache, "k");
+        assert!(cache.holds(&second, Instant::now()));
+        // Any change to keys or users ends every grant: its key is asked again.
+        cache.apply(&Change::ApiKey(ChangeKind::Updated, api_key(2, 2)));
+        assert!(!cache.holds(&second, Instant::now()), "a change came");
+        assert!(cache.holds(&grant(&cache, "k"), Instant::now()));
+
+        // Never past the re-check: after `FRESH_FOR` the key is asked of the store.
+        tokio::time::advance(FRESH_FOR - USE_REPORT_INTERVAL - Duration::from_millis(500)).await;
+        let late = grant(&cache, "k");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(
+            !cache.holds(&late, Instant::now()),
+            "the key needs a re-check"
+        );
+
+        // Nor past the key's expiry.
+        let expiring = AcceptedKey {
+            expires_at: Some(Timestamp::now().plus(Duration::from_millis(300))),
+            ..accepted(3, 1)
+        };
+        accept(&cache, "e", expiring);
+        let short = grant(&cache, "e");
+        assert!(cache.holds(&short, Instant::now()));
+        assert!(!cache.holds(&short, Instant::now() + Duration::from_millis(300)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use axum::http::HeaderValue;
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
@@ -32,7 +33,7 @@ use tokio::time::Instant;
 
 use crate::limits::KeyWindow;
 use crate::metrics::{ErrorKind, InFlight, ModelMetrics, TargetMetrics};
-use crate::routing::InFlightGuard;
+use crate::routing::{InFlightGuard, ModelRoute};
 use crate::upstream::{RequestError, UpstreamConnection};
 use crate::usage::{Caller, TokenUsage, UsageAggregator};
 
@@ -330,22 +331,81 @@ impl SseScanner {
     }
 }
 
+/// What answered a request: the names its usage is booked to, the counters it adds
+/// to and the `x-gantry-target` it names.
+#[derive(Debug)]
+pub enum Answered {
+    /// A deployed model (no route of its name), through its route: that holds the
+    /// model's name, counters and header, so a request shares nothing else.
+    Model(Arc<ModelRoute>),
+    /// A defined route, through one of its targets (or a backend of its own).
+    Route {
+        metrics: Arc<ModelMetrics>,
+        /// The route's name (what the client sent).
+        model: Arc<str>,
+        /// The target's label.
+        target: Arc<str>,
+        /// The target's counters.
+        target_metrics: Option<Arc<TargetMetrics>>,
+        /// `x-gantry-target`.
+        header: HeaderValue,
+    },
+}
+
+impl Answered {
+    /// The counters to add to. A model's are its route's, which the proxy looks up
+    /// before it sends the route's first request (`Selection::metrics`), so they are
+    /// always there for an answer.
+    pub fn metrics(&self) -> Option<&ModelMetrics> {
+        match self {
+            Answered::Model(route) => route.metrics.get().map(|m| &**m),
+            Answered::Route { metrics, .. } => Some(metrics),
+        }
+    }
+
+    /// The name the client sent.
+    pub fn model(&self) -> &Arc<str> {
+        match self {
+            Answered::Model(route) => &route.name,
+            Answered::Route { model, .. } => model,
+        }
+    }
+
+    /// What answered: the model itself, or the route target's label.
+    pub fn target(&self) -> &Arc<str> {
+        match self {
+            Answered::Model(route) => &route.name,
+            Answered::Route { target, .. } => target,
+        }
+    }
+
+    fn target_metrics(&self) -> Option<&TargetMetrics> {
+        match self {
+            Answered::Model(_) => None,
+            Answered::Route { target_metrics, .. } => target_metrics.as_deref(),
+        }
+    }
+
+    /// `x-gantry-target`.
+    pub fn header(&self) -> &HeaderValue {
+        match self {
+            Answered::Model(route) => &route.name_header,
+            Answered::Route { header, .. } => header,
+        }
+    }
+}
+
 /// What is recorded when the response ends.
 #[derive(Debug)]
 pub struct Completion {
-    pub metrics: Arc<ModelMetrics>,
+    pub answered: Answered,
     pub usage: Arc<UsageAggregator>,
     pub caller: Caller,
-    /// The name the client sent: a route's or a deployed model's.
-    pub model: Arc<str>,
-    /// What answered: the route target's label (the model itself for a plain model).
-    pub target: Arc<str>,
-    /// A route target's counters; `None` for a plain model.
-    pub target_metrics: Option<Arc<TargetMetrics>>,
     /// The caller's key's window, when the key has a tokens-per-minute limit to count.
     pub key_window: Option<Arc<KeyWindow>>,
     pub status: u16,
     pub started: Instant,
+    /// The instance (or provider) that answered, its in-flight count held.
     pub backend: InFlightGuard,
     pub gateway: InFlight,
 }
@@ -371,6 +431,11 @@ impl ObservedBody {
             ended: false,
             failed: false,
         }
+    }
+
+    /// What is recorded when the body ends (there until then).
+    pub fn completion(&self) -> Option<&Completion> {
+        self.completion.as_ref()
     }
 
     /// Hands the answer head's list of header positions back to the connection once
@@ -465,30 +530,26 @@ impl Drop for ObservedBody {
             }
             // Otherwise dropped here: closing the connection cancels the backend's work.
         }
-        if self.failed {
-            completion.metrics.count_error(ErrorKind::UpstreamBody);
-        } else if !completed {
-            completion
-                .metrics
-                .count_error(ErrorKind::ClientDisconnected);
-        }
         let usage = if completed || matches!(self.inspector, Inspector::Sse(_)) {
             self.inspector.usage()
         } else {
             None
         };
-        completion
-            .metrics
-            .observe_request(completion.status, completion.started.elapsed());
-        if let Some(usage) = usage {
-            completion
-                .metrics
-                .count_tokens(usage.prompt_tokens, usage.completion_tokens);
-            if let Some(window) = &completion.key_window {
-                window.add_tokens(usage.total());
+        if let Some(metrics) = completion.answered.metrics() {
+            if self.failed {
+                metrics.count_error(ErrorKind::UpstreamBody);
+            } else if !completed {
+                metrics.count_error(ErrorKind::ClientDisconnected);
+            }
+            metrics.observe_request(completion.status, completion.started.elapsed());
+            if let Some(usage) = usage {
+                metrics.count_tokens(usage.prompt_tokens, usage.completion_tokens);
             }
         }
-        if let Some(target) = &completion.target_metrics {
+        if let (Some(usage), Some(window)) = (usage, &completion.key_window) {
+            window.add_tokens(usage.total());
+        }
+        if let Some(target) = completion.answered.target_metrics() {
             target.answered.fetch_add(1, Ordering::Relaxed);
             if let Some(usage) = usage {
                 target
@@ -502,8 +563,8 @@ impl Drop for ObservedBody {
         if (200..300).contains(&completion.status) {
             completion.usage.record(
                 &completion.caller,
-                &completion.model,
-                &completion.target,
+                completion.answered.model(),
+                completion.answered.target(),
                 usage,
             );
         }

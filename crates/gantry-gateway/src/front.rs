@@ -30,7 +30,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use crate::error::OpenAiError;
 use crate::h1::{self, RequestHead};
 use crate::proxy::{
-    self, Answer, BackendAnswer, ClientRequest, Endpoint, INSTANCE_HEADER, TARGET_HEADER,
+    self, Answer, BackendAnswer, ClientRequest, Endpoint, KeyMemo, INSTANCE_HEADER, TARGET_HEADER,
 };
 use crate::upstream::RequestError;
 use crate::Gateway;
@@ -151,11 +151,17 @@ where
     let mut headers: Vec<u8> = Vec::new();
     // The last request's (and, handed back, answer's) list of header positions, reused.
     let mut spare_headers: Vec<h1::HeaderAt> = Vec::new();
+    // The last request's API key, taken again without asking while it holds.
+    let mut key = KeyMemo::default();
     // When the request being read must be in by; set only once a read leaves it
     // incomplete, so a request that arrives whole arms no timer.
     let mut read_by: Option<Instant> = None;
     // One wait for shutdown for the connection's life, not one per request (each
-    // takes and leaves a place in the token's list of waiters, under its lock).
+    // takes and leaves a place in the token's list of waiters, under its lock), and on
+    // a token of the connection's own: checking the server's token takes a lock every
+    // connection shares (two per idle wait), the child's one that only this connection
+    // does, and the server's is locked only when the connection opens and closes.
+    let shutdown = shutdown.child_token();
     let mut shutdown_wait = pin!(shutdown.cancelled());
     loop {
         let mut request = match next_head(
@@ -201,7 +207,8 @@ where
         let query = request.query().and_then(|q| std::str::from_utf8(q).ok());
         let started = Instant::now();
         let in_flight = gateway.metrics.start_request();
-        let work = proxy::authenticate_then_proxy(gateway, token(&request), started, |caller| {
+        let token = token(&request);
+        let work = proxy::authenticate_then_proxy(gateway, token, &mut key, started, |caller| {
             ClientRequest {
                 endpoint: hot.endpoint,
                 caller,
@@ -295,9 +302,11 @@ where
         h1::make_room(buf, MIN_READ_ROOM, READ_CHUNK);
         let read = if buf.is_empty() {
             tokio::select! {
+                // Bytes already there are read without asking about shutdown; an idle
+                // connection waits for either.
                 biased;
-                () = shutdown.as_mut() => return NextHead::Closed,
                 read = io.read_buf(buf) => read,
+                () = shutdown.as_mut() => return NextHead::Closed,
             }
         } else {
             let deadline = *read_by.get_or_insert_with(|| Instant::now() + READ_TIMEOUT);
@@ -447,16 +456,18 @@ fn put_answer_head(out: &mut Vec<u8>, answer: &BackendAnswer, length: Option<u64
     for (name, value) in answer.headers() {
         h1::put_header(out, name, value);
     }
-    h1::put_header(
-        out,
-        INSTANCE_HEADER.as_str().as_bytes(),
-        answer.instance.as_bytes(),
-    );
-    h1::put_header(
-        out,
-        TARGET_HEADER.as_str().as_bytes(),
-        answer.target.as_bytes(),
-    );
+    if let Some(completion) = answer.body.completion() {
+        h1::put_header(
+            out,
+            INSTANCE_HEADER.as_str().as_bytes(),
+            completion.backend.backend().header_value.as_bytes(),
+        );
+        h1::put_header(
+            out,
+            TARGET_HEADER.as_str().as_bytes(),
+            completion.answered.header().as_bytes(),
+        );
+    }
     match length {
         Some(n) => h1::put_number_header(out, b"content-length", n),
         None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),

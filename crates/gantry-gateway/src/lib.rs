@@ -42,6 +42,7 @@ pub mod model_routes;
 pub mod providers;
 pub mod proxy;
 pub mod routing;
+pub mod shard;
 pub mod upstream;
 pub mod usage;
 

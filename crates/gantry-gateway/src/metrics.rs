@@ -1,19 +1,22 @@
 //! Counters of the gateway and the Prometheus text exposition of `/metrics`.
 //!
 //! Everything a request touches is an atomic in a per-model [`ModelMetrics`] that the
-//! request holds an `Arc` to, so counting costs no lock on the hot path. The cluster
+//! request holds an `Arc` to, so counting costs no lock on the hot path, and each
+//! thread adds to its own shard of them (`shard.rs`), so counting moves no cache line
+//! between CPUs. The cluster
 //! gauges (instances and workers by state, the scheduler queue) are read from the
 //! store at scrape time with two grouped counts.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use gantry_types::{InstanceState, WorkerState};
 
 use crate::routing::{Backend, RoutingTable};
+use crate::shard::Sharded;
 
 /// Upper bounds (seconds) of the latency histogram's buckets.
 pub const LATENCY_BUCKETS: [f64; 14] = [
@@ -79,9 +82,9 @@ impl ErrorKind {
 /// Status codes 100..=599 get a counter each; anything else counts as 599.
 const CODES: usize = 500;
 
-/// The counters of one model (or of requests that named no known model).
+/// One shard's counters of a model (see [`ModelMetrics`]).
 #[derive(Debug)]
-pub struct ModelMetrics {
+struct Counters {
     requests_by_code: Box<[AtomicU64]>,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
@@ -91,7 +94,7 @@ pub struct ModelMetrics {
     completion_tokens: AtomicU64,
 }
 
-impl Default for ModelMetrics {
+impl Default for Counters {
     fn default() -> Self {
         Self {
             requests_by_code: (0..CODES).map(|_| AtomicU64::new(0)).collect(),
@@ -105,28 +108,76 @@ impl Default for ModelMetrics {
     }
 }
 
+/// The counters of one model (or of requests that named no known model), one copy per
+/// shard (`shard.rs`): every request adds to its thread's, a scrape sums them.
+#[derive(Debug, Default)]
+pub struct ModelMetrics {
+    shards: Sharded<Counters>,
+}
+
 impl ModelMetrics {
     /// Counts a finished request: its status and how long it took.
     pub fn observe_request(&self, status: u16, elapsed: Duration) {
+        let counters = self.shards.local();
         let index = usize::from(status.clamp(100, 599) - 100);
-        self.requests_by_code[index].fetch_add(1, Ordering::Relaxed);
+        counters.requests_by_code[index].fetch_add(1, Ordering::Relaxed);
         let seconds = elapsed.as_secs_f64();
         if let Some(bucket) = LATENCY_BUCKETS.iter().position(|le| seconds <= *le) {
-            self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+            counters.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
         }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        counters.latency_count.fetch_add(1, Ordering::Relaxed);
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
+        counters
+            .latency_sum_micros
+            .fetch_add(micros, Ordering::Relaxed);
     }
 
     pub fn count_error(&self, kind: ErrorKind) {
-        self.errors[kind.index()].fetch_add(1, Ordering::Relaxed);
+        self.shards.local().errors[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn count_tokens(&self, prompt: u64, completion: u64) {
-        self.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
-        self.completion_tokens
+        let counters = self.shards.local();
+        counters.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
+        counters
+            .completion_tokens
             .fetch_add(completion, Ordering::Relaxed);
+    }
+
+    /// A counter summed over the shards.
+    fn sum(&self, counter: impl Fn(&Counters) -> &AtomicU64) -> u64 {
+        self.shards
+            .iter()
+            .map(|counters| counter(counters).load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn requests(&self, code_index: usize) -> u64 {
+        self.sum(|c| &c.requests_by_code[code_index])
+    }
+
+    fn errors(&self, kind: ErrorKind) -> u64 {
+        self.sum(|c| &c.errors[kind.index()])
+    }
+
+    fn latency_bucket(&self, bucket: usize) -> u64 {
+        self.sum(|c| &c.latency_buckets[bucket])
+    }
+
+    fn latency_count(&self) -> u64 {
+        self.sum(|c| &c.latency_count)
+    }
+
+    fn latency_sum_micros(&self) -> u64 {
+        self.sum(|c| &c.latency_sum_micros)
+    }
+
+    fn prompt_tokens(&self) -> u64 {
+        self.sum(|c| &c.prompt_tokens)
+    }
+
+    fn completion_tokens(&self) -> u64 {
+        self.sum(|c| &c.completion_tokens)
     }
 }
 
@@ -154,7 +205,15 @@ pub struct Metrics {
     by_target: RwLock<HashMap<RouteTargetKey, Arc<TargetMetrics>>>,
     /// Requests that named no known model (bad requests, unknown models, no key).
     unrouted: Arc<ModelMetrics>,
-    in_flight: AtomicI64,
+    /// Requests begun and ended, per shard: a request may end on another thread than
+    /// it began on, so one shard's difference means nothing, the sums' does.
+    in_flight: Sharded<InFlightCounts>,
+}
+
+#[derive(Debug, Default)]
+struct InFlightCounts {
+    begun: AtomicU64,
+    ended: AtomicU64,
 }
 
 /// Holds one request in the gateway's in-flight gauge.
@@ -163,7 +222,11 @@ pub struct InFlight(Arc<Metrics>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0
+            .in_flight
+            .local()
+            .ended
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -195,18 +258,30 @@ impl Metrics {
     }
 
     /// The counters of requests that named no known model.
-    pub fn unrouted(&self) -> Arc<ModelMetrics> {
-        Arc::clone(&self.unrouted)
+    pub fn unrouted(&self) -> &Arc<ModelMetrics> {
+        &self.unrouted
     }
 
     /// Counts a request in flight until the guard is dropped.
     pub fn start_request(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.local().begun.fetch_add(1, Ordering::Relaxed);
         InFlight(Arc::clone(self))
     }
 
     pub fn in_flight(&self) -> i64 {
-        self.in_flight.load(Ordering::Relaxed)
+        // Ended first: a request that ends between the two reads is then counted as
+        // still in flight rather than as ended before it began.
+        let ended: u64 = self
+            .in_flight
+            .iter()
+            .map(|c| c.ended.load(Ordering::Acquire))
+            .sum();
+        let begun: u64 = self
+            .in_flight
+            .iter()
+            .map(|c| c.begun.load(Ordering::Acquire))
+            .sum();
+        i64::try_from(begun.wrapping_sub(ended)).unwrap_or(0)
     }
 }
 
@@ -275,8 +350,8 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
         "Gateway requests by model and response status code (model is empty when the request named no known model).",
     );
     for (model, m) in &models {
-        for (index, counter) in m.requests_by_code.iter().enumerate() {
-            let n = counter.load(Ordering::Relaxed);
+        for index in 0..CODES {
+            let n = m.requests(index);
             if n > 0 {
                 let _ = writeln!(
                     out,
@@ -295,7 +370,7 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
     );
     for (model, m) in &models {
         for kind in ErrorKind::ALL {
-            let n = m.errors[kind.index()].load(Ordering::Relaxed);
+            let n = m.errors(kind);
             if n > 0 {
                 let _ = writeln!(
                     out,
@@ -313,13 +388,13 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
         "Time from receiving a gateway request to the end of its response, by model.",
     );
     for (model, m) in &models {
-        let count = m.latency_count.load(Ordering::Relaxed);
+        let count = m.latency_count();
         if count == 0 {
             continue;
         }
         let mut cumulative = 0;
-        for (le, bucket) in LATENCY_BUCKETS.iter().zip(&m.latency_buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
+        for (bucket, le) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += m.latency_bucket(bucket);
             let _ = writeln!(
                 out,
                 "gantry_gateway_request_duration_seconds_bucket{{model=\"{model}\",le=\"{le}\"}} {cumulative}"
@@ -329,7 +404,7 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
             out,
             "gantry_gateway_request_duration_seconds_bucket{{model=\"{model}\",le=\"+Inf\"}} {count}"
         );
-        let sum = m.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let sum = m.latency_sum_micros() as f64 / 1e6;
         let _ = writeln!(
             out,
             "gantry_gateway_request_duration_seconds_sum{{model=\"{model}\"}} {sum}"
@@ -344,13 +419,12 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
         (
             "gantry_gateway_prompt_tokens_total",
             "Prompt tokens reported by backends, by model.",
-            (|m: &ModelMetrics| m.prompt_tokens.load(Ordering::Relaxed))
-                as fn(&ModelMetrics) -> u64,
+            ModelMetrics::prompt_tokens as fn(&ModelMetrics) -> u64,
         ),
         (
             "gantry_gateway_completion_tokens_total",
             "Completion tokens reported by backends, by model.",
-            |m: &ModelMetrics| m.completion_tokens.load(Ordering::Relaxed),
+            ModelMetrics::completion_tokens,
         ),
     ] {
         header(&mut out, name, "counter", help);

@@ -30,19 +30,20 @@ use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
+use gantry_auth::cache::Grant;
 use gantry_auth::Principal;
 use gantry_store::{InstanceFilter, Page, StoreError};
 use gantry_types::{units, InstanceState};
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::body::{Completion, Inspector, ObservedBody};
+use crate::body::{Answered, Completion, Inspector, ObservedBody};
 use crate::eject::EjectionPolicy;
 use crate::error::OpenAiError;
 use crate::h1::{self, ResponseHead};
-use crate::metrics::{ErrorKind, InFlight, ModelMetrics};
+use crate::metrics::{ErrorKind, InFlight, Metrics, ModelMetrics};
 use crate::model_routes::RoutePlan;
-use crate::routing::{Backend, ModelRoute};
+use crate::routing::{Backend, InFlightGuard, ModelRoute};
 use crate::upstream::{ConnectError, Outgoing, RequestError, UpstreamConnection};
 use crate::usage::Caller;
 use crate::Gateway;
@@ -183,7 +184,12 @@ pub async fn authenticate_token(
     token: Option<&str>,
 ) -> Result<Caller, OpenAiError> {
     let token = token.ok_or_else(OpenAiError::missing_api_key)?;
-    match gateway.authenticator.authenticate(token).await? {
+    caller_of(gateway.authenticator.authenticate(token).await?)
+}
+
+/// The caller a principal may call the gateway as.
+fn caller_of(principal: Principal) -> Result<Caller, OpenAiError> {
+    match principal {
         Principal::User {
             user,
             api_key_id: Some(api_key_id),
@@ -215,6 +221,60 @@ pub async fn authenticate_token(
             "worker and server credentials cannot call the gateway; use an API key",
         )),
     }
+}
+
+/// The caller of a connection's last API key, kept for its next requests with the same
+/// key while the authenticator's [`Grant`] holds: a keep-alive connection's requests
+/// then skip the key's digest, the cache's lock and its lookup.
+#[derive(Debug, Default)]
+pub struct KeyMemo {
+    token: Vec<u8>,
+    held: Option<(Caller, Grant)>,
+}
+
+impl KeyMemo {
+    /// The caller of `token` if it is the kept key and its grant still holds.
+    fn caller(&self, gateway: &Gateway, token: &str, now: Instant) -> Option<Caller> {
+        let (caller, grant) = self.held.as_ref()?;
+        (same_secret(&self.token, token.as_bytes())
+            && gateway.authenticator.grant_holds(grant, now))
+        .then(|| caller.clone())
+    }
+
+    fn keep(&mut self, token: &str, caller: &Caller, grant: Option<Grant>) {
+        match grant {
+            Some(grant) => {
+                self.token.clear();
+                self.token.extend_from_slice(token.as_bytes());
+                self.held = Some((caller.clone(), grant));
+            }
+            None => self.held = None,
+        }
+    }
+}
+
+/// Whether two secrets are equal, in a time that does not depend on where they
+/// differ (one connection may carry several clients' requests, through a proxy).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// The caller behind a token, from `memo` when it holds the token's grant; else asked
+/// of the authenticator, and the grant kept.
+async fn authenticate_kept(
+    gateway: &Gateway,
+    token: Option<&str>,
+    memo: &mut KeyMemo,
+    now: Instant,
+) -> Result<Caller, OpenAiError> {
+    let token = token.ok_or_else(OpenAiError::missing_api_key)?;
+    if let Some(caller) = memo.caller(gateway, token, now) {
+        return Ok(caller);
+    }
+    let (principal, grant) = gateway.authenticator.authenticate_granted(token).await?;
+    let caller = caller_of(principal)?;
+    memo.keep(token, &caller, grant);
+    Ok(caller)
 }
 
 /// Whether a request header is passed to the backend (see
@@ -304,7 +364,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
 
     let caller = match authenticate(&gateway, &parts.headers).await {
         Ok(caller) => caller,
-        Err(e) => return reject(&unrouted, started, e).into_response(),
+        Err(e) => return reject(unrouted, started, e).into_response(),
     };
 
     let limit = gateway.config.max_request_body;
@@ -314,7 +374,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return reject(&unrouted, started, too_large(limit)).into_response();
+        return reject(unrouted, started, too_large(limit)).into_response();
     }
     let body = match axum::body::to_bytes(body, limit).await {
         Ok(body) => body,
@@ -327,7 +387,7 @@ pub async fn forward(gateway: Gateway, endpoint: Endpoint, request: Request) -> 
                     format!("could not read the request body: {e}"),
                 )
             };
-            return reject(&unrouted, started, error).into_response();
+            return reject(unrouted, started, error).into_response();
         }
     };
     let mut headers = Vec::with_capacity(256);
@@ -389,10 +449,6 @@ pub struct BackendAnswer {
     /// The backend's head; its hop-by-hop and framing headers are not passed on
     /// ([`BackendAnswer::headers`]).
     pub head: ResponseHead,
-    /// `x-gantry-instance`.
-    pub instance: HeaderValue,
-    /// `x-gantry-target`.
-    pub target: HeaderValue,
     pub body: ObservedBody,
 }
 
@@ -419,8 +475,13 @@ impl BackendAnswer {
                 headers.append(name, value);
             }
         }
-        headers.insert(INSTANCE_HEADER.clone(), self.instance);
-        headers.insert(TARGET_HEADER.clone(), self.target);
+        if let Some(completion) = self.body.completion() {
+            headers.insert(
+                INSTANCE_HEADER.clone(),
+                completion.backend.backend().header_value.clone(),
+            );
+            headers.insert(TARGET_HEADER.clone(), completion.answered.header().clone());
+        }
         let mut response = Response::new(AxumBody::new(self.body));
         *response.status_mut() = status_code(&self.head);
         *response.headers_mut() = headers;
@@ -428,17 +489,19 @@ impl BackendAnswer {
     }
 }
 
-/// Authenticates a request's token, then proxies the request `make` builds for the
-/// caller (the front's path: `front.rs`); `started` is when the request was read.
+/// Authenticates a request's token (`memo`: the connection's last key), then proxies
+/// the request `make` builds for the caller (the front's path: `front.rs`); `started`
+/// is when the request was read.
 pub async fn authenticate_then_proxy<'a>(
     gateway: &Gateway,
     token: Option<&str>,
+    memo: &mut KeyMemo,
     started: Instant,
     make: impl FnOnce(Caller) -> ClientRequest<'a>,
 ) -> Answer {
-    match authenticate_token(gateway, token).await {
+    match authenticate_kept(gateway, token, memo, started).await {
         Ok(caller) => proxy(gateway, make(caller)).await,
-        Err(e) => reject(&gateway.metrics.unrouted(), started, e),
+        Err(e) => reject(gateway.metrics.unrouted(), started, e),
     }
 }
 
@@ -457,10 +520,10 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
 
     let peek: RequestPeek<'_> = match serde_json::from_slice(&body) {
         Ok(peek) if body.trim_ascii_start().starts_with(b"{") => peek,
-        Ok(_) => return reject(&unrouted, started, not_an_object()),
+        Ok(_) => return reject(unrouted, started, not_an_object()),
         Err(e) => {
             return reject(
-                &unrouted,
+                unrouted,
                 started,
                 OpenAiError::bad_request(
                     "invalid_request",
@@ -471,7 +534,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
     };
     let Some(model) = peek.model.as_deref().filter(|m| !m.is_empty()) else {
         return reject(
-            &unrouted,
+            unrouted,
             started,
             OpenAiError::bad_request(
                 "missing_model",
@@ -485,7 +548,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
     // are counted in when the request ends).
     let key_window = match gateway.limiter.admit(caller.api_key_id, model) {
         Ok(window) => window,
-        Err(e) => return reject(&unrouted, started, e),
+        Err(e) => return reject(unrouted, started, e),
     };
 
     // A defined route by that name, else the deployed model of that name.
@@ -496,14 +559,14 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
             None => match route_after_miss(gateway, model).await {
                 Ok(route) => Selection::Model(route),
                 Err((metrics, error)) => {
-                    let metrics = metrics.unwrap_or(unrouted);
+                    let metrics = metrics.unwrap_or_else(|| Arc::clone(unrouted));
                     return reject(&metrics, started, error);
                 }
             },
         },
     };
     let name = selection.name();
-    let metrics = gateway.metrics.model(&name);
+    let metrics = selection.metrics(&gateway.metrics);
 
     // Streams report usage only when asked; ask on the client's behalf and remove the
     // extra chunk from what it receives.
@@ -552,13 +615,17 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
     let mut timed_out = false;
     let mut last_failure = LastFailure::None;
     for attempt in 0..MAX_TRIES {
-        let (backend, target) = match &mut selection {
+        let (backend, target_index) = match &mut selection {
             Selection::Model(route) => {
                 if attempt > 0 {
                     // Instances may have left routing since the last try (that may be
                     // why it ended): pick from the table as it is now.
                     match gateway.routes.get(&route.name) {
-                        Some(current) => *route = current,
+                        Some(current) => {
+                            // The same model, so the same counters.
+                            current.metrics.get_or_init(|| Arc::clone(&metrics));
+                            *route = current;
+                        }
                         None => {
                             last_failure = LastFailure::NoRouteLeft;
                             break;
@@ -600,11 +667,12 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                 (backend, Some(index))
             }
         };
-        let target = match (&selection, target) {
+        let target = match (&selection, target_index) {
             (Selection::Route(plan), Some(index)) => Some(&plan.targets[index]),
             _ => None,
         };
-        let guard = backend.start_request();
+        let guard = InFlightGuard::start(backend);
+        let backend = guard.backend();
         // What differs for this try: a provider's path, credentials and timeout; the
         // `model` a route's target is sent.
         let rewritten;
@@ -656,7 +724,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
             }
             failures.push(reason);
         };
-        match send_until_head(&backend, outgoing, first_byte_timeout).await {
+        match send_until_head(backend, outgoing, first_byte_timeout).await {
             Ok((response, _))
                 if selection.falls_through(status_code(&response))
                     && another_target_left(
@@ -667,7 +735,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                         tried_targets,
                     ) =>
             {
-                record_failure(&backend, policy);
+                record_failure(backend, policy);
                 metrics.count_error(ErrorKind::UpstreamUnavailable);
                 tracing::warn!(route = %name, instance = %backend.instance_name, status = response.status, attempt, "backend cannot serve; trying another");
                 fell_through(
@@ -687,23 +755,10 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                 {
                     // Passed on to the client (the backend may mean it), but it counts
                     // towards ejection like any failure.
-                    record_failure(&backend, policy);
+                    record_failure(backend, policy);
                 } else {
-                    record_success(&backend);
+                    record_success(backend);
                 }
-                let (target_label, target_header, target_metrics) = match (target, &selection) {
-                    (Some(target), _) => (
-                        Arc::clone(&target.label),
-                        target.header.clone(),
-                        Some(Arc::clone(&target.metrics)),
-                    ),
-                    (None, Selection::Model(route)) => {
-                        (Arc::clone(&route.name), route.name_header.clone(), None)
-                    }
-                    (None, Selection::Route(plan)) => {
-                        (Arc::clone(&plan.name), backend.header_value.clone(), None)
-                    }
-                };
                 let is_sse = response
                     .head
                     .get("content-type")
@@ -715,17 +770,37 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                 } else {
                     Inspector::json()
                 };
-                let instance = backend.header_value.clone();
+                let answered = match selection {
+                    // Its name, counters and header are the route's own.
+                    Selection::Model(route) => Answered::Model(route),
+                    Selection::Route(plan) => {
+                        let (target, header, target_metrics) = match target_index {
+                            Some(index) => {
+                                let target = &plan.targets[index];
+                                (
+                                    Arc::clone(&target.label),
+                                    target.header.clone(),
+                                    Some(Arc::clone(&target.metrics)),
+                                )
+                            }
+                            None => (Arc::clone(&plan.name), backend.header_value.clone(), None),
+                        };
+                        Answered::Route {
+                            metrics,
+                            model: name,
+                            target,
+                            target_metrics,
+                            header,
+                        }
+                    }
+                };
                 let body = ObservedBody::new(
                     connection,
                     inspector,
                     Completion {
-                        metrics,
+                        answered,
                         usage: gateway.usage.clone(),
                         caller,
-                        model: name,
-                        target: target_label,
-                        target_metrics,
                         key_window,
                         status: status.as_u16(),
                         started,
@@ -735,8 +810,6 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                 );
                 return Answer::Backend(BackendAnswer {
                     head: response,
-                    instance,
-                    target: target_header,
                     body,
                 });
             }
@@ -744,7 +817,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                 // Nothing has reached the client yet, so another backend may answer
                 // instead; this one is avoided for a while.
                 backend.mark_failing(FAILING_COOLDOWN);
-                record_failure(&backend, policy);
+                record_failure(backend, policy);
                 metrics.count_error(ErrorKind::UpstreamConnect);
                 tracing::warn!(route = %name, instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "cannot connect to backend; trying another");
                 fell_through(
@@ -755,7 +828,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
             Err(TryError::Request(e)) => {
                 // The backend failed before answering (closed the connection, broke
                 // the protocol): nothing has reached the client, so another may answer.
-                record_failure(&backend, policy);
+                record_failure(backend, policy);
                 metrics.count_error(ErrorKind::UpstreamRequest);
                 tracing::warn!(route = %name, instance = %backend.instance_name, error = %ErrorChain(&e), attempt, "request to backend failed; trying another");
                 fell_through(
@@ -765,7 +838,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
             }
             Err(TryError::FirstByteTimeout(limit)) => {
                 // Dropping the try closed its connection, which cancels the work.
-                record_failure(&backend, policy);
+                record_failure(backend, policy);
                 metrics.count_error(ErrorKind::UpstreamTimeout);
                 tracing::warn!(route = %name, instance = %backend.instance_name, timeout = ?limit, attempt, "backend sent no response head in time; trying another");
                 let setting = if backend.provider.is_some() {
@@ -856,6 +929,17 @@ enum Selection {
 }
 
 impl Selection {
+    /// The name's counters: a model's are looked up once per route (table), not on
+    /// every request.
+    fn metrics(&self, all: &Metrics) -> Arc<ModelMetrics> {
+        match self {
+            Selection::Model(route) => {
+                Arc::clone(route.metrics.get_or_init(|| all.model(&route.name)))
+            }
+            Selection::Route(plan) => all.model(&plan.name),
+        }
+    }
+
     fn name(&self) -> Arc<str> {
         match self {
             Selection::Model(route) => Arc::clone(&route.name),

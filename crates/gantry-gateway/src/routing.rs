@@ -25,7 +25,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use axum::http::uri::Authority;
@@ -33,12 +33,14 @@ use axum::http::HeaderValue;
 use gantry_store::{Change, ChangeKind, InstanceFilter, ModelFilter, Page, Store, StoreError};
 use gantry_types::{units, InstanceState, Model, ModelInstance};
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::balance::{pick_least_loaded, EJECTED_PENALTY, UNHEALTHY_PENALTY};
 use crate::eject::{Ejected, Ejection, EjectionPolicy, Recovered};
+use crate::metrics::ModelMetrics;
 use crate::providers::ProviderEndpoint;
+use crate::shard::Sharded;
 use crate::upstream::{ConnectError, ConnectionPool, UpstreamConnection};
 use crate::GatewayContext;
 
@@ -87,10 +89,13 @@ pub struct Backend {
     /// Fired when the routing table drops the instance (not `running` any more,
     /// deleted, moved to another address); never reset: a later return to routing
     /// makes a new `Backend`.
-    removed: CancellationToken,
-    /// Set just before `removed` fires: what the balancer reads for every candidate
-    /// of every request (a token's own check takes its lock).
+    /// Set when the routing table drops the instance: what the balancer reads for
+    /// every candidate of every request.
     left: AtomicBool,
+    /// Tries waiting for a response head, woken when `left` is set: one wait list per
+    /// shard (`shard.rs`), so a try joins and leaves a list only its own thread uses,
+    /// not one that every request to the instance takes the lock of.
+    left_waiters: Sharded<Notify>,
 }
 
 /// A fixed point the millisecond deadlines above count from.
@@ -182,8 +187,8 @@ impl Backend {
             failing: AtomicBool::new(false),
             ejected_until_ms: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
-            removed: CancellationToken::new(),
             left: AtomicBool::new(false),
+            left_waiters: Sharded::default(),
         }
     }
 
@@ -219,8 +224,7 @@ impl Backend {
     /// Counts a request until the guard is dropped (also when its future is
     /// cancelled).
     pub fn start_request(self: &Arc<Self>) -> InFlightGuard {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlightGuard(Arc::clone(self))
+        InFlightGuard::start(Arc::clone(self))
     }
 
     /// Makes the balancer avoid this instance for a while.
@@ -305,8 +309,15 @@ impl Backend {
     }
 
     /// Completes when the routing table drops this instance; at once if it has.
-    pub fn left_routing(&self) -> WaitForCancellationFuture<'_> {
-        self.removed.cancelled()
+    pub async fn left_routing(&self) {
+        let notified = self.left_waiters.local().notified();
+        let mut notified = std::pin::pin!(notified);
+        // On the list before `left` is read: a removal after the read wakes it.
+        notified.as_mut().enable();
+        if self.has_left_routing() {
+            return;
+        }
+        notified.await;
     }
 
     /// Whether the routing table has dropped this instance.
@@ -319,7 +330,9 @@ impl Backend {
     pub(crate) fn leave_routing(&self) {
         if !self.left.swap(true, Ordering::AcqRel) {
             tracing::debug!(instance = %self.instance_name, instance_id = self.instance_id, in_flight = self.in_flight(), "instance left routing");
-            self.removed.cancel();
+            for waiters in self.left_waiters.iter() {
+                waiters.notify_waiters();
+            }
         }
     }
 
@@ -349,6 +362,12 @@ impl Backend {
 pub struct InFlightGuard(Arc<Backend>);
 
 impl InFlightGuard {
+    /// Counts a request to `backend` until the guard is dropped.
+    pub fn start(backend: Arc<Backend>) -> Self {
+        backend.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(backend)
+    }
+
     pub fn backend(&self) -> &Arc<Backend> {
         &self.0
     }
@@ -372,6 +391,9 @@ pub struct ModelRoute {
     pub backends: Vec<Arc<Backend>>,
     /// Where the next pick starts its scan: rotates so that ties take turns.
     cursor: AtomicUsize,
+    /// The model's counters, looked up by the first request through this route rather
+    /// than by name (a lock and a hash) on every request.
+    pub metrics: OnceLock<Arc<ModelMetrics>>,
 }
 
 impl ModelRoute {
@@ -567,6 +589,7 @@ impl Tracker {
             created: self.models.get(&model_id).map_or(0, |m| m.created),
             backends,
             cursor: AtomicUsize::new(0),
+            metrics: OnceLock::new(),
         }))
     }
 
@@ -788,6 +811,7 @@ mod tests {
             created: 0,
             backends: backends.iter().map(|b| Arc::clone(b)).collect(),
             cursor: AtomicUsize::new(0),
+            metrics: OnceLock::new(),
         }
     }
 

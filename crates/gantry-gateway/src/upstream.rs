@@ -15,8 +15,9 @@
 //! handle and a connection driver as in hyper's client.
 //!
 //! A connection that finished its response cleanly goes back to its instance's idle
-//! list (newest first); one whose response was abandoned (the client went away) is
-//! dropped, which closes the socket and so cancels the backend's work. Idle connections
+//! list (newest first; one list per thread, see [`ConnectionPool`]); one whose response
+//! was abandoned (the client went away) is dropped, which closes the socket and so
+//! cancels the backend's work. Idle connections
 //! are checked when taken out (closed by the instance, or idle longer than
 //! [`POOL_IDLE_TIMEOUT`]) and swept by the routing task.
 //!
@@ -37,6 +38,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use crate::h1::{self, Framing, ProtocolError, ResponseHead};
+use crate::shard::{self, Sharded};
 
 /// How long connecting to an instance may take before the next one is tried.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -439,10 +441,13 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections of one instance.
+/// The idle connections of one instance, one stack per shard (`shard.rs`): a request
+/// takes the connection its own thread gave back last, so the connection's state (its
+/// buffers, the socket's wait lists) stays in that CPU's cache and the lock is one no
+/// other CPU takes meanwhile. A thread with none idle takes another's before connecting.
 #[derive(Default)]
 pub struct ConnectionPool {
-    idle: Mutex<Vec<Idle>>,
+    idle: Sharded<Mutex<Vec<Idle>>>,
 }
 
 impl std::fmt::Debug for ConnectionPool {
@@ -453,11 +458,26 @@ impl std::fmt::Debug for ConnectionPool {
     }
 }
 
+fn lock(idle: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+    idle.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl ConnectionPool {
-    /// The most recently used idle connection that is still open.
+    /// The most recently used idle connection that is still open: this thread's,
+    /// else another's.
     pub fn take(&self) -> Option<UpstreamConnection> {
+        let local = self.idle.local();
+        Self::take_from(local).or_else(|| {
+            self.idle
+                .iter()
+                .filter(|idle| !std::ptr::eq(*idle, local))
+                .find_map(Self::take_from)
+        })
+    }
+
+    fn take_from(idle: &Mutex<Vec<Idle>>) -> Option<UpstreamConnection> {
         loop {
-            let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+            let idle = lock(idle).pop()?;
             if idle.since.elapsed() > POOL_IDLE_TIMEOUT {
                 continue;
             }
@@ -477,8 +497,9 @@ impl ConnectionPool {
         if !connection.finished_cleanly() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < MAX_IDLE_PER_INSTANCE {
+        let mut idle = lock(self.idle.local());
+        // The bound is shared out among the shards.
+        if idle.len() < MAX_IDLE_PER_INSTANCE.div_ceil(shard::count()) {
             idle.push(Idle {
                 connection,
                 since: Instant::now(),
@@ -489,22 +510,24 @@ impl ConnectionPool {
     /// Closes connections idle for longer than [`POOL_IDLE_TIMEOUT`] or closed by the
     /// instance.
     pub fn sweep(&self) {
-        let taken = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
-        let kept: Vec<Idle> = taken
-            .into_iter()
-            .filter_map(|mut idle| {
-                (idle.since.elapsed() <= POOL_IDLE_TIMEOUT && idle.connection.settle())
-                    .then_some(idle)
-            })
-            .collect();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        // Connections given back during the sweep stay; the oldest come first.
-        let returned = std::mem::replace(&mut *idle, kept);
-        idle.extend(returned);
+        for shard in self.idle.iter() {
+            let taken = std::mem::take(&mut *lock(shard));
+            let kept: Vec<Idle> = taken
+                .into_iter()
+                .filter_map(|mut idle| {
+                    (idle.since.elapsed() <= POOL_IDLE_TIMEOUT && idle.connection.settle())
+                        .then_some(idle)
+                })
+                .collect();
+            let mut idle = lock(shard);
+            // Connections given back during the sweep stay; the oldest come first.
+            let returned = std::mem::replace(&mut *idle, kept);
+            idle.extend(returned);
+        }
     }
 
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.idle.iter().map(|idle| lock(idle).len()).sum()
     }
 }
 

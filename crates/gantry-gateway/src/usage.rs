@@ -1,9 +1,11 @@
 //! Usage accounting off the request path: a finished request adds its tokens to an
-//! in-memory sum per (minute, user, API key, model, target) — one short lock, no IO — and a
+//! in-memory sum per (minute, user, API key, model, target) — one short lock of its
+//! thread's own shard, no IO — and a
 //! background task moves the sums to the store every [`FLUSH_INTERVAL`] in one
 //! transaction. At shutdown the task flushes once more before the store closes.
 //!
-//! The pending sums are bounded by [`MAX_PENDING_GROUPS`] distinct groups; beyond that
+//! The pending sums are bounded by [`MAX_PENDING_GROUPS`] distinct groups (shared out
+//! among the shards); beyond that
 //! new groups are dropped and counted (a flood of distinct callers while the database
 //! is down must not exhaust memory). A failed flush keeps its sums for the next one.
 
@@ -16,6 +18,7 @@ use gantry_store::{usage_minute_of, Store, UsageIncrement, UsageSums};
 use gantry_types::Timestamp;
 use serde::Deserialize;
 
+use crate::shard::{self, Sharded};
 use crate::GatewayContext;
 
 /// How often pending usage is written to the store.
@@ -62,10 +65,28 @@ struct GroupKey {
     target: Arc<str>,
 }
 
-/// Usage summed since the last flush.
+/// One shard's sums: per (minute, caller), the (model, target) pairs it called, so a
+/// request finds its group by a key of plain numbers and compares names, and the names
+/// are shared (`Arc`) only when a group is new.
+#[derive(Debug, Default)]
+struct Pending {
+    groups: HashMap<(i64, Caller), Vec<Named>>,
+    /// Groups held, over every caller.
+    len: usize,
+}
+
+#[derive(Debug)]
+struct Named {
+    model: Arc<str>,
+    target: Arc<str>,
+    sums: UsageSums,
+}
+
+/// Usage summed since the last flush, one part per shard (`shard.rs`): a finished
+/// request locks its own thread's part, which no other CPU touches until the flush.
 #[derive(Debug, Default)]
 pub struct UsageAggregator {
-    pending: Mutex<HashMap<GroupKey, UsageSums>>,
+    pending: Sharded<Mutex<Pending>>,
     dropped: AtomicU64,
 }
 
@@ -86,25 +107,51 @@ impl UsageAggregator {
             completion_tokens: usage.completion_tokens,
             total_tokens: usage.total(),
         };
-        let key = GroupKey {
-            minute_start: usage_minute_of(Timestamp::now()).as_millis(),
-            caller: caller.clone(),
-            model: Arc::clone(model),
-            target: Arc::clone(target),
-        };
-        self.add(key, &sums);
+        let minute_start = usage_minute_of(Timestamp::now()).as_millis();
+        self.add(minute_start, caller, model, target, &sums);
     }
 
-    fn add(&self, key: GroupKey, sums: &UsageSums) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let full = pending.len() >= MAX_PENDING_GROUPS;
-        match pending.get_mut(&key) {
-            Some(existing) => existing.add(sums),
+    fn add(
+        &self,
+        minute_start: i64,
+        caller: &Caller,
+        model: &Arc<str>,
+        target: &Arc<str>,
+        sums: &UsageSums,
+    ) {
+        // The bound is shared out among the shards.
+        let limit = MAX_PENDING_GROUPS.div_ceil(shard::count());
+        let mut pending = self
+            .pending
+            .local()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let full = pending.len >= limit;
+        let group = (minute_start, caller.clone());
+        let named = match pending.groups.get_mut(&group) {
+            Some(named) => named,
+            None if full => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            None => pending.groups.entry(group).or_default(),
+        };
+        let same = |a: &Arc<str>, b: &Arc<str>| Arc::ptr_eq(a, b) || a == b;
+        match named
+            .iter_mut()
+            .find(|n| same(&n.model, model) && same(&n.target, target))
+        {
+            Some(existing) => existing.sums.add(sums),
             None if full => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
             None => {
-                pending.insert(key, *sums);
+                named.push(Named {
+                    model: Arc::clone(model),
+                    target: Arc::clone(target),
+                    sums: *sums,
+                });
+                pending.len += 1;
             }
         }
     }
@@ -114,9 +161,30 @@ impl UsageAggregator {
         self.dropped.load(Ordering::Relaxed)
     }
 
+    /// Everything pending, each group once (the shards' sums of a group added up: one
+    /// write may not name a row twice).
     fn take(&self) -> Vec<(GroupKey, UsageSums)> {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::take(&mut *pending).into_iter().collect()
+        let mut all: HashMap<GroupKey, UsageSums> = HashMap::new();
+        for shard in self.pending.iter() {
+            let taken = std::mem::take(&mut *shard.lock().unwrap_or_else(|e| e.into_inner()));
+            for ((minute_start, caller), named) in taken.groups {
+                for Named {
+                    model,
+                    target,
+                    sums,
+                } in named
+                {
+                    let key = GroupKey {
+                        minute_start,
+                        caller: caller.clone(),
+                        model,
+                        target,
+                    };
+                    all.entry(key).or_default().add(&sums);
+                }
+            }
+        }
+        all.into_iter().collect()
     }
 
     /// Writes what is pending; on failure keeps it for the next try.
@@ -139,7 +207,13 @@ impl UsageAggregator {
         if let Err(e) = store.add_usage(&increments).await {
             tracing::error!(error = %e, groups = batch.len(), "write gateway usage; keeping it for the next flush");
             for (key, sums) in batch {
-                self.add(key, &sums);
+                self.add(
+                    key.minute_start,
+                    &key.caller,
+                    &key.model,
+                    &key.target,
+                    &sums,
+                );
             }
         }
     }
@@ -202,5 +276,41 @@ mod tests {
             }
         );
         assert!(usage.take().is_empty());
+    }
+
+    #[test]
+    fn requests_booked_on_many_threads_come_out_as_one_group_per_name() {
+        let usage = UsageAggregator::default();
+        let caller = Caller {
+            user_id: 1,
+            api_key_id: None,
+        };
+        let model: Arc<str> = Arc::from("tiny");
+        let target: Arc<str> = Arc::from("tiny");
+        // The same name in another allocation is the same group.
+        let other_model: Arc<str> = Arc::from("tiny");
+        std::thread::scope(|scope| {
+            for _ in 0..6 {
+                scope.spawn(|| {
+                    for _ in 0..100 {
+                        usage.record(&caller, &model, &target, None);
+                        usage.record(&caller, &other_model, &other_model, None);
+                    }
+                });
+            }
+        });
+        let mut requests = 0;
+        let mut minutes = std::collections::HashSet::new();
+        for (key, sums) in usage.take() {
+            assert_eq!(&*key.model, "tiny");
+            // One group per minute: the shards' sums of a group were added up.
+            assert!(
+                minutes.insert(key.minute_start),
+                "group {key:?} came out twice"
+            );
+            requests += sums.requests;
+        }
+        assert_eq!(requests, 1200);
+        assert_eq!(usage.dropped(), 0);
     }
 }

@@ -1183,6 +1183,23 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
         async move { request.send().await.unwrap().status() }
     };
     assert_eq!(models(second_key.clone()).await, StatusCode::OK);
+    // The hot routes too, where a keep-alive connection keeps its last key for its
+    // next requests (authenticated, the request gets as far as the model: 503).
+    let chat = |key: String| {
+        let request = cluster
+            .server
+            .http
+            .post(format!("{}/v1/chat/completions", cluster.server.base))
+            .bearer_auth(key)
+            .json(&json!({"model": "idle", "messages": []}));
+        async move { request.send().await.unwrap().status() }
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            chat(second_key.clone()).await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
     cluster
         .admin()
         .delete_api_key(second.api_key.id)
@@ -1197,6 +1214,8 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
         String::new,
     )
     .await;
+    // At once on the connection that kept it: the deletion ended its grant.
+    assert_eq!(chat(second_key.clone()).await, StatusCode::UNAUTHORIZED);
 
     // Unknown gateway paths and wrong methods keep the shape too.
     let (status, _, body) = cluster
@@ -1232,7 +1251,8 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
             &text,
             "gantry_gateway_requests_total{model=\"idle\",code=\"503\"}"
         ),
-        1.0,
+        // One asked above, three with the short-lived key.
+        4.0,
         "{text}"
     );
     assert_eq!(
