@@ -22,7 +22,7 @@ use gantry_types::{ModelRoute as RouteDefinition, RouteTarget};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
-use crate::metrics::{Metrics, TargetMetrics};
+use crate::metrics::{Metrics, ModelMetrics, TargetMetrics};
 use crate::routing::{Backend, RoutingTable, REFRESH_INTERVAL};
 use crate::GatewayContext;
 
@@ -34,6 +34,8 @@ pub struct RoutePlan {
     pub created: i64,
     /// By priority; within one, in the route's order.
     pub targets: Vec<PlannedTarget>,
+    /// The route's counters (as a model's: by the name the client sent).
+    pub metrics: Arc<ModelMetrics>,
     /// Counts picks: the weighted choice among the available targets follows it, so
     /// the split is exact over a run of requests (3:1 sends 3 of every 4 to the first).
     cursor: AtomicU64,
@@ -340,6 +342,7 @@ impl RouteTable {
             })
             .collect();
         RoutePlan {
+            metrics: self.metrics.model(&name),
             name,
             created: definition.created_at.as_millis() / 1000,
             targets,
@@ -417,6 +420,7 @@ mod tests {
         let metrics = Metrics::default();
         RoutePlan {
             name: Arc::from("chat"),
+            metrics: metrics.model("chat"),
             created: 0,
             targets: targets
                 .into_iter()
@@ -480,6 +484,7 @@ mod tests {
         let metrics = Metrics::default();
         let plan = RoutePlan {
             name: Arc::from("chat"),
+            metrics: metrics.model("chat"),
             created: 0,
             targets: vec![
                 PlannedTarget {

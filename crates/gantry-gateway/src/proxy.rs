@@ -567,6 +567,8 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
     };
     let name = selection.name();
     let metrics = selection.metrics(&gateway.metrics);
+    // A model's route as the table has it now, when a retry looked again.
+    let mut latest: Option<Arc<ModelRoute>> = None;
 
     // Streams report usage only when asked; ask on the client's behalf and remove the
     // extra chunk from what it receives.
@@ -582,7 +584,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
     let upstream_body = if inject_usage {
         match with_include_usage(&body, key_present) {
             Ok(rewritten) => rewritten,
-            Err(e) => return reject(&metrics, started, e),
+            Err(e) => return reject(metrics, started, e),
         }
     } else {
         body.clone()
@@ -602,7 +604,6 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
     drop(peek);
 
     let policy = &gateway.config.ejection;
-    let mut selection = selection;
     // Instances tried (a provider counts as minus its id), and for routes the targets
     // tried (bit i: target i): a provider target is tried once per request, a local one
     // while it has untried instances.
@@ -615,23 +616,20 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
     let mut timed_out = false;
     let mut last_failure = LastFailure::None;
     for attempt in 0..MAX_TRIES {
-        let (backend, target_index) = match &mut selection {
+        let (backend, target_index) = match &selection {
             Selection::Model(route) => {
                 if attempt > 0 {
                     // Instances may have left routing since the last try (that may be
                     // why it ended): pick from the table as it is now.
                     match gateway.routes.get(&route.name) {
-                        Some(current) => {
-                            // The same model, so the same counters.
-                            current.metrics.get_or_init(|| Arc::clone(&metrics));
-                            *route = current;
-                        }
+                        Some(current) => latest = Some(current),
                         None => {
                             last_failure = LastFailure::NoRouteLeft;
                             break;
                         }
                     }
                 }
+                let route = latest.as_ref().unwrap_or(route);
                 let picked = if timed_out {
                     route.pick_untried(&tried[..tried_count])
                 } else {
@@ -677,7 +675,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
         // `model` a route's target is sent.
         let rewritten;
         let try_body = match target {
-            Some(target) if target.upstream_model() != &*name => {
+            Some(target) if target.upstream_model() != name => {
                 let with_usage = |renamed: Bytes| {
                     if inject_usage {
                         with_include_usage(&renamed, key_present)
@@ -689,7 +687,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                     .and_then(with_usage)
                 {
                     Ok(body) => body,
-                    Err(e) => return reject(&metrics, started, e),
+                    Err(e) => return reject(metrics, started, e),
                 };
                 &rewritten
             }
@@ -786,8 +784,8 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                             None => (Arc::clone(&plan.name), backend.header_value.clone(), None),
                         };
                         Answered::Route {
-                            metrics,
-                            model: name,
+                            metrics: Arc::clone(&plan.metrics),
+                            model: Arc::clone(&plan.name),
                             target,
                             target_metrics,
                             header,
@@ -877,7 +875,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
         LastFailure::Timeout(limit) => {
             metrics.count_error(ErrorKind::AllTriesFailed);
             reject(
-                &metrics,
+                metrics,
                 started,
                 OpenAiError::gateway_timeout(format!(
                     "no backend of `{name}` sent a response head within its first-byte timeout of {}: {}",
@@ -890,26 +888,26 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
             // Its instances left routing while the request tried them.
             metrics.count_error(ErrorKind::NoRunningInstance);
             reject(
-                &metrics,
+                metrics,
                 started,
-                OpenAiError::no_running_instance_left(&name, &failures.join("; ")),
+                OpenAiError::no_running_instance_left(name, &failures.join("; ")),
             )
         }
         LastFailure::NoTarget => {
             metrics.count_error(ErrorKind::NoRunningInstance);
             let Selection::Route(plan) = &selection else {
-                return reject(&metrics, started, OpenAiError::no_running_instance(&name));
+                return reject(metrics, started, OpenAiError::no_running_instance(name));
             };
             reject(
-                &metrics,
+                metrics,
                 started,
-                OpenAiError::no_available_target(&name, &plan.unavailable_reasons(&gateway.routes)),
+                OpenAiError::no_available_target(name, &plan.unavailable_reasons(&gateway.routes)),
             )
         }
         LastFailure::None | LastFailure::Other => {
             metrics.count_error(ErrorKind::AllTriesFailed);
             reject(
-                &metrics,
+                metrics,
                 started,
                 OpenAiError::bad_gateway(format!(
                     "no backend of `{name}` could answer: {}",
@@ -929,21 +927,19 @@ enum Selection {
 }
 
 impl Selection {
-    /// The name's counters: a model's are looked up once per route (table), not on
-    /// every request.
-    fn metrics(&self, all: &Metrics) -> Arc<ModelMetrics> {
+    /// The name's counters: a model's are looked up once per route (table), a
+    /// route's when it is planned; not on every request.
+    fn metrics(&self, all: &Metrics) -> &Arc<ModelMetrics> {
         match self {
-            Selection::Model(route) => {
-                Arc::clone(route.metrics.get_or_init(|| all.model(&route.name)))
-            }
-            Selection::Route(plan) => all.model(&plan.name),
+            Selection::Model(route) => route.metrics.get_or_init(|| all.model(&route.name)),
+            Selection::Route(plan) => &plan.metrics,
         }
     }
 
-    fn name(&self) -> Arc<str> {
+    fn name(&self) -> &str {
         match self {
-            Selection::Model(route) => Arc::clone(&route.name),
-            Selection::Route(plan) => Arc::clone(&plan.name),
+            Selection::Model(route) => &route.name,
+            Selection::Route(plan) => &plan.name,
         }
     }
 

@@ -390,13 +390,27 @@ pub struct ModelRoute {
     /// Ordered by instance id; never empty in the table.
     pub backends: Vec<Arc<Backend>>,
     /// Where the next pick starts its scan: rotates so that ties take turns.
-    cursor: AtomicUsize,
+    cursor: Arc<AtomicUsize>,
     /// The model's counters, looked up by the first request through this route rather
     /// than by name (a lock and a hash) on every request.
     pub metrics: OnceLock<Arc<ModelMetrics>>,
 }
 
 impl ModelRoute {
+    /// The same route for another shard of the table: the same instances, name and
+    /// counters and the same cursor (ties take turns over every shard), a reference count
+    /// of its own.
+    fn copy(&self) -> Self {
+        Self {
+            name: Arc::clone(&self.name),
+            name_header: self.name_header.clone(),
+            created: self.created,
+            backends: self.backends.clone(),
+            cursor: Arc::clone(&self.cursor),
+            metrics: self.metrics.clone(),
+        }
+    }
+
     /// The least-loaded instance not among `tried`; when every instance has been
     /// tried, the least-loaded of all (a model with one instance retries that one).
     /// Ejected instances count as loaded beyond any other, so one is picked only when
@@ -432,6 +446,12 @@ impl ModelRoute {
 #[derive(Debug, Default)]
 pub struct RoutingTable {
     inner: RwLock<Tables>,
+    /// The routes again, one copy per shard (`shard.rs`), for [`RoutingTable::get`]:
+    /// every request reads a route, and a read lock that every request takes is a
+    /// cache line the CPUs pass back and forth. Each copy's routes are its own
+    /// ([`ModelRoute::copy`]: same instances), so that holding one — its reference
+    /// count — stays on the shard too. Written with `inner`, under its write lock.
+    by_shard: Sharded<RwLock<HashMap<Arc<str>, Arc<ModelRoute>>>>,
     /// Woken whenever a route is set, for requests that wait for one to arrive.
     changed: tokio::sync::Notify,
     /// When the store last said a model (by name) had no running instance: requests
@@ -454,8 +474,12 @@ struct Tables {
 impl RoutingTable {
     /// The route of a model with at least one running instance.
     pub fn get(&self, model: &str) -> Option<Arc<ModelRoute>> {
-        let tables = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        tables.routes.get(model).cloned()
+        let routes = self
+            .by_shard
+            .local()
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        routes.get(model).cloned()
     }
 
     /// The route of `model` once it has one, waiting at most `within` for the change
@@ -512,6 +536,13 @@ impl RoutingTable {
 
     fn replace_all(&self, routes: HashMap<Arc<str>, Arc<ModelRoute>>, known: HashSet<Arc<str>>) {
         let mut tables = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        for shard in self.by_shard.iter() {
+            let copies = routes
+                .iter()
+                .map(|(name, route)| (Arc::clone(name), Arc::new(route.copy())))
+                .collect();
+            *shard.write().unwrap_or_else(|e| e.into_inner()) = copies;
+        }
         *tables = Tables { routes, known };
         drop(tables);
         self.changed.notify_waiters();
@@ -519,6 +550,13 @@ impl RoutingTable {
 
     fn set(&self, name: Arc<str>, route: Option<Arc<ModelRoute>>) {
         let mut tables = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        for shard in self.by_shard.iter() {
+            let mut copies = shard.write().unwrap_or_else(|e| e.into_inner());
+            match &route {
+                Some(route) => copies.insert(Arc::clone(&name), Arc::new(route.copy())),
+                None => copies.remove(&name),
+            };
+        }
         match route {
             Some(route) => tables.routes.insert(name, route),
             None => tables.routes.remove(&name),
@@ -588,7 +626,7 @@ impl Tracker {
             name_header: HeaderValue::from_str(name).ok()?,
             created: self.models.get(&model_id).map_or(0, |m| m.created),
             backends,
-            cursor: AtomicUsize::new(0),
+            cursor: Arc::default(),
             metrics: OnceLock::new(),
         }))
     }
@@ -810,7 +848,7 @@ mod tests {
             name_header: HeaderValue::from_static("tiny"),
             created: 0,
             backends: backends.iter().map(|b| Arc::clone(b)).collect(),
-            cursor: AtomicUsize::new(0),
+            cursor: Arc::default(),
             metrics: OnceLock::new(),
         }
     }
