@@ -163,8 +163,8 @@ impl CredentialCache {
         }
     }
 
-    /// Whether `grant` still holds at `now`: before its end, and no entry was
-    /// invalidated or dropped since it was given (one atomic load; the counter changes
+    /// Whether `grant` still holds at `now`: before its end, and no change to a key or
+    /// user (nor a missed one) invalidated entries since it was given (one atomic load; the counter changes
     /// only with keys and users, so its cache line is not passed between CPUs).
     pub fn holds(&self, grant: &Grant, now: Instant) -> bool {
         now < grant.until && self.epoch.load(Ordering::Acquire) == grant.epoch
@@ -193,12 +193,18 @@ impl CredentialCache {
                         if report_use {
                             entry.use_reported_at = now;
                         }
-                        let mut until = (checked_at + self.config.fresh_for)
-                            .min(entry.use_reported_at + USE_REPORT_INTERVAL);
+                        // A use is due at most a second from now, so `until` is near
+                        // whatever `fresh_for` (however long) and the expiry are.
+                        let mut until = entry.use_reported_at + USE_REPORT_INTERVAL;
+                        if let Some(fresh_until) = checked_at.checked_add(self.config.fresh_for) {
+                            until = until.min(fresh_until);
+                        }
                         if let Some(expires_at) = entry.key.expires_at {
                             let left = expires_at.as_millis() - Timestamp::now().as_millis();
                             let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
-                            until = until.min(now + left);
+                            if let Some(expiry) = now.checked_add(left) {
+                                until = until.min(expiry);
+                            }
                         }
                         return Lookup::Hit(Hit {
                             key_id: entry.key.key_id,

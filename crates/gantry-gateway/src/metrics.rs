@@ -226,7 +226,8 @@ impl Drop for InFlight {
             .in_flight
             .local()
             .ended
-            .fetch_add(1, Ordering::Relaxed);
+            // Release: a scrape that sees this end sees the request's begin too.
+            .fetch_add(1, Ordering::Release);
     }
 }
 

@@ -35,6 +35,7 @@ use gantry_auth::Principal;
 use gantry_store::{InstanceFilter, Page, StoreError};
 use gantry_types::{units, InstanceState};
 use serde::Deserialize;
+use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
 use crate::body::{Answered, Completion, Inspector, ObservedBody};
@@ -256,7 +257,7 @@ impl KeyMemo {
 /// Whether two secrets are equal, in a time that does not depend on where they
 /// differ (one connection may carry several clients' requests, through a proxy).
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    bool::from(a.ct_eq(b))
 }
 
 /// The caller behind a token, from `memo` when it holds the token's grant; else asked

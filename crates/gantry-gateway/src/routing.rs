@@ -86,11 +86,9 @@ pub struct Backend {
     ejected_until_ms: AtomicU64,
     /// Times this instance was ejected.
     ejections: AtomicU64,
-    /// Fired when the routing table drops the instance (not `running` any more,
-    /// deleted, moved to another address); never reset: a later return to routing
-    /// makes a new `Backend`.
-    /// Set when the routing table drops the instance: what the balancer reads for
-    /// every candidate of every request.
+    /// Set when the routing table drops the instance (not `running` any more, deleted,
+    /// moved to another address); never reset: a later return to routing makes a new
+    /// `Backend`. What the balancer reads for every candidate of every request.
     left: AtomicBool,
     /// Tries waiting for a response head, woken when `left` is set: one wait list per
     /// shard (`shard.rs`), so a try joins and leaves a list only its own thread uses,

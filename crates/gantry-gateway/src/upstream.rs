@@ -497,14 +497,27 @@ impl ConnectionPool {
         if !connection.finished_cleanly() {
             return;
         }
-        let mut idle = lock(self.idle.local());
-        // The bound is shared out among the shards.
-        if idle.len() < MAX_IDLE_PER_INSTANCE.div_ceil(shard::count()) {
-            idle.push(Idle {
-                connection,
-                since: Instant::now(),
-            });
+        // The bound is shared out among the shards; a full one passes the connection
+        // to another rather than close it.
+        let limit = MAX_IDLE_PER_INSTANCE.div_ceil(shard::count());
+        let local = self.idle.local();
+        let mut idle = lock(local);
+        if idle.len() >= limit {
+            drop(idle);
+            let Some(other) = self
+                .idle
+                .iter()
+                .filter(|idle| !std::ptr::eq(*idle, local))
+                .find(|idle| lock(idle).len() < limit)
+            else {
+                return;
+            };
+            idle = lock(other);
         }
+        idle.push(Idle {
+            connection,
+            since: Instant::now(),
+        });
     }
 
     /// Closes connections idle for longer than [`POOL_IDLE_TIMEOUT`] or closed by the

@@ -4,13 +4,13 @@
 //! background task moves the sums to the store every [`FLUSH_INTERVAL`] in one
 //! transaction. At shutdown the task flushes once more before the store closes.
 //!
-//! The pending sums are bounded by [`MAX_PENDING_GROUPS`] distinct groups (shared out
-//! among the shards); beyond that
+//! The pending sums are bounded by [`MAX_PENDING_GROUPS`] distinct groups (over every
+//! shard); beyond that
 //! new groups are dropped and counted (a flood of distinct callers while the database
 //! is down must not exhaust memory). A failed flush keeps its sums for the next one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use gantry_store::{usage_minute_of, Store, UsageIncrement, UsageSums};
 use gantry_types::Timestamp;
 use serde::Deserialize;
 
-use crate::shard::{self, Sharded};
+use crate::shard::Sharded;
 use crate::GatewayContext;
 
 /// How often pending usage is written to the store.
@@ -71,8 +71,6 @@ struct GroupKey {
 #[derive(Debug, Default)]
 struct Pending {
     groups: HashMap<(i64, Caller), Vec<Named>>,
-    /// Groups held, over every caller.
-    len: usize,
 }
 
 #[derive(Debug)]
@@ -87,6 +85,8 @@ struct Named {
 #[derive(Debug, Default)]
 pub struct UsageAggregator {
     pending: Sharded<Mutex<Pending>>,
+    /// Groups held over every shard (changed only when a group is added or taken).
+    groups: AtomicUsize,
     dropped: AtomicU64,
 }
 
@@ -119,14 +119,12 @@ impl UsageAggregator {
         target: &Arc<str>,
         sums: &UsageSums,
     ) {
-        // The bound is shared out among the shards.
-        let limit = MAX_PENDING_GROUPS.div_ceil(shard::count());
         let mut pending = self
             .pending
             .local()
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let full = pending.len >= limit;
+        let full = self.groups.load(Ordering::Relaxed) >= MAX_PENDING_GROUPS;
         let group = (minute_start, caller.clone());
         let named = match pending.groups.get_mut(&group) {
             Some(named) => named,
@@ -151,7 +149,7 @@ impl UsageAggregator {
                     target: Arc::clone(target),
                     sums: *sums,
                 });
-                pending.len += 1;
+                self.groups.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -168,6 +166,7 @@ impl UsageAggregator {
         for shard in self.pending.iter() {
             let taken = std::mem::take(&mut *shard.lock().unwrap_or_else(|e| e.into_inner()));
             for ((minute_start, caller), named) in taken.groups {
+                self.groups.fetch_sub(named.len(), Ordering::Relaxed);
                 for Named {
                     model,
                     target,
