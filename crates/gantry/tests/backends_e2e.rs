@@ -331,7 +331,13 @@ async fn a_frozen_backend_is_found_unhealthy_taken_out_of_routing_and_restarted(
     }
     let (after, state, message) = unhealthy_after.expect("the frozen backend left running");
     eprintln!("frozen backend reported {state:?} after {after:?}: {message}");
-    assert_eq!(state, InstanceState::Unhealthy, "{message}");
+    // Seen unhealthy, or already restarting because of it: on a busy machine the
+    // restart one second later can come before a poll sees the unhealthy state.
+    assert!(
+        state == InstanceState::Unhealthy
+            || (state == InstanceState::Starting && message.contains("unhealthy after")),
+        "{state:?}: {message}"
+    );
     assert!(
         after <= bound + Duration::from_millis(500),
         "took {after:?}"
