@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::limits::KeyWindow;
 use crate::metrics::{ErrorKind, InFlight, ModelMetrics, TargetMetrics};
+use crate::model_routes::RoutePlan;
 use crate::routing::{InFlightGuard, ModelRoute};
 use crate::upstream::{RequestError, UpstreamConnection};
 use crate::usage::{Caller, TokenUsage, UsageAggregator};
@@ -338,17 +339,11 @@ pub enum Answered {
     /// A deployed model (no route of its name), through its route: that holds the
     /// model's name, counters and header, so a request shares nothing else.
     Model(Arc<ModelRoute>),
-    /// A defined route, through one of its targets (or a backend of its own).
+    /// A defined route, through one of its targets (an index into `plan.targets`),
+    /// which holds the label, counters and header.
     Route {
-        metrics: Arc<ModelMetrics>,
-        /// The route's name (what the client sent).
-        model: Arc<str>,
-        /// The target's label.
-        target: Arc<str>,
-        /// The target's counters.
-        target_metrics: Option<Arc<TargetMetrics>>,
-        /// `x-gantry-target`.
-        header: HeaderValue,
+        plan: Arc<RoutePlan>,
+        target: Option<usize>,
     },
 }
 
@@ -359,7 +354,7 @@ impl Answered {
     pub fn metrics(&self) -> Option<&ModelMetrics> {
         match self {
             Answered::Model(route) => route.metrics.get().map(|m| &**m),
-            Answered::Route { metrics, .. } => Some(metrics),
+            Answered::Route { plan, .. } => Some(&plan.metrics),
         }
     }
 
@@ -367,7 +362,7 @@ impl Answered {
     pub fn model(&self) -> &Arc<str> {
         match self {
             Answered::Model(route) => &route.name,
-            Answered::Route { model, .. } => model,
+            Answered::Route { plan, .. } => &plan.name,
         }
     }
 
@@ -375,22 +370,24 @@ impl Answered {
     pub fn target(&self) -> &Arc<str> {
         match self {
             Answered::Model(route) => &route.name,
-            Answered::Route { target, .. } => target,
+            Answered::Route { plan, target } => {
+                target.map_or(&plan.name, |i| &plan.targets[i].label)
+            }
         }
     }
 
     fn target_metrics(&self) -> Option<&TargetMetrics> {
         match self {
             Answered::Model(_) => None,
-            Answered::Route { target_metrics, .. } => target_metrics.as_deref(),
+            Answered::Route { plan, target } => target.map(|i| &*plan.targets[i].metrics),
         }
     }
 
-    /// `x-gantry-target`.
-    pub fn header(&self) -> &HeaderValue {
+    /// `x-gantry-target`, when it names something other than the backend.
+    fn header(&self) -> Option<&HeaderValue> {
         match self {
-            Answered::Model(route) => &route.name_header,
-            Answered::Route { header, .. } => header,
+            Answered::Model(route) => Some(&route.name_header),
+            Answered::Route { plan, target } => target.map(|i| &plan.targets[i].header),
         }
     }
 }
@@ -408,6 +405,20 @@ pub struct Completion {
     /// The instance (or provider) that answered, its in-flight count held.
     pub backend: InFlightGuard,
     pub gateway: InFlight,
+}
+
+impl Completion {
+    /// `x-gantry-instance`: the instance (or provider) that answered.
+    pub fn instance_header(&self) -> &HeaderValue {
+        &self.backend.backend().header_value
+    }
+
+    /// `x-gantry-target`: the model, the route's target, else the backend.
+    pub fn target_header(&self) -> &HeaderValue {
+        self.answered
+            .header()
+            .unwrap_or_else(|| self.instance_header())
+    }
 }
 
 /// The backend's body on its way to the client.

@@ -460,12 +460,12 @@ fn put_answer_head(out: &mut Vec<u8>, answer: &BackendAnswer, length: Option<u64
         h1::put_header(
             out,
             INSTANCE_HEADER.as_str().as_bytes(),
-            completion.backend.backend().header_value.as_bytes(),
+            completion.instance_header().as_bytes(),
         );
         h1::put_header(
             out,
             TARGET_HEADER.as_str().as_bytes(),
-            completion.answered.header().as_bytes(),
+            completion.target_header().as_bytes(),
         );
     }
     match length {

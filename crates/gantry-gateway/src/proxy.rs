@@ -479,9 +479,9 @@ impl BackendAnswer {
         if let Some(completion) = self.body.completion() {
             headers.insert(
                 INSTANCE_HEADER.clone(),
-                completion.backend.backend().header_value.clone(),
+                completion.instance_header().clone(),
             );
-            headers.insert(TARGET_HEADER.clone(), completion.answered.header().clone());
+            headers.insert(TARGET_HEADER.clone(), completion.target_header().clone());
         }
         let mut response = Response::new(AxumBody::new(self.body));
         *response.status_mut() = status_code(&self.head);
@@ -772,26 +772,10 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                 let answered = match selection {
                     // Its name, counters and header are the route's own.
                     Selection::Model(route) => Answered::Model(route),
-                    Selection::Route(plan) => {
-                        let (target, header, target_metrics) = match target_index {
-                            Some(index) => {
-                                let target = &plan.targets[index];
-                                (
-                                    Arc::clone(&target.label),
-                                    target.header.clone(),
-                                    Some(Arc::clone(&target.metrics)),
-                                )
-                            }
-                            None => (Arc::clone(&plan.name), backend.header_value.clone(), None),
-                        };
-                        Answered::Route {
-                            metrics: Arc::clone(&plan.metrics),
-                            model: Arc::clone(&plan.name),
-                            target,
-                            target_metrics,
-                            header,
-                        }
-                    }
+                    Selection::Route(plan) => Answered::Route {
+                        plan,
+                        target: target_index,
+                    },
                 };
                 let body = ObservedBody::new(
                     connection,

@@ -219,12 +219,6 @@ impl Backend {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Counts a request until the guard is dropped (also when its future is
-    /// cancelled).
-    pub fn start_request(self: &Arc<Self>) -> InFlightGuard {
-        InFlightGuard::start(Arc::clone(self))
-    }
-
     /// Makes the balancer avoid this instance for a while.
     pub fn mark_failing(&self, duration: Duration) {
         let until = now_ms().saturating_add(u64::try_from(duration.as_millis()).unwrap_or(0));
@@ -888,7 +882,7 @@ mod tests {
         first.record_failure(&EJECT_AT_ONCE).unwrap();
         second.record_failure(&EJECT_AT_ONCE).unwrap();
         // The first is also stuck with a request.
-        let _stuck = first.start_request();
+        let _stuck = InFlightGuard::start(Arc::clone(&first));
         for _ in 0..4 {
             assert_eq!(route.pick(&[]).unwrap().instance_id, 2);
         }

@@ -66,6 +66,13 @@ impl<T> Sharded<T> {
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         self.shards.iter().map(|shard| &shard.0)
     }
+
+    /// Every copy but the calling thread's, to fall back on.
+    pub fn others(&self) -> impl Iterator<Item = &T> {
+        let local = self.local();
+        self.iter()
+            .filter(move |shard| !std::ptr::eq(*shard, local))
+    }
 }
 
 #[cfg(test)]

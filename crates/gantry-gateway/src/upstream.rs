@@ -466,13 +466,7 @@ impl ConnectionPool {
     /// The most recently used idle connection that is still open: this thread's,
     /// else another's.
     pub fn take(&self) -> Option<UpstreamConnection> {
-        let local = self.idle.local();
-        Self::take_from(local).or_else(|| {
-            self.idle
-                .iter()
-                .filter(|idle| !std::ptr::eq(*idle, local))
-                .find_map(Self::take_from)
-        })
+        Self::take_from(self.idle.local()).or_else(|| self.idle.others().find_map(Self::take_from))
     }
 
     fn take_from(idle: &Mutex<Vec<Idle>>) -> Option<UpstreamConnection> {
@@ -500,16 +494,10 @@ impl ConnectionPool {
         // The bound is shared out among the shards; a full one passes the connection
         // to another rather than close it.
         let limit = MAX_IDLE_PER_INSTANCE.div_ceil(shard::count());
-        let local = self.idle.local();
-        let mut idle = lock(local);
+        let mut idle = lock(self.idle.local());
         if idle.len() >= limit {
             drop(idle);
-            let Some(other) = self
-                .idle
-                .iter()
-                .filter(|idle| !std::ptr::eq(*idle, local))
-                .find(|idle| lock(idle).len() < limit)
-            else {
+            let Some(other) = self.idle.others().find(|idle| lock(idle).len() < limit) else {
                 return;
             };
             idle = lock(other);
