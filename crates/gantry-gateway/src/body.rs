@@ -537,7 +537,7 @@ impl Drop for ObservedBody {
         let completed = !self.failed && (self.ended || self.backend_done());
         if let Some(upstream) = self.upstream.take() {
             if completed {
-                completion.backend.backend().pool.give_back(upstream);
+                completion.backend.backend().give_back(upstream);
             }
             // Otherwise dropped here: closing the connection cancels the backend's work.
         }

@@ -201,6 +201,22 @@ impl Backend {
         }
     }
 
+    /// Keeps a connection whose response ended cleanly for the next request — unless the
+    /// instance has left routing: then no request will take it, and an open connection
+    /// would tell the instance's worker, draining it before a stop, that a request is
+    /// still under way (`gantry-worker`'s `drain.rs`).
+    pub fn give_back(&self, connection: UpstreamConnection) {
+        if self.has_left_routing() {
+            return;
+        }
+        self.pool.give_back(connection);
+        // Left while it was given back: the removal may have closed the idle connections
+        // before this one arrived (the pool's lock orders the two).
+        if self.has_left_routing() {
+            self.pool.close_idle();
+        }
+    }
+
     /// A new connection.
     pub async fn connect(&self) -> Result<UpstreamConnection, ConnectError> {
         let tls_name = self.provider.as_ref().and_then(|p| p.tls_name.as_ref());
@@ -318,13 +334,15 @@ impl Backend {
     }
 
     /// Called by the routing task when it drops the instance (and by the route table
-    /// when a provider changes): requests waiting for its response head give up on it.
+    /// when a provider changes): requests waiting for its response head give up on it,
+    /// and its idle connections are closed (the requests under way keep theirs).
     pub(crate) fn leave_routing(&self) {
         if !self.left.swap(true, Ordering::AcqRel) {
             tracing::debug!(instance = %self.instance_name, instance_id = self.instance_id, in_flight = self.in_flight(), "instance left routing");
             for waiters in self.left_waiters.iter() {
                 waiters.notify_waiters();
             }
+            self.pool.close_idle();
         }
     }
 
@@ -848,6 +866,66 @@ mod tests {
     fn backend(id: i64, port: u16) -> Arc<Backend> {
         let model = fixtures::model(1, "tiny");
         Arc::new(Backend::from_instance(&running(id, &model, port)).unwrap())
+    }
+
+    /// Connections to an instance that answers every request on them with `ok`, taken
+    /// one request each and given back.
+    async fn used_connections(backend: &Backend, listener: tokio::net::TcpListener, n: usize) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 4096];
+                    while let Ok(read) = socket.read(&mut buffer).await {
+                        if read == 0 {
+                            return;
+                        }
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if socket.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let request = crate::upstream::Outgoing {
+            method: "POST",
+            path: "/v1/completions",
+            query: None,
+            host: b"instance",
+            headers: b"",
+            body: b"",
+        };
+        let mut connections = Vec::new();
+        for _ in 0..n {
+            let mut connection = backend.connect().await.unwrap();
+            connection.send(request).await.unwrap();
+            while let Some(data) = std::future::poll_fn(|cx| connection.poll_body(cx)).await {
+                data.unwrap();
+            }
+            connections.push(connection);
+        }
+        for connection in connections {
+            backend.give_back(connection);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_instance_that_leaves_routing_keeps_no_idle_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let routed = backend(1, port);
+        used_connections(&routed, listener, 2).await;
+        assert_eq!(routed.pool.idle_count(), 2, "kept while it is routed");
+        routed.leave_routing();
+        assert_eq!(routed.pool.idle_count(), 0, "closed when it leaves");
+        // A request under way when it left ends: its connection is closed, not kept.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let left = backend(2, listener.local_addr().unwrap().port());
+        left.leave_routing();
+        used_connections(&left, listener, 1).await;
+        assert_eq!(left.pool.idle_count(), 0);
     }
 
     const EJECT_AT_ONCE: EjectionPolicy = EjectionPolicy {

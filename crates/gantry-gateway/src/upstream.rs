@@ -527,6 +527,15 @@ impl ConnectionPool {
         }
     }
 
+    /// Closes every idle connection.
+    pub fn close_idle(&self) {
+        for shard in self.idle.iter() {
+            // Dropped outside the lock.
+            let closed = std::mem::take(&mut *lock(shard));
+            drop(closed);
+        }
+    }
+
     pub fn idle_count(&self) -> usize {
         self.idle.iter().map(|idle| lock(idle).len()).sum()
     }

@@ -1,6 +1,8 @@
 //! The supervisor with the real llama.cpp `llama-server`: the tiny random-weight model from
-//! `gantry-gguf` runs under the `llama.cpp` backend and answers a chat completion, and a
-//! corrupt model ends in `Error` carrying llama-server's own stderr.
+//! `gantry-gguf` runs under the `llama.cpp` backend and answers a chat completion, a
+//! corrupt model ends in `Error` carrying llama-server's own stderr, and a stop lets the
+//! requests in progress finish — read from llama.cpp's slots, or for the same server run
+//! as a custom command, from its open connections.
 //!
 //! The binary comes from `GANTRY_LLAMA_SERVER`; build it (cached after the first time) with
 //! `scripts/build-llama-server.sh`, which prints its path:
@@ -219,7 +221,47 @@ async fn a_corrupt_model_is_an_error_with_llama_servers_stderr() {
 async fn stopping_a_serving_instance_lets_the_requests_in_progress_finish() {
     let mut h = Harness::new();
     let (_, address, _) = h.run_tiny_model(3).await;
+    stop_while_busy(
+        &mut h,
+        3,
+        &address,
+        "draining: no request in progress after",
+    )
+    .await;
+}
 
+/// A custom command does not tell its load: the stop waits until no connection is open
+/// to it (a gateway keeps one only while a request on it is under way).
+#[tokio::test(flavor = "multi_thread")]
+async fn stopping_a_custom_command_waits_for_its_open_connections() {
+    let mut h = Harness::new();
+    let model = h.temp.path().join("tiny-llama.gguf");
+    gantry_gguf::write_tiny_llama(&model).unwrap();
+    let mut spec = h.spec(4, model);
+    spec.launch.backend = BackendKind::Custom;
+    spec.launch.custom_command = Some(format!(
+        "{} -m {{model_path}} --host {{host}} --port {{port}}",
+        llama_server().display()
+    ));
+    spec.launch.health_path = Some("/health".into());
+    h.supervisor.ensure(spec).await.unwrap();
+    assert!(matches!(
+        h.next_state(4).await,
+        BackendState::Starting { .. }
+    ));
+    let address = match h.next_state(4).await {
+        BackendState::Running { address, .. } => address,
+        other => panic!(
+            "expected Running, got {other:?}; log:\n{}",
+            h.supervisor.read_log(4, 40).await.unwrap()
+        ),
+    };
+    stop_while_busy(&mut h, 4, &address, "draining: no connection open after").await;
+}
+
+/// Sends completions to the instance at `address`, stops it once it is busy, and requires
+/// every completion to finish and the log to show the drain ended with `drained`.
+async fn stop_while_busy(h: &mut Harness, instance_id: i64, address: &str, drained: &str) {
     // Eight completions queue up on the one slot; each generates until the context is full.
     // No idle keep-alive connections: llama-server gives each open connection one of its
     // few HTTP threads.
@@ -271,10 +313,10 @@ async fn stopping_a_serving_instance_lets_the_requests_in_progress_finish() {
     tokio::time::timeout(Duration::from_secs(20), busy)
         .await
         .expect("the backend starts processing the requests");
-    assert!(h.supervisor.stop(3).await);
-    assert_eq!(h.next_state(3).await, BackendState::Stopped);
+    assert!(h.supervisor.stop(instance_id).await);
+    assert_eq!(h.next_state(instance_id).await, BackendState::Stopped);
 
-    let log = h.supervisor.read_log(3, 50).await.unwrap();
+    let log = h.supervisor.read_log(instance_id, 50).await.unwrap();
     for request in requests {
         let generated = request
             .await
@@ -282,9 +324,6 @@ async fn stopping_a_serving_instance_lets_the_requests_in_progress_finish() {
             .unwrap_or_else(|e| panic!("a request was cut by the stop: {e}; log:\n{log}"));
         assert!(generated > 0);
     }
-    assert!(
-        log.contains("draining: no request in progress after"),
-        "{log}"
-    );
+    assert!(log.contains(drained), "{log}");
     h.supervisor.shutdown().await;
 }

@@ -510,6 +510,32 @@ async fn a_custom_backend_runs_a_model_refuses_deletion_in_use_and_rolls_version
     );
     assert!(answered > 10);
     assert!(failures.is_empty(), "failed requests: {failures:?}");
+    // A custom command does not tell its load: each old process was stopped once no
+    // connection was open to it (the gateway closes its idle ones when the instance
+    // leaves routing), not after waiting out half the stop grace period. Each process
+    // run writes a log file of its own on the worker.
+    let mut logs = Vec::new();
+    let mut dirs = vec![cluster.dir.path().join("w1")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                logs.push(std::fs::read_to_string(&path).unwrap_or_default());
+            }
+        }
+    }
+    let drained = logs
+        .iter()
+        .filter(|log| log.contains("draining: no connection open after"))
+        .count();
+    assert_eq!(drained, 2, "each old process drained: {logs:#?}");
+    for log in &logs {
+        for line in log.lines().filter(|l| l.contains("draining")) {
+            eprintln!("{line}");
+        }
+    }
 
     // Unused once the model is gone: deleted.
     cluster.client().delete_model(model_id).await.unwrap();

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::drain::{drain, Drained};
+use super::drain::{drain, Drained, LoadSource};
 use super::health;
 use super::process::{describe_exit, lock_sink, OutputSink, ProcessSet, SharedSink};
 use super::readiness::{backend_url, wait_until_healthy};
@@ -627,30 +627,36 @@ last installer lines:
     /// the processes to exit after SIGTERM.
     async fn drain(&self, sink: &SharedSink, ports: &[u16]) -> Duration {
         let grace = self.shared.config.stop_grace_period;
-        let Some(probe) = backend(self.spec.launch.backend).load_probe() else {
-            return grace;
+        let probe = backend(self.spec.launch.backend).load_probe();
+        let urls: Vec<String> = probe.map_or_else(Vec::new, |probe| {
+            ports
+                .iter()
+                .map(|port| backend_url(self.shared.config.bind_host, *port, probe.path))
+                .collect()
+        });
+        let source = match probe {
+            Some(probe) => LoadSource::Probe { probe, urls: &urls },
+            None => LoadSource::Connections { ports },
         };
-        let urls: Vec<String> = ports
-            .iter()
-            .map(|port| backend_url(self.shared.config.bind_host, *port, probe.path))
-            .collect();
         let started = Instant::now();
-        let drained = drain(&self.shared.http, &urls, probe, grace / 2).await;
+        let drained = drain(&self.shared.http, source, grace / 2).await;
         let waited = started.elapsed();
         let (instance_id, key) = (self.spec.instance_id, &self.spec.key);
         let note = match &drained {
             Drained::Idle => {
-                tracing::debug!(instance_id, %key, ?waited, "drained: no request in progress");
-                format!("draining: no request in progress after {waited:.1?}")
+                let nothing = source.nothing();
+                tracing::debug!(instance_id, %key, ?waited, "drained: {nothing}");
+                format!("draining: {nothing} after {waited:.1?}")
             }
             Drained::Unknown(reason) => {
-                tracing::debug!(instance_id, %key, %reason, "not drained: the backend does not tell its load");
-                format!("draining: skipped, the backend does not tell its load ({reason})")
+                tracing::debug!(instance_id, %key, %reason, "not drained: the backend's load cannot be read");
+                format!("draining: skipped, the backend's load cannot be read ({reason})")
             }
             Drained::Busy(n) => {
-                tracing::warn!(instance_id, %key, requests = n, ?waited,
-                    "stopping a backend with requests still in progress after draining for half the stop grace period");
-                format!("draining: {n} request(s) still in progress after {waited:.1?}; stopping anyway")
+                let some = source.some(*n);
+                tracing::warn!(instance_id, %key, ?waited,
+                    "stopping a backend with {some} after draining for half the stop grace period");
+                format!("draining: {some} after {waited:.1?}; stopping anyway")
             }
         };
         lock_sink(sink).note(&note);

@@ -38,7 +38,7 @@ config_table! {
         /// Every server's URL, comma-separated or repeated; a worker joins them and fails
         /// over between them.
         server_urls: Urls = Vec::new(), also "server-url";
-        /// How long a stop may take. A worker's serving llama.cpp, vLLM or SGLang backend first finishes its requests in progress for up to half of it, then gets SIGTERM, then SIGKILL when the time is up; a server finishes its gateway requests in flight for up to all of it.
+        /// How long a stop may take. A worker's serving backend first finishes its requests in progress (a custom command: until no connection is open to it) for up to half of it, then gets SIGTERM, then SIGKILL when the time is up; a server finishes its gateway requests in flight for up to all of it.
         stop_grace_period: Duration = supervisor::DEFAULT_STOP_GRACE_PERIOD;
         /// The Hugging Face Hub (or a mirror speaking its API) that `huggingface` model
         /// sources come from.
