@@ -43,7 +43,8 @@
 # the gateway at once — the responder pausing BENCH_CHUNK_MS, default 200, before each
 # event — with `stream-load`, which prints failed streams and the server's RSS before,
 # at its peak and BENCH_SETTLE seconds, default 10, after, for BENCH_ROUNDS rounds,
-# default 3).
+# default 3), BENCH_PROFILE (the cargo profile to build and run, default release;
+# `release-debug` keeps line tables for perf's reports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +53,7 @@ CONCURRENCY="${BENCH_CONCURRENCY:-64 8}"
 WRK_THREADS="${BENCH_THREADS:-2}"
 REPEAT="${BENCH_REPEAT:-3}"
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+PROFILE="${BENCH_PROFILE:-release}"
 
 log() { echo "bench-gateway: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -70,14 +72,14 @@ if ((${#need[@]})); then
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
-log "building gantry and openai-responder (release)"
+log "building gantry and openai-responder ($PROFILE)"
 examples=(--example write-tiny-model)
 [[ -n "${BENCH_BARE:-}" ]] && examples+=(--example proxy-shape)
-cargo build --release -p gantry -p gantry-bench -p gantry-gguf --bins "${examples[@]}" >&2
-GANTRY="$TARGET_DIR/release/gantry"
-RESPONDER="$TARGET_DIR/release/openai-responder"
-WRITE_MODEL="$TARGET_DIR/release/examples/write-tiny-model"
-[[ -x "$GANTRY" && -x "$RESPONDER" && -x "$WRITE_MODEL" ]] || die "release binaries not found under $TARGET_DIR/release"
+cargo build --profile "$PROFILE" -p gantry -p gantry-bench -p gantry-gguf --bins "${examples[@]}" >&2
+GANTRY="$TARGET_DIR/$PROFILE/gantry"
+RESPONDER="$TARGET_DIR/$PROFILE/openai-responder"
+WRITE_MODEL="$TARGET_DIR/$PROFILE/examples/write-tiny-model"
+[[ -x "$GANTRY" && -x "$RESPONDER" && -x "$WRITE_MODEL" ]] || die "$PROFILE binaries not found under $TARGET_DIR/$PROFILE"
 
 # --- processes -------------------------------------------------------------------------
 WORK=$(mktemp -d /tmp/gantry-bench.XXXXXX)
@@ -146,7 +148,7 @@ wait_http "http://127.0.0.1:$NGINX_PORT/health"
 if [[ -n "${BENCH_BARE:-}" ]]; then
   for mode in multi percore; do
     port=$(free_port)
-    "$TARGET_DIR/release/examples/proxy-shape" --port "$port" --upstream "127.0.0.1:$RESPONDER_PORT" --mode "$mode" &
+    "$TARGET_DIR/$PROFILE/examples/proxy-shape" --port "$port" --upstream "127.0.0.1:$RESPONDER_PORT" --mode "$mode" &
     BARE+=("$mode:$port:$!")
     wait_http "http://127.0.0.1:$port/health"
   done
@@ -274,7 +276,7 @@ NGINX_WORKERS=($(pgrep -P "${PIDS[1]}")) || die "no nginx worker processes"
 GANTRY_PID="${PIDS[2]}"
 if [[ -n "${BENCH_STREAMS:-}" ]]; then
   log "opening $BENCH_STREAMS streams at once through the gateway (responder pauses ${CHUNK_MS} ms before each event)"
-  "$TARGET_DIR/release/stream-load" --url "$BASE" --key "$KEY" --model bench \
+  "$TARGET_DIR/$PROFILE/stream-load" --url "$BASE" --key "$KEY" --model bench \
     --streams "$BENCH_STREAMS" --server-pid "$GANTRY_PID" --settle-s "${BENCH_SETTLE:-10}" \
     --rounds "${BENCH_ROUNDS:-3}"
   exit $?

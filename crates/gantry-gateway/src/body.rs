@@ -535,9 +535,12 @@ impl Drop for ObservedBody {
             return;
         };
         let completed = !self.failed && (self.ended || self.backend_done());
+        // One reading of the clock for the request's latency and the connection's
+        // idle time.
+        let now = Instant::now();
         if let Some(upstream) = self.upstream.take() {
             if completed {
-                completion.backend.backend().give_back(upstream);
+                completion.backend.backend().give_back(upstream, now);
             }
             // Otherwise dropped here: closing the connection cancels the backend's work.
         }
@@ -552,7 +555,10 @@ impl Drop for ObservedBody {
             } else if !completed {
                 metrics.count_error(ErrorKind::ClientDisconnected);
             }
-            metrics.observe_request(completion.status, completion.started.elapsed());
+            metrics.observe_request(
+                completion.status,
+                now.saturating_duration_since(completion.started),
+            );
             if let Some(usage) = usage {
                 metrics.count_tokens(usage.prompt_tokens, usage.completion_tokens);
             }

@@ -106,6 +106,17 @@ fn now_ms() -> u64 {
     u64::try_from(clock_origin().elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// [`now_ms`], read the first time it is asked for and not at all when nothing asks:
+/// a pick reads the clock only when an instance is refusing or ejected.
+#[derive(Default)]
+struct LazyNow(std::cell::OnceCell<u64>);
+
+impl LazyNow {
+    fn get(&self) -> u64 {
+        *self.0.get_or_init(now_ms)
+    }
+}
+
 impl Backend {
     /// `None` when the instance cannot be routed to (no address, or one that is not
     /// `host:port`).
@@ -190,9 +201,10 @@ impl Backend {
         }
     }
 
-    /// An idle keep-alive connection, or a new one.
-    pub async fn connection(&self) -> Result<UpstreamConnection, ConnectError> {
-        match self.pool.take() {
+    /// An idle keep-alive connection, or a new one; `now` is the caller's reading of
+    /// the clock.
+    pub async fn connection(&self, now: Instant) -> Result<UpstreamConnection, ConnectError> {
+        match self.pool.take(now) {
             Some(connection) => Ok(connection),
             // Boxed: connecting (a TLS handshake's state included) is most of a
             // request's future by size, and that future is moved on every request;
@@ -204,12 +216,13 @@ impl Backend {
     /// Keeps a connection whose response ended cleanly for the next request — unless the
     /// instance has left routing: then no request will take it, and an open connection
     /// would tell the instance's worker, draining it before a stop, that a request is
-    /// still under way (`gantry-worker`'s `drain.rs`).
-    pub fn give_back(&self, connection: UpstreamConnection) {
+    /// still under way (`gantry-worker`'s `drain.rs`). `now` is the caller's reading of
+    /// the clock.
+    pub fn give_back(&self, connection: UpstreamConnection, now: Instant) {
         if self.has_left_routing() {
             return;
         }
-        self.pool.give_back(connection);
+        self.pool.give_back(connection, now);
         // Left while it was given back: the removal may have closed the idle connections
         // before this one arrived (the pool's lock orders the two).
         if self.has_left_routing() {
@@ -349,20 +362,22 @@ impl Backend {
     /// Whether the balancer would pick this backend without reservation: in routing,
     /// not ejected and not recently refusing connections.
     pub fn is_healthy(&self) -> bool {
-        !self.has_left_routing() && self.load(now_ms()) < UNHEALTHY_PENALTY
+        !self.has_left_routing() && self.load(&LazyNow::default()) < UNHEALTHY_PENALTY
     }
 
-    fn load(&self, now: u64) -> u64 {
-        let refused = if self.unhealthy_until_ms.load(Ordering::Relaxed) > now {
+    fn load(&self, now: &LazyNow) -> u64 {
+        let refused_until = self.unhealthy_until_ms.load(Ordering::Relaxed);
+        let refused = if refused_until != 0 && refused_until > now.get() {
             UNHEALTHY_PENALTY
         } else {
             0
         };
-        let ejected = if self.ejected_at(now) {
-            EJECTED_PENALTY
-        } else {
-            0
-        };
+        let ejected =
+            if self.ejected_until_ms.load(Ordering::Relaxed) != 0 && self.ejected_at(now.get()) {
+                EJECTED_PENALTY
+            } else {
+                0
+            };
         self.in_flight() + refused + ejected
     }
 }
@@ -426,12 +441,18 @@ impl ModelRoute {
     /// Ejected instances count as loaded beyond any other, so one is picked only when
     /// nothing else is left; instances that left routing (a stale route) never are.
     pub fn pick(&self, tried: &[i64]) -> Option<Arc<Backend>> {
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        let now = now_ms();
         let len = self.backends.len();
+        // One instance has no ties to break: the cursor, which every request would
+        // write, is left alone.
+        let start = if len > 1 {
+            self.cursor.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
+        let now = LazyNow::default();
         let load = |i: usize| {
             let backend = &self.backends[i];
-            (!backend.has_left_routing()).then(|| backend.load(now))
+            (!backend.has_left_routing()).then(|| backend.load(&now))
         };
         let index = pick_least_loaded(len, start, |i| {
             if tried.contains(&self.backends[i].instance_id) {
@@ -907,7 +928,7 @@ mod tests {
             connections.push(connection);
         }
         for connection in connections {
-            backend.give_back(connection);
+            backend.give_back(connection, Instant::now());
         }
     }
 

@@ -464,15 +464,20 @@ fn lock(idle: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
 
 impl ConnectionPool {
     /// The most recently used idle connection that is still open: this thread's,
-    /// else another's.
-    pub fn take(&self) -> Option<UpstreamConnection> {
-        Self::take_from(self.idle.local()).or_else(|| self.idle.others().find_map(Self::take_from))
+    /// else another's. `now` is the caller's reading of the clock (a request's own,
+    /// read once for all that it times).
+    pub fn take(&self, now: Instant) -> Option<UpstreamConnection> {
+        Self::take_from(self.idle.local(), now).or_else(|| {
+            self.idle
+                .others()
+                .find_map(|idle| Self::take_from(idle, now))
+        })
     }
 
-    fn take_from(idle: &Mutex<Vec<Idle>>) -> Option<UpstreamConnection> {
+    fn take_from(idle: &Mutex<Vec<Idle>>, now: Instant) -> Option<UpstreamConnection> {
         loop {
             let idle = lock(idle).pop()?;
-            if idle.since.elapsed() > POOL_IDLE_TIMEOUT {
+            if now.saturating_duration_since(idle.since) > POOL_IDLE_TIMEOUT {
                 continue;
             }
             let mut connection = idle.connection;
@@ -486,8 +491,8 @@ impl ConnectionPool {
 
     /// Keeps a connection whose response ended cleanly for the next request. Whether
     /// the instance has closed it is asked when it is taken ([`ConnectionPool::take`]),
-    /// not here as well.
-    pub fn give_back(&self, connection: UpstreamConnection) {
+    /// not here as well. `now` is the caller's reading of the clock: when it went idle.
+    pub fn give_back(&self, connection: UpstreamConnection, now: Instant) {
         if !connection.finished_cleanly() {
             return;
         }
@@ -504,7 +509,7 @@ impl ConnectionPool {
         }
         idle.push(Idle {
             connection,
-            since: Instant::now(),
+            since: now,
         });
     }
 
@@ -635,9 +640,11 @@ mod tests {
         connection.send(request()).await.unwrap();
         read_body(&mut connection).await;
         let pool = ConnectionPool::default();
-        pool.give_back(connection);
+        pool.give_back(connection, Instant::now());
         // Taken while still open; the instance closes it before the next request goes.
-        let mut connection = pool.take().expect("the connection is open and idle");
+        let mut connection = pool
+            .take(Instant::now())
+            .expect("the connection is open and idle");
         assert!(connection.reused);
         close.send(()).unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -647,7 +654,7 @@ mod tests {
         let e = outcome.expect_err("the connection is closed");
         assert!(e.is_closed_early(), "a retryable error: {e:?}");
         // A closed idle connection is not handed out again.
-        pool.give_back(connection);
+        pool.give_back(connection, Instant::now());
         assert_eq!(pool.idle_count(), 0);
     }
 
