@@ -20,8 +20,9 @@
 #      order that turns by one each time, 3 times each), and prints the medians of requests/s, the ratio to direct, the p50/p99
 #      latency each proxy adds, the CPU time each target spends per request, the
 #      responder's behind it, the whole machine's (wrk and the kernel included: what
-#      the throughput of a machine this busy comes down to), and the TCP segments the
-#      machine sent per request.
+#      the throughput of a machine this busy comes down to), how busy the machine's
+#      CPUs were (below 100 %, every process waited at times), and the TCP segments
+#      the machine sent per request.
 #
 # Everything runs on this machine, so the proxies share the CPUs with wrk and the
 # responder; compare the proxies with each other, not with other machines.
@@ -317,8 +318,8 @@ if [[ -n "${BENCH_PERF:-}" ]]; then
 fi
 log "measuring: ${DURATION}s per run, $REPEAT repetitions (medians shown), wrk with $WRK_THREADS threads, $(nproc) CPUs"
 log "cpu us/req: user+system CPU time of the target (responder, nginx workers, gantry) per request; backend us/req: the responder's, behind it;"
-log "machine us/req: busy CPU time of the whole machine (wrk and the kernel included); segs/req: TCP segments sent on the machine"
-printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %14s %14s %8s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' 'backend us/req' 'machine us/req' 'segs/req' errors
+log "machine us/req: busy CPU time of the whole machine (wrk and the kernel included); busy %: of all its CPUs' time; segs/req: TCP segments sent on the machine"
+printf '%-7s %5s %-8s %11s %7s %9s %9s %9s %9s %11s %14s %14s %6s %8s %s\n' mode conc target 'req/s' ratio 'p50 ms' 'p99 ms' '+p50 ms' '+p99 ms' 'cpu us/req' 'backend us/req' 'machine us/req' 'busy %' 'segs/req' errors
 for conc in $CONCURRENCY; do
   for mode in plain stream; do
     # Warm every path (connection pools, caches) before timing it.
@@ -351,7 +352,7 @@ for conc in $CONCURRENCY; do
       done >>"$WORK/runs"
     done
     python3 - "$mode" "$conc" "$WORK/runs" <<'EOF'
-import statistics, sys
+import os, statistics, sys
 mode, conc, path = sys.argv[1:]
 runs = {}
 for line in open(path):
@@ -360,10 +361,14 @@ for line in open(path):
 med = {t: [statistics.median(r[i] for r in rs) for i in range(7)] + [",".join(sorted({r[7] for r in rs}))]
        for t, rs in runs.items()}
 d_rps, d_p50, d_p99, d_cpu, d_backend, d_machine, d_segments, d_err = med["direct"]
-print(f"{mode:<7} {conc:>5} {'direct':<8} {d_rps:>11.0f} {1:>7.2f} {d_p50:>9.3f} {d_p99:>9.3f} {'-':>9} {'-':>9} {d_cpu:>11.1f} {d_backend:>14.1f} {d_machine:>14.1f} {d_segments:>8.2f} {d_err}")
+# How busy the machine's CPUs were, from the medians: below 100 % the load was not
+# limited by CPU alone (every process waited at times).
+cpus = os.cpu_count() or 1
+busy = lambda rps, machine: rps * machine / (cpus * 1e6) * 100
+print(f"{mode:<7} {conc:>5} {'direct':<8} {d_rps:>11.0f} {1:>7.2f} {d_p50:>9.3f} {d_p99:>9.3f} {'-':>9} {'-':>9} {d_cpu:>11.1f} {d_backend:>14.1f} {d_machine:>14.1f} {busy(d_rps, d_machine):>6.0f} {d_segments:>8.2f} {d_err}")
 for target in [t for t in med if t != "direct"]:
     rps, p50, p99, cpu, backend, machine, segments, err = med[target]
-    print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11.1f} {backend:>14.1f} {machine:>14.1f} {segments:>8.2f} {err}")
+    print(f"{mode:<7} {conc:>5} {target:<8} {rps:>11.0f} {rps / d_rps:>7.2f} {p50:>9.3f} {p99:>9.3f} {p50 - d_p50:>+9.3f} {p99 - d_p99:>+9.3f} {cpu:>11.1f} {backend:>14.1f} {machine:>14.1f} {busy(rps, machine):>6.0f} {segments:>8.2f} {err}")
 print(f"{mode:<7} {conc:>5} gateway/nginx: throughput {med['gateway'][0] / med['nginx'][0]:.2f}, cpu per request {med['gateway'][3] / max(med['nginx'][3], 0.1):.2f}")
 EOF
   done

@@ -507,6 +507,16 @@ impl<I> Rewind<I> {
         Self { prefix, inner }
     }
 
+    /// A connection whose next bytes to read are `prefix`, then `inner`'s.
+    pub fn from_parts(prefix: Bytes, inner: I) -> Self {
+        Self::new(prefix, inner)
+    }
+
+    /// The bytes read ahead, and the connection (to move it elsewhere).
+    pub fn into_parts(self) -> (Bytes, I) {
+        (self.prefix, self.inner)
+    }
+
     fn with_head(head: Bytes, rest: BytesMut, inner: I) -> Self {
         if rest.is_empty() {
             return Self::new(head, inner);

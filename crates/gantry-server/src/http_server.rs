@@ -10,6 +10,9 @@
 //! way, while the server drains, responses carry `Connection: close` so that clients
 //! move to another server.
 //!
+//! Plain-TCP connections are served on connection loops of their own, one per CPU
+//! (`core_loops.rs`); a connection handed to hyper goes back to the shared runtime.
+//!
 //! hyper serves its connections directly (as `axum::serve` does, without its generic
 //! layers), with `TCP_NODELAY` so that small writes (SSE chunks, watch lines) leave at
 //! once, and through TLS when the server has a certificate (`tls.rs`; the handshake runs
@@ -33,6 +36,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::Service;
+
+use crate::core_loops::CoreLoops;
 
 /// The gateway endpoint a request is for, when it is one of the hot routes.
 fn hot_route(method: &Method, path: &str) -> Option<Endpoint> {
@@ -115,6 +120,17 @@ pub(crate) async fn serve(
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
+    // Plain connections are served on loops of their own (`core_loops.rs`).
+    let loops = match tls {
+        Some(_) => None,
+        None => match CoreLoops::start(&shutdown, &tasks) {
+            Ok(loops) => Some(loops),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start the connection loops; serving every connection on the shared runtime");
+                None
+            }
+        },
+    };
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -133,10 +149,17 @@ pub(crate) async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, %peer, "could not set TCP_NODELAY on an accepted connection");
         }
-        let service = Dispatch {
+        let mut service = Dispatch {
             peer: Some(peer),
             ..dispatch.clone()
         };
+        let mut tcp = tcp;
+        if let Some(loops) = &loops {
+            match loops.serve(tcp, peer, service) {
+                None => continue,
+                Some(refused) => (tcp, service) = refused,
+            }
+        }
         let shutdown = shutdown.clone();
         let tls = tls.clone();
         tasks.spawn(async move {

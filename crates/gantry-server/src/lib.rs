@@ -13,6 +13,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod config;
 pub mod controllers;
+mod core_loops;
 pub mod error;
 pub mod extract;
 pub mod feeds;
