@@ -290,15 +290,15 @@ impl Backend {
     /// logs its return to routing (still counting as failing: one more failure ejects
     /// it again).
     pub fn is_ejected(&self) -> bool {
-        self.ejected_at(now_ms())
+        self.ejected_at(&LazyNow::default())
     }
 
-    fn ejected_at(&self, now: u64) -> bool {
+    fn ejected_at(&self, now: &LazyNow) -> bool {
         let until = self.ejected_until_ms.load(Ordering::Relaxed);
         if until == 0 {
             return false;
         }
-        if until > now {
+        if until > now.get() {
             return true;
         }
         // Only the caller that clears the deadline logs; a new ejection stored in
@@ -372,12 +372,11 @@ impl Backend {
         } else {
             0
         };
-        let ejected =
-            if self.ejected_until_ms.load(Ordering::Relaxed) != 0 && self.ejected_at(now.get()) {
-                EJECTED_PENALTY
-            } else {
-                0
-            };
+        let ejected = if self.ejected_at(now) {
+            EJECTED_PENALTY
+        } else {
+            0
+        };
         self.in_flight() + refused + ejected
     }
 }

@@ -23,8 +23,6 @@
 //! a server), each loop drops its connections at once, as the runtime would have.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -40,11 +38,10 @@ struct Accepted {
     service: Dispatch,
 }
 
-/// The loops, and which one takes the next connection.
-#[derive(Clone)]
+/// The loops, and which one takes the next connection (owned by the accept loop).
 pub(crate) struct CoreLoops {
-    loops: Arc<[mpsc::UnboundedSender<Accepted>]>,
-    next: Arc<AtomicUsize>,
+    loops: Vec<mpsc::UnboundedSender<Accepted>>,
+    next: usize,
 }
 
 impl CoreLoops {
@@ -82,16 +79,13 @@ impl CoreLoops {
             loops.push(sender);
         }
         tracing::debug!(loops = count, "connection loops started");
-        Ok(Self {
-            loops: loops.into(),
-            next: Arc::new(AtomicUsize::new(0)),
-        })
+        Ok(Self { loops, next: 0 })
     }
 
     /// Hands an accepted connection to the next loop. Gives it back when no loop takes
     /// it any more (the server is shutting down): the caller serves it itself.
     pub(crate) fn serve(
-        &self,
+        &mut self,
         tcp: TcpStream,
         peer: SocketAddr,
         service: Dispatch,
@@ -103,7 +97,8 @@ impl CoreLoops {
                 return None;
             }
         };
-        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.loops.len();
+        let index = self.next % self.loops.len();
+        self.next = self.next.wrapping_add(1);
         let mpsc::error::SendError(refused) = self.loops[index]
             .send(Accepted { tcp, peer, service })
             .err()?;

@@ -121,7 +121,7 @@ pub(crate) async fn serve(
     tasks: TaskTracker,
 ) {
     // Plain connections are served on loops of their own (`core_loops.rs`).
-    let loops = match tls {
+    let mut loops = match tls {
         Some(_) => None,
         None => match CoreLoops::start(&shutdown, &tasks) {
             Ok(loops) => Some(loops),
@@ -136,7 +136,7 @@ pub(crate) async fn serve(
             () = shutdown.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
-        let (tcp, peer) = match accepted {
+        let (mut tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors or a connection reset before accept: wait a
@@ -153,8 +153,7 @@ pub(crate) async fn serve(
             peer: Some(peer),
             ..dispatch.clone()
         };
-        let mut tcp = tcp;
-        if let Some(loops) = &loops {
+        if let Some(loops) = &mut loops {
             match loops.serve(tcp, peer, service) {
                 None => continue,
                 Some(refused) => (tcp, service) = refused,
