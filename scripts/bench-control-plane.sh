@@ -52,6 +52,9 @@
 # log_level, default warn; `warn,gantry_server::controllers=debug` adds a line per control
 # and placement pass with where its time went).
 set -euo pipefail
+# The run's whole output also goes to bench/results/ (scripts/bench-record.sh).
+source "$(dirname "$0")/bench-record.sh"
+bench_record control-plane "$@"
 cd "$(dirname "$0")/.."
 
 WORKERS="${BENCH_WORKERS:-1000}"

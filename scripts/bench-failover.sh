@@ -19,6 +19,9 @@
 # (scripts/with-postgres.sh). Environment: BENCH_KILLS (default 20), BENCH_PROFILE
 # (cargo profile, default release).
 set -euo pipefail
+# The run's whole output also goes to bench/results/ (scripts/bench-record.sh).
+source "$(dirname "$0")/bench-record.sh"
+bench_record failover "$@"
 cd "$(dirname "$0")/.."
 
 KILLS="${BENCH_KILLS:-20}"

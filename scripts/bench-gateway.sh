@@ -47,6 +47,9 @@
 # default 3), BENCH_PROFILE (the cargo profile to build and run, default release;
 # `release-debug` keeps line tables for perf's reports).
 set -euo pipefail
+# The run's whole output also goes to bench/results/ (scripts/bench-record.sh).
+source "$(dirname "$0")/bench-record.sh"
+bench_record gateway "$@"
 cd "$(dirname "$0")/.."
 
 DURATION="${BENCH_DURATION:-10}"

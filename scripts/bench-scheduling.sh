@@ -12,6 +12,9 @@
 #   create → scheduled over N creations: p50 … ms, p90 … ms, p99 … ms, max … ms
 # The script exits non-zero when p50 is above 20 ms or p99 above 50 ms (the targets).
 set -euo pipefail
+# The run's whole output also goes to bench/results/ (scripts/bench-record.sh).
+source "$(dirname "$0")/bench-record.sh"
+bench_record scheduling "$@"
 cd "$(dirname "$0")/.."
 
 CREATIONS="${BENCH_CREATIONS:-100}"
