@@ -20,9 +20,9 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p gantry -p gantry-install --bins \
+    cargo build --profile dist --locked -p gantry -p gantry-install --bins \
     && mkdir -p /out \
-    && cp target/release/gantry target/release/gantry-install /out/
+    && cp target/dist/gantry target/dist/gantry-install /out/
 
 FROM build AS llama
 ARG LLAMA_SERVER=yes

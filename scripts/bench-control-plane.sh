@@ -9,7 +9,7 @@
 #
 # What it does:
 #   1. builds `gantry` and gantry-bench's `control-plane-load` (profile BENCH_PROFILE,
-#      default release: the figures are only meaningful from a release build);
+#      default dist: the figures are only meaningful from the shipped build);
 #   2. raises the open-file limit to its hard limit (every simulated worker holds an
 #      assignment watch: one socket in the load process and one in the server);
 #   3. for each database in BENCH_DATABASES and each N in BENCH_WORKERS: starts
@@ -39,7 +39,7 @@
 # the CPUs, and the load process's CPU is printed next to the server's.
 #
 # Environment: BENCH_WORKERS (N values, default "1000"), BENCH_DATABASES (default
-# "sqlite postgres"), BENCH_PROFILE (default release), BENCH_KEEP=1 (keep each run's data
+# "sqlite postgres"), BENCH_PROFILE (default dist, the shipped build), BENCH_KEEP=1 (keep each run's data
 # directory and logs under /tmp, and its database on GANTRY_TEST_POSTGRES_URL),
 # GANTRY_TEST_POSTGRES_URL (an existing PostgreSQL), and
 # everything control-plane-load reads: BENCH_INSTANCES (M, default 10000),
@@ -59,7 +59,7 @@ cd "$(dirname "$0")/.."
 
 WORKERS="${BENCH_WORKERS:-1000}"
 DATABASES="${BENCH_DATABASES:-sqlite postgres}"
-PROFILE="${BENCH_PROFILE:-release}"
+PROFILE="${BENCH_PROFILE:-dist}"
 log() { echo "bench-control-plane: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 

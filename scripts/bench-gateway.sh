@@ -6,7 +6,7 @@
 #   BENCH_DURATION=30 scripts/bench-gateway.sh
 #
 # What it does:
-#   1. builds gantry and the benchmark responder in release mode;
+#   1. builds gantry and the benchmark responder with the shipped profile (dist);
 #   2. installs nginx-light and wrk from Debian when they are missing (needs root);
 #   3. starts `openai-responder` (crates/gantry-bench): a TEST DOUBLE that answers every
 #      chat completion at once with a fixed small JSON (with usage), or a few SSE chunks
@@ -44,8 +44,8 @@
 # the gateway at once — the responder pausing BENCH_CHUNK_MS, default 200, before each
 # event — with `stream-load`, which prints failed streams and the server's RSS before,
 # at its peak and BENCH_SETTLE seconds, default 10, after, for BENCH_ROUNDS rounds,
-# default 3), BENCH_PROFILE (the cargo profile to build and run, default release;
-# `release-debug` keeps line tables for perf's reports).
+# default 3), BENCH_PROFILE (the cargo profile to build and run, default dist, the shipped build;
+# `dist-debug` keeps line tables for perf's reports).
 set -euo pipefail
 # The run's whole output also goes to bench/results/ (scripts/bench-record.sh).
 source "$(dirname "$0")/bench-record.sh"
@@ -57,7 +57,7 @@ CONCURRENCY="${BENCH_CONCURRENCY:-64 8}"
 WRK_THREADS="${BENCH_THREADS:-2}"
 REPEAT="${BENCH_REPEAT:-3}"
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-PROFILE="${BENCH_PROFILE:-release}"
+PROFILE="${BENCH_PROFILE:-dist}"
 
 log() { echo "bench-gateway: $*" >&2; }
 die() { log "error: $*"; exit 1; }

@@ -11,6 +11,11 @@
 # the script's status; in that run (and in any run it starts, such as the re-run under
 # scripts/with-postgres.sh) BENCH_RESULTS_FILE is set, and bench_record returns at once.
 
+# Benchmark builds (the dist profile: fat LTO, one codegen unit) go to a target directory
+# outside the repository unless CARGO_TARGET_DIR says otherwise, so they neither fill the
+# checkout's disk nor churn the debug build's artefacts.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${GANTRY_CACHE_DIR:-$HOME/.cache/gantry}/bench-target}"
+
 # Prints `NAME=value` for each setting a benchmark reads from the environment.
 bench_record_settings() {
   local name

@@ -7,7 +7,7 @@
 #   BENCH_CREATIONS=500 scripts/bench-scheduling.sh
 #
 # It builds `gantry` and gantry-bench's `scheduling-latency` (profile BENCH_PROFILE,
-# default release), starts `gantry start` on a free loopback port with a fresh data
+# default dist, the shipped build), starts `gantry start` on a free loopback port with a fresh data
 # directory, logs in as admin, and runs `scheduling-latency`, which prints
 #   create → scheduled over N creations: p50 … ms, p90 … ms, p99 … ms, max … ms
 # The script exits non-zero when p50 is above 20 ms or p99 above 50 ms (the targets).
@@ -18,15 +18,15 @@ bench_record scheduling "$@"
 cd "$(dirname "$0")/.."
 
 CREATIONS="${BENCH_CREATIONS:-100}"
-PROFILE="${BENCH_PROFILE:-release}"
+PROFILE="${BENCH_PROFILE:-dist}"
 log() { echo "bench-scheduling: $*" >&2; }
 
 log "building gantry and scheduling-latency (profile $PROFILE)"
 # The same packages as the other bench scripts build, so that switching between them
 # does not rebuild (and re-link with fat LTO) what another one built.
 cargo build -q --profile "$PROFILE" -p gantry -p gantry-bench -p gantry-gguf --bins --example write-tiny-model
-dir=target/$PROFILE
-[[ "$PROFILE" = dev ]] && dir=target/debug
+dir=$CARGO_TARGET_DIR/$PROFILE
+[[ "$PROFILE" = dev ]] && dir=$CARGO_TARGET_DIR/debug
 
 data=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

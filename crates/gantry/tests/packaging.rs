@@ -74,8 +74,7 @@ fn the_dockerfile_fits_the_workspace_and_its_slim_runtime() {
         .expect("the runtime stage sets USER");
     assert!(user != "root" && user != "0", "runs as {user}");
 
-    // `-p PACKAGE` of the cargo build are workspace members, `target/release/BIN` their
-    // binaries.
+    // `-p PACKAGE` of the cargo build are workspace members.
     let build = dockerfile
         .lines()
         .find(|line| line.contains("cargo build"))
@@ -93,12 +92,26 @@ fn the_dockerfile_fits_the_workspace_and_its_slim_runtime() {
             );
         }
     }
+    // What ships is built with the `dist` profile (fat LTO, one codegen unit), which the
+    // workspace must declare; its binaries land in target/dist/.
+    let profile = words
+        .windows(2)
+        .find(|pair| pair[0] == "--profile")
+        .map(|pair| pair[1])
+        .expect("the image is built with an explicit --profile");
+    assert_eq!(profile, "dist", "the image ships the dist build");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains(&format!("[profile.{profile}]")),
+        "Cargo.toml declares [profile.{profile}]"
+    );
     for bin in ["gantry", "gantry-install"] {
         assert!(
-            dockerfile.contains(&format!("target/release/{bin}")),
+            dockerfile.contains(&format!("target/{profile}/{bin}")),
             "{bin}"
         );
     }
+
     assert!(root
         .join("crates/gantry-install/src/bin/gantry-install.rs")
         .is_file());
