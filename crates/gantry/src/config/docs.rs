@@ -1,5 +1,5 @@
-//! The README's configuration table, generated from the key table, and the test that
-//! keeps the README in step with it.
+//! The configuration table of `docs/configuration.md`, generated from the key table, and
+//! the test that keeps the page in step with it.
 
 use std::fmt::Write;
 
@@ -30,12 +30,15 @@ fn markdown_table() -> String {
     table
 }
 
-/// The table in README.md: the lines from its header row to the first line that is not
-/// a table row.
-fn readme_table(readme: &str) -> Option<String> {
-    let start = readme.find("| key | default | meaning |")?;
+/// The page that holds the table, relative to the repository root.
+const PAGE: &str = "docs/configuration.md";
+
+/// The table on the page: the lines from its header row to the first line that is not a
+/// table row.
+fn page_table(page: &str) -> Option<String> {
+    let start = page.find("| key | default | meaning |")?;
     Some(
-        readme[start..]
+        page[start..]
             .lines()
             .take_while(|line| line.starts_with('|'))
             .map(|line| format!("{line}\n"))
@@ -44,15 +47,16 @@ fn readme_table(readme: &str) -> Option<String> {
 }
 
 #[test]
-fn readme_configuration_table_matches_the_key_table() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
-    let readme = std::fs::read_to_string(path).expect("read README.md");
+fn configuration_page_table_matches_the_key_table() {
+    let path = format!("{}/../../{PAGE}", env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {PAGE}: {e}"));
     let expected = markdown_table();
-    let actual = readme_table(&readme).unwrap_or_default();
+    let actual = page_table(&page).unwrap_or_default();
     assert!(
         actual == expected,
-        "README.md's configuration table differs from the keys declared in \
-         crates/gantry/src/config/keys.rs; replace it with:\n\n{expected}"
+        "{PAGE}'s configuration table (from its `| key | default | meaning |` row to the \
+         first line that is not a table row) differs from the keys declared in \
+         crates/gantry/src/config/keys.rs; replace that table in {PAGE} with:\n\n{expected}"
     );
 }
 

@@ -1,5 +1,5 @@
 //! The table of configuration keys: the one place a key is declared. Each entry gives
-//! the key's doc (shown in `--help` and the README), its name (the YAML key, the flag
+//! the key's doc (shown in `--help` and the docs), its name (the YAML key, the flag
 //! `--key-name`, the variable `GANTRY_KEY_NAME` and the field of [`Config`]), its kind
 //! (how its value is read and written, `kinds.rs`), its default, and optionally how the
 //! default is described when it depends on the machine or the command (`shown`) and

@@ -1,5 +1,5 @@
 //! Kinds of configuration values: how each kind is read from text (a flag, a `GANTRY_*`
-//! variable, a YAML scalar) and written back for `--help` and the README. Every key of
+//! variable, a YAML scalar) and written back for `--help` and the docs. Every key of
 //! the table names its kind, so all keys of one kind read alike; sizes and durations go
 //! through the one parser each in `gantry_types::units`.
 

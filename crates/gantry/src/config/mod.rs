@@ -5,7 +5,7 @@
 //!
 //! Keys are declared once, in the table of `keys.rs`; [`config_table!`] turns each
 //! declaration into a field of [`Config`], a [`Key`] descriptor in [`KEYS`] (which
-//! drives the flags, `--help`, the file's known keys and the README table), and the
+//! drives the flags, `--help`, the file's known keys and the docs' table), and the
 //! line of [`Layers::resolve`] that reads it. How values of each kind are read and
 //! written is in `kinds.rs`; the command line is built in `cli.rs`.
 
@@ -103,7 +103,7 @@ pub enum Scope {
     Worker,
 }
 
-/// A key's default as `--help` and the README show it.
+/// A key's default as `--help` and the docs show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DefaultText {
     /// No value: an absent option, an empty list.
@@ -383,7 +383,7 @@ mod tests {
         assert_eq!(config.database_url, None);
     }
 
-    /// Each default, written as `--help` and the README show it and given back as a
+    /// Each default, written as `--help` and the docs show it and given back as a
     /// variable, resolves to the same configuration: the shown defaults are the real ones.
     #[test]
     fn shown_defaults_read_back_as_the_defaults() {
