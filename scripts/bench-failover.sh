@@ -6,7 +6,7 @@
 #   scripts/bench-failover.sh            # 20 kills
 #   BENCH_KILLS=50 scripts/bench-failover.sh
 #
-# It runs the real-process HA test (crates/gantry/tests/ha_e2e.rs, built with the release
+# It runs the real-process HA test (crates/gantry/tests/e2e/ha.rs, built with the dist
 # profile): three servers and two workers with simulated GPUs, continuous create / scale /
 # delete churn through every server, and BENCH_KILLS rounds of: kill -9 the leader, create
 # a model through a survivor, time until its instance is placed; a replacement server
@@ -17,7 +17,7 @@
 #
 # PostgreSQL: GANTRY_TEST_POSTGRES_URL when set, else a throwaway server
 # (scripts/with-postgres.sh). Environment: BENCH_KILLS (default 20), BENCH_PROFILE
-# (cargo profile, default release).
+# (cargo profile, default dist, the shipped build).
 set -euo pipefail
 # The run's whole output also goes to bench/results/ (scripts/bench-record.sh).
 source "$(dirname "$0")/bench-record.sh"
@@ -25,7 +25,7 @@ bench_record failover "$@"
 cd "$(dirname "$0")/.."
 
 KILLS="${BENCH_KILLS:-20}"
-PROFILE="${BENCH_PROFILE:-release}"
+PROFILE="${BENCH_PROFILE:-dist}"
 log() { echo "bench-failover: $*" >&2; }
 
 if [[ -z "${GANTRY_TEST_POSTGRES_URL:-}" ]]; then
@@ -36,8 +36,8 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 log "building (profile $PROFILE) and running $KILLS leader kills under churn"
 set +e
-GANTRY_HA_KILLS="$KILLS" cargo nextest run --cargo-profile "$PROFILE" -p gantry --test ha_e2e \
-  -E 'test(killing_the_leader)' --no-capture 2>&1 | tee "$out" | grep --line-buffered -E '^(round|failover)'
+GANTRY_HA_KILLS="$KILLS" cargo nextest run --cargo-profile "$PROFILE" -p gantry --test e2e \
+  -E 'test(/^ha::/) & test(killing_the_leader)' --no-capture 2>&1 | tee "$out" | grep --line-buffered -E '^(round|failover)'
 status=${PIPESTATUS[0]}
 set -e
 if [[ "$status" -ne 0 ]]; then

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Faults under load, for longer than the test suite runs them, printing the figures:
 #
-# - the chaos test (crates/gantry/tests/chaos_e2e.rs) with its sequence of faults repeated
+# - the chaos test (crates/gantry/tests/e2e/chaos.rs) with its sequence of faults repeated
 #   ROUNDS times (backend SIGKILL, backend SIGSTOP, worker SIGKILL and restart, server
 #   restart, each under steady gateway traffic): per fault, how long the cluster took to
 #   converge; at the end, requests answered, failed and cut;
-# - the outage test (crates/gantry/tests/outage_e2e.rs) with PostgreSQL stopped for
+# - the outage test (crates/gantry/tests/e2e/outage.rs) with PostgreSQL stopped for
 #   OUTAGE_SECONDS: requests answered meanwhile and failed, how long until everything
 #   resumed, and whether any backend was restarted.
 #
@@ -21,6 +21,6 @@ OUTAGE_SECONDS="${2:-300}"
 GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -n 1)
 export GANTRY_LLAMA_SERVER GANTRY_CHAOS_ROUNDS="$ROUNDS" GANTRY_OUTAGE_SECONDS="$OUTAGE_SECONDS"
 export RUST_BACKTRACE=0
-scripts/with-postgres.sh cargo nextest run -p gantry --test chaos_e2e --test outage_e2e \
-  --profile chaos --no-capture --test-threads 1 \
+scripts/with-postgres.sh cargo nextest run -p gantry --test e2e --profile chaos \
+  -E 'test(/^chaos::/) | test(/^outage::/)' --no-capture --test-threads 1 \
   2>&1 | grep --line-buffered -E '^(chaos|outage):|panicked|PASS|FAIL'
