@@ -7,6 +7,8 @@
 mod backup;
 mod cli;
 mod config;
+#[cfg(test)]
+mod docs_paths;
 
 /// mimalloc instead of glibc's malloc: the gateway allocates per request, and glibc's
 /// malloc and free took 12 % of its CPU under load (perf, scripts/bench-gateway.sh).
