@@ -404,7 +404,9 @@ pub struct Completion {
     pub started: Instant,
     /// The instance (or provider) that answered, its in-flight count held.
     pub backend: InFlightGuard,
-    pub gateway: InFlight,
+    /// Holds the gateway's count of requests in flight until the answer ends (its
+    /// drop ends the request).
+    pub _in_flight: InFlight,
 }
 
 impl Completion {

@@ -304,22 +304,6 @@ impl Framing {
         }
     }
 
-    /// How a request is delimited.
-    pub fn of_request(request: &RequestHead) -> Result<Self, ProtocolError> {
-        if request.head.is_chunked()? {
-            if request.head.get("content-length").is_some() {
-                return Err(ProtocolError::new(
-                    "a request may not carry both Transfer-Encoding and Content-Length",
-                ));
-            }
-            return Ok(Self::Chunked(ChunkedState::Size));
-        }
-        match request.head.content_length()? {
-            None | Some(0) => Ok(Self::Empty),
-            Some(n) => Ok(Self::Length(n)),
-        }
-    }
-
     /// The body is complete.
     pub fn is_done(&self) -> bool {
         matches!(self, Self::Empty | Self::Chunked(ChunkedState::Done))
@@ -361,11 +345,6 @@ impl Framing {
             }
             Self::Chunked(state) => state.decode(buf),
         }
-    }
-
-    /// The connection ended: whether that is a clean end of the body.
-    pub fn ends_at_close(&self) -> bool {
-        matches!(self, Self::UntilClose) || self.is_done()
     }
 }
 
@@ -680,7 +659,6 @@ mod tests {
         assert_eq!(request.head.content_length().unwrap(), Some(2));
         assert!(!request.head.keeps_alive());
         assert_eq!(&buf[..], b"{}");
-        assert_eq!(Framing::of_request(&request).unwrap(), Framing::Length(2));
 
         let mut partial = BytesMut::from(&b"POST / HTTP/1.1\r\nHost: a\r\n"[..]);
         assert!(parse_request(&mut partial, &mut Vec::new())

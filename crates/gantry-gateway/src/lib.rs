@@ -1,7 +1,9 @@
-//! The OpenAI-compatible gateway, the data plane: `GET /v1/models`,
-//! `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, and the Prometheus
-//! `/metrics`. The hosting server (`gantry-server`) merges [`router`] into its app, so
-//! they are served on the management API's port.
+//! The OpenAI-compatible gateway, the data plane, and the server's port it stands in
+//! front of: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings` (the hot
+//! routes, served by the gateway's own HTTP/1.1), `GET /v1/models` and the Prometheus
+//! `/metrics`. The hosting server (`gantry-server`) calls [`start`] for a [`Gateway`]
+//! and then [`serve`] with its listener and a fallback router (the management API and
+//! the console), which answers every request that is not the gateway's.
 //!
 //! The gateway knows nothing of the server: it is given a [`GatewayConfig`], the store,
 //! the shared authenticator (`gantry-auth`), and the server's cancellation token and
@@ -9,6 +11,10 @@
 //! the database: usage is summed in memory and flushed by a task, and API-key
 //! last-used times are batched by the authenticator.
 //!
+//! - `listener.rs`: the accept loop, TLS, and the hand-over from the front to hyper
+//!   and the routers; `core_loops.rs`: a connection loop per CPU for plain TCP;
+//! - `front.rs`: the hot routes served straight off the connection; `h1.rs`: HTTP/1.1
+//!   heads and bodies parsed in place;
 //! - `routing.rs`: model name → running instances, kept current from the store's
 //!   change feed and a periodic re-read;
 //! - `model_routes.rs`: route name → weighted, prioritised targets (deployed models,
@@ -22,29 +28,43 @@
 //! - `proxy.rs`: one request: the caller through the shared authenticator, body read
 //!   once, retries on another instance (also when the one it waits on leaves routing
 //!   or exceeds the first-byte timeout), streaming the answer back;
-//! - `upstream.rs`: keep-alive HTTP/1.1 connections to instances (hyper's client
-//!   connections), pooled per instance and driven by the request's own task;
+//! - `upstream.rs`: keep-alive HTTP/1.1 connections to instances, pooled per instance
+//!   and driven by the request's own task;
 //! - `body.rs`: the response body on its way out: usage read as it passes, the
 //!   usage-only SSE chunk removed when the gateway asked for it, accounting on drop;
+//! - `shard.rs`: per-thread copies of what every request would otherwise write to
+//!   shared memory;
 //! - `usage.rs`: usage summed in memory and flushed to the store every second;
 //! - `metrics.rs`: counters and the text exposition;
+//! - `openapi.rs`: the OpenAPI description of the gateway's endpoints;
 //! - `error.rs`: the OpenAI error shape.
+//!
+//! Architecture invariant: the crate's public face is what the server uses — [`start`],
+//! [`serve`], their configuration, [`providers`] (asking a provider for its models) and
+//! [`openapi`]; everything else is `pub(crate)`.
 
-pub mod balance;
-pub mod body;
-pub mod eject;
-pub mod error;
-pub mod front;
-pub mod h1;
-pub mod limits;
-pub mod metrics;
-pub mod model_routes;
+mod balance;
+mod body;
+mod core_loops;
+mod eject;
+mod error;
+mod front;
+mod h1;
+mod limits;
+mod listener;
+mod metrics;
+mod model_routes;
+pub mod openapi;
 pub mod providers;
-pub mod proxy;
-pub mod routing;
-pub mod shard;
-pub mod upstream;
-pub mod usage;
+mod proxy;
+mod routing;
+mod shard;
+mod upstream;
+mod usage;
+
+pub use eject::{EjectionPolicy, DEFAULT_EJECT_AFTER, DEFAULT_EJECT_COOLDOWN};
+pub use listener::{serve, ServeConfig};
+pub use usage::FLUSH_INTERVAL as USAGE_FLUSH_INTERVAL;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -53,7 +73,7 @@ use std::time::Duration;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, get};
 use axum::{Json, Router};
 use gantry_auth::sealed::Sealer;
 use gantry_auth::Authenticator;
@@ -63,12 +83,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use utoipa::ToSchema;
 
-use self::eject::EjectionPolicy;
 use self::error::OpenAiError;
 use self::limits::KeyLimiter;
 use self::metrics::{ClusterCounts, Metrics};
 use self::model_routes::RouteTable;
-use self::proxy::Endpoint;
 use self::routing::RoutingTable;
 use self::usage::UsageAggregator;
 
@@ -125,15 +143,15 @@ pub struct Gateway(Arc<GatewayInner>);
 
 /// What [`Gateway`] holds.
 pub struct GatewayInner {
-    pub config: GatewayConfig,
-    pub store: Store,
-    pub authenticator: Arc<Authenticator>,
-    pub routes: Arc<RoutingTable>,
+    pub(crate) config: GatewayConfig,
+    pub(crate) store: Store,
+    pub(crate) authenticator: Arc<Authenticator>,
+    pub(crate) routes: Arc<RoutingTable>,
     /// Defined model routes and the providers they use.
-    pub model_routes: Arc<RouteTable>,
-    pub limiter: Arc<KeyLimiter>,
-    pub metrics: Arc<Metrics>,
-    pub usage: Arc<UsageAggregator>,
+    pub(crate) model_routes: Arc<RouteTable>,
+    pub(crate) limiter: Arc<KeyLimiter>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) usage: Arc<UsageAggregator>,
 }
 
 impl Deref for Gateway {
@@ -141,6 +159,14 @@ impl Deref for Gateway {
 
     fn deref(&self) -> &GatewayInner {
         &self.0
+    }
+}
+
+impl Gateway {
+    /// Requests under way through this server's gateway (what a draining server waits
+    /// for, and what the server registry reports).
+    pub fn in_flight(&self) -> i64 {
+        self.metrics.in_flight()
     }
 }
 
@@ -179,14 +205,15 @@ pub async fn start(config: GatewayConfig, context: GatewayContext) -> Result<Gat
     })))
 }
 
-/// The gateway's routes, to merge into the server's router. Request bodies are read
-/// by the handlers themselves under [`GatewayConfig::max_request_body`].
-pub fn router(gateway: &Gateway) -> Router {
+/// The gateway's routes that go through the router: the hot routes never reach it
+/// (`listener.rs` sends them to the front or the proxy first), so their paths here
+/// answer only methods other than POST, with 405.
+pub(crate) fn router(gateway: &Gateway) -> Router {
     Router::new()
         .route("/v1/models", get(list_models))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/chat/completions", any(method_not_allowed))
+        .route("/v1/completions", any(method_not_allowed))
+        .route("/v1/embeddings", any(method_not_allowed))
         .route("/v1/{*rest}", any(unknown_endpoint))
         .route("/metrics", get(prometheus_metrics))
         .method_not_allowed_fallback(method_not_allowed)
@@ -247,38 +274,6 @@ pub async fn list_models(State(gateway): State<Gateway>, headers: HeaderMap) -> 
     .into_response()
 }
 
-/// Forwards an OpenAI chat completion (streaming with `"stream": true`) to a running
-/// instance of the model. The response names the instance in `x-gantry-instance`.
-#[utoipa::path(post, path = "/v1/chat/completions", tag = "gateway", security(("bearer" = [])),
-    request_body(content = Object, description = "An OpenAI chat completion request; `model` picks the model."),
-    responses((status = 200, description = "The backend's answer: JSON, or server-sent events when streaming"),
-        (status = 400, body = error::OpenAiErrorBody), (status = 401, body = error::OpenAiErrorBody),
-        (status = 404, body = error::OpenAiErrorBody), (status = 502, body = error::OpenAiErrorBody),
-        (status = 503, body = error::OpenAiErrorBody)))]
-pub async fn chat_completions(State(gateway): State<Gateway>, request: Request) -> Response {
-    proxy::forward(gateway, Endpoint::ChatCompletions, request).await
-}
-
-/// Forwards an OpenAI (legacy) completion to a running instance of the model.
-#[utoipa::path(post, path = "/v1/completions", tag = "gateway", security(("bearer" = [])),
-    request_body(content = Object, description = "An OpenAI completion request; `model` picks the model."),
-    responses((status = 200, description = "The backend's answer: JSON, or server-sent events when streaming"),
-        (status = 400, body = error::OpenAiErrorBody), (status = 404, body = error::OpenAiErrorBody),
-        (status = 503, body = error::OpenAiErrorBody)))]
-pub async fn completions(State(gateway): State<Gateway>, request: Request) -> Response {
-    proxy::forward(gateway, Endpoint::Completions, request).await
-}
-
-/// Forwards an OpenAI embeddings request to a running instance of the model.
-#[utoipa::path(post, path = "/v1/embeddings", tag = "gateway", security(("bearer" = [])),
-    request_body(content = Object, description = "An OpenAI embeddings request; `model` picks the model."),
-    responses((status = 200, description = "The backend's answer"),
-        (status = 400, body = error::OpenAiErrorBody), (status = 404, body = error::OpenAiErrorBody),
-        (status = 503, body = error::OpenAiErrorBody)))]
-pub async fn embeddings(State(gateway): State<Gateway>, request: Request) -> Response {
-    proxy::forward(gateway, Endpoint::Embeddings, request).await
-}
-
 async fn unknown_endpoint(request: Request) -> OpenAiError {
     OpenAiError::new(
         StatusCode::NOT_FOUND,
@@ -325,7 +320,12 @@ pub async fn prometheus_metrics(State(gateway): State<Gateway>) -> Response {
         undecodable_placement_records: gantry_store::undecodable_placement_records(),
         fenced_writes: Some(gantry_store::fenced_writes()),
     };
-    let text = metrics::render(&gateway.metrics, &gateway.routes, &cluster);
+    let text = metrics::render(
+        &gateway.metrics,
+        &gateway.routes,
+        gateway.usage.dropped(),
+        &cluster,
+    );
     (
         [(
             header::CONTENT_TYPE,

@@ -331,7 +331,12 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// The Prometheus text exposition (version 0.0.4) of the gateway and cluster.
-pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts) -> String {
+pub fn render(
+    metrics: &Metrics,
+    routes: &RoutingTable,
+    usage_dropped: u64,
+    cluster: &ClusterCounts,
+) -> String {
     let mut models: Vec<(String, Arc<ModelMetrics>)> = metrics
         .by_model
         .read()
@@ -630,6 +635,13 @@ pub fn render(metrics: &Metrics, routes: &RoutingTable, cluster: &ClusterCounts)
             started_ms % 1000
         );
     }
+    header(
+        &mut out,
+        "gantry_gateway_usage_dropped_total",
+        "counter",
+        "Requests whose usage this server could not hold for the store (too many distinct callers and models pending while the database did not take them).",
+    );
+    let _ = writeln!(out, "gantry_gateway_usage_dropped_total {usage_dropped}");
     out
 }
 
@@ -651,6 +663,7 @@ mod tests {
         let text = render(
             &metrics,
             &RoutingTable::default(),
+            3,
             &ClusterCounts {
                 instances: Some(vec![
                     (InstanceState::Pending, 2),
@@ -668,6 +681,7 @@ mod tests {
         );
         for line in [
             "gantry_gateway_requests_total{model=\"tiny\",code=\"200\"} 2",
+            "gantry_gateway_usage_dropped_total 3",
             "gantry_store_undecodable_placement_records_total 2",
             "gantry_leader_writes_total{result=\"applied\"} 5",
             "gantry_leader_writes_total{result=\"rejected\"} 1",

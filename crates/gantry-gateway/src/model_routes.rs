@@ -26,6 +26,15 @@ use crate::metrics::{Metrics, ModelMetrics, TargetMetrics};
 use crate::routing::{Backend, RoutingTable, REFRESH_INTERVAL};
 use crate::GatewayContext;
 
+/// The targets of a route a request has tried, bit `i` for target `i`.
+pub(crate) type TargetMask = u64;
+
+// A route may hold at most MAX_ROUTE_TARGETS targets; each must have a bit in the mask.
+const _: () = assert!(
+    gantry_types::route::MAX_ROUTE_TARGETS <= TargetMask::BITS as usize,
+    "a route's targets must fit in the tried-targets mask"
+);
+
 /// One route, ready for requests.
 #[derive(Debug)]
 pub struct RoutePlan {
@@ -81,7 +90,7 @@ impl PlannedTarget {
         index: usize,
         instances: &RoutingTable,
         tried_instances: &[i64],
-        tried_targets: u64,
+        tried_targets: TargetMask,
         healthy_only: bool,
     ) -> Option<Arc<Backend>> {
         if self.weight == 0 || tried_targets & (1 << index) != 0 {
@@ -104,7 +113,7 @@ impl RoutePlan {
         &self,
         instances: &RoutingTable,
         tried_instances: &[i64],
-        tried_targets: u64,
+        tried_targets: TargetMask,
     ) -> Option<(usize, Arc<Backend>)> {
         let mut candidates: Vec<(usize, Arc<Backend>)> = Vec::with_capacity(self.targets.len());
         for healthy_only in [true, false] {

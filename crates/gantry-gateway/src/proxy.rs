@@ -42,7 +42,7 @@ use crate::eject::EjectionPolicy;
 use crate::error::OpenAiError;
 use crate::h1::{self, ResponseHead};
 use crate::metrics::{ErrorKind, InFlight, Metrics, ModelMetrics};
-use crate::model_routes::RoutePlan;
+use crate::model_routes::{RoutePlan, TargetMask};
 use crate::routing::{Backend, InFlightGuard, ModelRoute};
 use crate::upstream::{ConnectError, Outgoing, RequestError, UpstreamConnection};
 use crate::usage::Caller;
@@ -619,7 +619,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
     // while it has untried instances.
     let mut tried = [0i64; MAX_TRIES];
     let mut tried_count = 0;
-    let mut tried_targets: u64 = 0;
+    let mut tried_targets: TargetMask = 0;
     let mut failures: Vec<String> = Vec::new();
     // After a try ran out of the first-byte timeout, the request goes only to
     // instances it has not tried: the same one would most likely keep it waiting again.
@@ -803,7 +803,7 @@ pub async fn proxy(gateway: &Gateway, request: ClientRequest<'_>) -> Answer {
                         status: status.as_u16(),
                         started,
                         backend: guard,
-                        gateway: in_flight,
+                        _in_flight: in_flight,
                     },
                 );
                 return Answer::Backend(BackendAnswer {
@@ -969,7 +969,7 @@ fn another_target_left(
     gateway: &Gateway,
     attempt: usize,
     tried: &[i64],
-    tried_targets: u64,
+    tried_targets: TargetMask,
 ) -> bool {
     let Selection::Route(plan) = selection else {
         return true;

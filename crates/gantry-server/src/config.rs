@@ -16,10 +16,10 @@ pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
 /// Prompts and embedding inputs are far larger than management requests.
 pub const DEFAULT_GATEWAY_MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;
 /// Failures in a row that take an instance out of the gateway's routing.
-pub const DEFAULT_GATEWAY_EJECT_AFTER: usize = gantry_gateway::eject::DEFAULT_EJECT_AFTER;
+pub const DEFAULT_GATEWAY_EJECT_AFTER: usize = gantry_gateway::DEFAULT_EJECT_AFTER;
 /// How long a first ejection lasts (each further one in a row doubles it).
 pub const DEFAULT_API_KEY_CACHE_TTL: Duration = gantry_auth::cache::CacheConfig::DEFAULT_FRESH_FOR;
-pub const DEFAULT_GATEWAY_EJECT_COOLDOWN: Duration = gantry_gateway::eject::DEFAULT_EJECT_COOLDOWN;
+pub const DEFAULT_GATEWAY_EJECT_COOLDOWN: Duration = gantry_gateway::DEFAULT_EJECT_COOLDOWN;
 /// How often workers say they are alive.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
 /// Four missed heartbeats at the default interval.
@@ -160,7 +160,7 @@ impl ServerConfig {
             lease_renew_interval: DEFAULT_LEASE_RENEW_INTERVAL,
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             gateway_max_request_body: DEFAULT_GATEWAY_MAX_REQUEST_BODY,
-            usage_flush_interval: gantry_gateway::usage::FLUSH_INTERVAL,
+            usage_flush_interval: gantry_gateway::USAGE_FLUSH_INTERVAL,
             gateway_eject_after: DEFAULT_GATEWAY_EJECT_AFTER,
             gateway_eject_cooldown: DEFAULT_GATEWAY_EJECT_COOLDOWN,
             gateway_first_byte_timeout: None,

@@ -1,7 +1,8 @@
 //! The gantry server: the management API (`api/`, thin handlers over the operations of
 //! `service/`), the authentication extractors, the web console, and the leader's control
-//! loops (`controllers/`: replica counts, rescheduling, rolls, placement); it hosts the
-//! OpenAI-compatible gateway (`gantry-gateway`) on the same port.
+//! loops (`controllers/`: replica counts, rescheduling, rolls, placement). The port itself
+//! belongs to the OpenAI-compatible gateway (`gantry_gateway::serve`), which answers its
+//! own routes and hands every other request to this crate's router.
 //!
 //! Architecture invariant: this crate never spawns backend processes (that is the
 //! worker's job) and contains no SQL (that is `gantry-store`'s).
@@ -13,12 +14,10 @@ pub mod catalog;
 pub mod cluster;
 pub mod config;
 pub mod controllers;
-mod core_loops;
 pub mod error;
 pub mod extract;
 pub mod feeds;
 pub mod history;
-mod http_server;
 pub mod login_limit;
 pub mod service;
 pub mod staging;
@@ -32,8 +31,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use gantry_auth::jwt::JwtKeys;
 use gantry_auth::{AuthConfig, Authenticator};
-use gantry_gateway::eject::EjectionPolicy;
-use gantry_gateway::{Gateway, GatewayConfig, GatewayContext};
+use gantry_gateway::{EjectionPolicy, Gateway, GatewayConfig, GatewayContext, ServeConfig};
 use gantry_store::{Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -97,7 +95,7 @@ impl RunningServer {
                 tokio::select! {
                     () = &mut wait => break,
                     _ = every.tick() => tracing::info!(
-                        in_flight = self.gateway.metrics.in_flight(),
+                        in_flight = self.gateway.in_flight(),
                         tasks = state.tasks.len(),
                         "shutting down: still waiting for requests in flight and background tasks"
                     ),
@@ -108,7 +106,7 @@ impl RunningServer {
             .await
             .is_err()
         {
-            tracing::warn!(grace = ?state.config.shutdown_grace, in_flight = self.gateway.metrics.in_flight(),
+            tracing::warn!(grace = ?state.config.shutdown_grace, in_flight = self.gateway.in_flight(),
                 tasks = state.tasks.len(),
                 "requests still in flight after the shutdown grace; stopping anyway");
         }
@@ -249,24 +247,21 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     )
     .await
     .context("load the gateway's routing table")?;
-    let metrics = Arc::clone(&gateway.metrics);
+    let in_flight = gateway.clone();
     state
         .cluster
-        .set_inflight_source(move || u64::try_from(metrics.in_flight()).unwrap_or(0));
-    let dispatch = http_server::Dispatch {
-        router: api::router(state.clone()).merge(gantry_gateway::router(&gateway)),
-        gateway: gateway.clone(),
-        draining: state.draining.clone(),
-        closing: gantry_gateway::front::Closing::once_either(&state.draining, &state.shutdown),
-        peer: None,
-    };
+        .set_inflight_source(move || u64::try_from(in_flight.in_flight()).unwrap_or(0));
     let tls_on = tls.is_some();
-    state.tasks.spawn(http_server::serve(
+    state.tasks.spawn(gantry_gateway::serve(
         listener,
-        tls,
-        dispatch,
-        state.shutdown.clone(),
-        state.tasks.clone(),
+        gateway.clone(),
+        ServeConfig {
+            fallback: api::router(state.clone()),
+            tls,
+            draining: state.draining.clone(),
+            shutdown: state.shutdown.clone(),
+            tasks: state.tasks.clone(),
+        },
     ));
     tracing::info!(
         server_id = %state.config.server_id,

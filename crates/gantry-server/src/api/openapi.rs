@@ -46,8 +46,8 @@ use super::{
         coordinator::heartbeat, coordinator::cluster, coordinator::acquire_lock,
         coordinator::release_lock, coordinator::locks, coordinator::health,
         usage::report,
-        gantry_gateway::list_models, gantry_gateway::chat_completions,
-        gantry_gateway::completions, gantry_gateway::embeddings,
+        gantry_gateway::list_models, gantry_gateway::openapi::chat_completions,
+        gantry_gateway::openapi::completions, gantry_gateway::openapi::embeddings,
         gantry_gateway::prometheus_metrics,
     ),
     components(schemas(

@@ -4,15 +4,12 @@
 //!
 //! Why: in the shared multi-thread runtime only one worker at a time polls the IO
 //! driver. While that worker runs tasks, events that are already in sit unread and the
-//! other worker, parked, has nothing to do: under `scripts/bench-gateway.sh`'s plain
-//! JSON load at concurrency 64 the machine's CPUs were 91–93 % busy behind a bare proxy
-//! and the gateway on the shared runtime, against 97–99 % behind nginx and the same
-//! bare proxy on one current-thread runtime per CPU — the gap between the gateway and
-//! nginx there.
+//! other workers, parked, have nothing to do, so under load the CPUs idle while
+//! requests wait. A loop per CPU polls its own connections and keeps its CPU busy.
 //!
-//! The accept loop (`http_server.rs`) stays on the shared runtime and hands each
+//! The accept loop (`listener.rs`) stays on the shared runtime and hands each
 //! accepted connection to the loops in turn. A connection is served there by the
-//! gateway's front (`gantry_gateway::front`) — its upstream connections are made, and
+//! gateway's front (`front.rs`) — its upstream connections are made, and
 //! so polled, by the same loop — and a connection whose request the front does not
 //! serve goes back to the shared runtime for hyper and the router, which may block or
 //! spawn as they like there. TLS connections stay on the shared runtime.
@@ -29,7 +26,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::http_server::Dispatch;
+use crate::front;
+use crate::listener::Dispatch;
 
 /// A connection handed to a loop.
 struct Accepted {
@@ -161,9 +159,7 @@ async fn serve_connection(
     shared: tokio::runtime::Handle,
     tasks: TaskTracker,
 ) {
-    let Some(rest) =
-        gantry_gateway::front::serve(tcp, &service.gateway, &service.closing, &shutdown).await
-    else {
+    let Some(rest) = front::serve(tcp, &service.gateway, &service.closing, &shutdown).await else {
         return;
     };
     let (prefix, tcp) = rest.into_parts();
@@ -177,7 +173,7 @@ async fn serve_connection(
     shared.spawn(tasks.track_future(async move {
         match TcpStream::from_std(tcp) {
             Ok(tcp) => {
-                let rest = gantry_gateway::front::Rewind::from_parts(prefix, tcp);
+                let rest = front::Rewind::from_parts(prefix, tcp);
                 gantry_tls::serve_http1(rest, service, shutdown, peer).await;
             }
             Err(e) => {

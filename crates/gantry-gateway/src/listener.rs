@@ -1,24 +1,24 @@
-//! The server's HTTP/1.1 front: one accept loop on one port for the management API, the
-//! console and the gateway.
+//! The server's port: one accept loop for the gateway, the management API and the
+//! console, and the one entry point the hosting server calls, [`serve`].
 //!
-//! Every connection starts in the gateway's front (`gantry_gateway::front`), which
-//! serves the hot routes (`POST /v1/chat/completions`, `/v1/completions`,
-//! `/v1/embeddings`) with its own HTTP/1.1; the first request that is anything else
-//! hands the connection to hyper. There too the hot routes are matched on method and
-//! path and go straight to [`gantry_gateway::proxy::forward`], skipping the router's
-//! matching and its middleware; every other request goes to the axum router. Either
-//! way, while the server drains, responses carry `Connection: close` so that clients
-//! move to another server.
+//! Every connection starts in the gateway's front (`front.rs`), which serves the hot
+//! routes (`POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`) with its own
+//! HTTP/1.1; the first request that is anything else hands the connection to hyper.
+//! There too the hot routes are matched on method and path and go straight to
+//! [`crate::proxy::forward`]; every other request goes to the gateway's own router
+//! (`/v1/models`, `/metrics`, errors for other `/v1` paths) and, past it, to the router
+//! the server handed in. Either way, while the server drains, responses carry
+//! `Connection: close` so that clients move to another server.
 //!
 //! Plain-TCP connections are served on connection loops of their own, one per CPU
 //! (`core_loops.rs`); a connection handed to hyper goes back to the shared runtime.
 //!
 //! hyper serves its connections directly (as `axum::serve` does, without its generic
 //! layers), with `TCP_NODELAY` so that small writes (SSE chunks, watch lines) leave at
-//! once, and through TLS when the server has a certificate (`tls.rs`; the handshake runs
-//! in the connection's task, never in the accept loop). On shutdown the loop stops accepting and every connection finishes the request
-//! it is answering, then closes; the connections are tasks of the server's
-//! [`TaskTracker`], which shutdown waits for.
+//! once, and through TLS when the server has a certificate (the handshake runs in the
+//! connection's task, never in the accept loop). On shutdown the loop stops accepting
+//! and every connection finishes the request it is answering, then closes; the
+//! connections are tasks of the server's [`TaskTracker`], which shutdown waits for.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,9 +27,6 @@ use std::pin::Pin;
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, Response};
 use axum::Router;
-use gantry_gateway::front;
-use gantry_gateway::proxy::{self, Endpoint};
-use gantry_gateway::Gateway;
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -38,6 +35,9 @@ use tokio_util::task::TaskTracker;
 use tower::Service;
 
 use crate::core_loops::CoreLoops;
+use crate::front;
+use crate::proxy::{self, Endpoint};
+use crate::Gateway;
 
 /// The gateway endpoint a request is for, when it is one of the hot routes.
 fn hot_route(method: &Method, path: &str) -> Option<Endpoint> {
@@ -50,15 +50,15 @@ fn hot_route(method: &Method, path: &str) -> Option<Endpoint> {
 /// Routes one request: a hot route to the proxy, anything else to the router.
 #[derive(Clone)]
 pub(crate) struct Dispatch {
-    pub router: Router,
-    pub gateway: Gateway,
+    router: Router,
+    pub(crate) gateway: Gateway,
     /// Cancelled once the server drains.
-    pub draining: CancellationToken,
+    draining: CancellationToken,
     /// Set once the server drains or shuts down (what the front's answers read).
-    pub closing: front::Closing,
+    pub(crate) closing: front::Closing,
     /// The client's address, set per connection; handlers read it as axum's
     /// `ConnectInfo<SocketAddr>` (failed-login limits).
-    pub peer: Option<std::net::SocketAddr>,
+    peer: Option<std::net::SocketAddr>,
 }
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
@@ -99,7 +99,7 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
 }
 
 /// While the server drains, tells the client to close the connection after this response.
-pub(crate) fn close_while_draining(
+fn close_while_draining(
     draining: &CancellationToken,
     mut response: Response<Body>,
 ) -> Response<Body> {
@@ -111,15 +111,40 @@ pub(crate) fn close_while_draining(
     response
 }
 
-/// Accepts connections on `listener` and serves them with `dispatch` (through TLS with
-/// `tls`) until `shutdown`.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
-    dispatch: Dispatch,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-) {
+/// How [`serve`] serves the server's port, besides the gateway itself.
+pub struct ServeConfig {
+    /// Answers every request that is not the gateway's: the management API and the
+    /// console.
+    pub fallback: Router,
+    /// TLS on the port, when the server has a certificate.
+    pub tls: Option<TlsAcceptor>,
+    /// Cancelled once the server drains: from then on every answer carries
+    /// `Connection: close`.
+    pub draining: CancellationToken,
+    /// Cancelled at shutdown: the accept loop stops and connections end after the
+    /// request they are answering.
+    pub shutdown: CancellationToken,
+    /// Owns every connection's task; the server waits for it at shutdown.
+    pub tasks: TaskTracker,
+}
+
+/// Accepts connections on `listener` and serves them until shutdown: the gateway's
+/// routes by `gateway`, everything else by the fallback router.
+pub async fn serve(listener: TcpListener, gateway: Gateway, config: ServeConfig) {
+    let ServeConfig {
+        fallback,
+        tls,
+        draining,
+        shutdown,
+        tasks,
+    } = config;
+    let dispatch = Dispatch {
+        router: crate::router(&gateway).merge(fallback),
+        closing: front::Closing::once_either(&draining, &shutdown),
+        gateway,
+        draining,
+        peer: None,
+    };
     // Plain connections are served on loops of their own (`core_loops.rs`).
     let mut loops = match tls {
         Some(_) => None,
