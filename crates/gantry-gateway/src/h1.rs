@@ -560,6 +560,9 @@ pub fn put_status_line(out: &mut Vec<u8>, status: u16) {
 }
 
 #[cfg(test)]
+mod properties;
+
+#[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
