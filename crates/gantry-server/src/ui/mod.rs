@@ -1,17 +1,26 @@
-//! The web UI: a small single-page app (plain HTML, CSS and JavaScript, no framework
-//! and no build step) embedded in the binary and served at `/` with its assets under
-//! `/ui/`. It talks only to the management API, authenticated by the `gantry_session`
-//! cookie that `POST /auth/login` sets, so it adds no endpoints of its own.
+//! The web UI: a small single-page app (plain HTML, CSS and JavaScript ES modules, no
+//! framework and no build step) embedded in the binary and served at `/` with its assets
+//! under `/ui/`. It talks only to the management API, authenticated by the
+//! `gantry_session` cookie that `POST /auth/login` sets, so it adds no endpoints of its own.
+//!
+//! The script is one module per screen (`assets/screens/`) and the modules they share
+//! (`assets/lib/`), loaded by the browser from the entry `assets/app.js` through relative
+//! imports. They carry JSDoc types that `scripts/check-console.sh` checks with TypeScript's
+//! compiler (`tsconfig.json` here); the server serves the files exactly as they are.
 //!
 //! Every response carries a strict `Content-Security-Policy`: scripts and styles come
 //! only from this server (no inline script, no inline style attribute), the page
 //! connects only back to this server and cannot be framed. The machines that run gantry
 //! may have no internet access, so nothing is loaded from anywhere else.
 //!
-//! Caching: the page references its assets as `/ui/<file>?v=<version>`, where the
-//! version is a hash of every asset, so a versioned asset can be cached for a year; the
-//! page itself and unversioned asset URLs are revalidated on every load with an `ETag`.
-//! Unknown `/ui/...` paths fall through to the API's JSON 404.
+//! Caching: the page names its assets under a versioned path, `/ui/v/<version>/<file>`,
+//! where the version is a hash of every asset. A module's relative imports
+//! (`./lib/dom.js`) resolve inside the same path, so every file the page loads is
+//! versioned and may be cached for a year: an upgrade changes every URL. The page itself,
+//! the unversioned `/ui/<file>` URLs and the URLs of another version (a page served by an
+//! older or newer server of the cluster) answer the current file, revalidated on every
+//! load with an `ETag`. Only the files listed in `FILES` are served: any other `/ui/...`
+//! path falls through to the API's JSON 404.
 
 use std::sync::LazyLock;
 
@@ -37,10 +46,53 @@ pub const CONTENT_SECURITY_POLICY_VALUE: &str = "default-src 'none'; script-src 
 /// Placeholder in `index.html` replaced by [`asset_version`] at first use.
 const VERSION_PLACEHOLDER: &str = "{{ASSET_VERSION}}";
 
+/// Where the versioned assets are: `/ui/v/<version>/<file>`.
+const VERSIONED_PREFIX: &str = "/ui/v/";
+
 const INDEX_HTML: &str = include_str!("assets/index.html");
-const APP_JS: &str = include_str!("assets/app.js");
-const APP_CSS: &str = include_str!("assets/app.css");
-const FAVICON_SVG: &str = include_str!("assets/favicon.svg");
+
+/// Embeds the files named, each with its path under `assets/`.
+macro_rules! embed {
+    ($($path:literal),* $(,)?) => {
+        &[$(($path, include_str!(concat!("assets/", $path)))),*]
+    };
+}
+
+/// Every file the page loads, by its path under `assets/`, which is also its URL under
+/// `/ui/` and `/ui/v/<version>/`. A module must be listed here to be served: the browser
+/// gets a 404 for a forgotten one (the tests check that every file of `assets/` is here
+/// and that every module the page imports answers).
+const FILES: &[(&str, &str)] = embed![
+    "app.js",
+    "app.css",
+    "favicon.svg",
+    "lib/api.js",
+    "lib/charts.js",
+    "lib/dialogs.js",
+    "lib/dom.js",
+    "lib/format.js",
+    "lib/live.js",
+    "lib/session.js",
+    "lib/transfers.js",
+    "lib/widgets.js",
+    "screens/account.js",
+    "screens/api-keys.js",
+    "screens/catalog.js",
+    "screens/instances.js",
+    "screens/login.js",
+    "screens/model-files.js",
+    "screens/model-form.js",
+    "screens/models.js",
+    "screens/overview.js",
+    "screens/playground.js",
+    "screens/providers.js",
+    "screens/routes.js",
+    "screens/servers.js",
+    "screens/uploads.js",
+    "screens/usage.js",
+    "screens/users.js",
+    "screens/workers.js",
+];
 
 /// One embedded file with what the response needs to say about it.
 struct Asset {
@@ -69,16 +121,25 @@ fn short_hash(parts: &[&[u8]]) -> String {
     hex::encode(&hasher.finalize()[..8])
 }
 
-/// A hash of every asset: changes whenever any of them does, so browsers holding a
-/// year-long cached copy fetch the new one after an upgrade.
+/// The content type of an asset, by its extension.
+fn content_type(path: &str) -> &'static str {
+    match path.rsplit_once('.').map(|(_, extension)| extension) {
+        Some("js") => "text/javascript; charset=utf-8",
+        Some("css") => "text/css; charset=utf-8",
+        Some("svg") => "image/svg+xml",
+        _ => panic!("ui::FILES holds {path}, whose content type is not known"),
+    }
+}
+
+/// A hash of every asset (their paths too): changes whenever any of them does, so
+/// browsers holding a year-long cached copy fetch the new one after an upgrade.
 pub fn asset_version() -> &'static str {
     static VERSION: LazyLock<String> = LazyLock::new(|| {
-        short_hash(&[
-            INDEX_HTML.as_bytes(),
-            APP_JS.as_bytes(),
-            APP_CSS.as_bytes(),
-            FAVICON_SVG.as_bytes(),
-        ])
+        let mut parts: Vec<&[u8]> = vec![INDEX_HTML.as_bytes()];
+        for (path, body) in FILES {
+            parts.extend([path.as_bytes(), b"\0", body.as_bytes(), b"\0"]);
+        }
+        short_hash(&parts)
     });
     &VERSION
 }
@@ -89,21 +150,30 @@ static INDEX: LazyLock<Asset> = LazyLock::new(|| {
         .leak();
     Asset::new(page.as_bytes(), "text/html; charset=utf-8")
 });
-static SCRIPT: LazyLock<Asset> =
-    LazyLock::new(|| Asset::new(APP_JS.as_bytes(), "text/javascript; charset=utf-8"));
-static STYLESHEET: LazyLock<Asset> =
-    LazyLock::new(|| Asset::new(APP_CSS.as_bytes(), "text/css; charset=utf-8"));
-static FAVICON: LazyLock<Asset> =
-    LazyLock::new(|| Asset::new(FAVICON_SVG.as_bytes(), "image/svg+xml"));
 
-/// The UI's routes, merged into the server's router. They need no credentials: the
-/// page asks the API who is logged in and shows the login form when nobody is.
+/// [`FILES`] as served, in the same order.
+static ASSETS: LazyLock<Vec<Asset>> = LazyLock::new(|| {
+    FILES
+        .iter()
+        .map(|(path, body)| Asset::new(body.as_bytes(), content_type(path)))
+        .collect()
+});
+
+/// The UI's routes, merged into the server's router: the page, and each asset at its
+/// unversioned and versioned URLs. They need no credentials: the page asks the API who is
+/// logged in and shows the login form when nobody is.
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/", get(index))
-        .route("/ui/app.js", get(script))
-        .route("/ui/app.css", get(stylesheet))
-        .route("/ui/favicon.svg", get(favicon))
+    let mut router = Router::new().route("/", get(index));
+    for ((path, _), asset) in FILES.iter().zip(ASSETS.iter()) {
+        let asset: &'static Asset = asset;
+        let serve = get(move |uri: Uri, headers: HeaderMap| async move {
+            respond(asset, &headers, is_current_version(&uri))
+        });
+        router = router
+            .route(&format!("/ui/{path}"), serve.clone())
+            .route(&format!("{VERSIONED_PREFIX}{{version}}/{path}"), serve);
+    }
+    router
 }
 
 async fn index(headers: HeaderMap) -> Response {
@@ -111,26 +181,13 @@ async fn index(headers: HeaderMap) -> Response {
     respond(&INDEX, &headers, false)
 }
 
-async fn script(uri: Uri, headers: HeaderMap) -> Response {
-    respond(&SCRIPT, &headers, is_current_version(&uri))
-}
-
-async fn stylesheet(uri: Uri, headers: HeaderMap) -> Response {
-    respond(&STYLESHEET, &headers, is_current_version(&uri))
-}
-
-async fn favicon(uri: Uri, headers: HeaderMap) -> Response {
-    respond(&FAVICON, &headers, is_current_version(&uri))
-}
-
-/// True when the URL asks for exactly the version this server holds (`?v=<version>`):
-/// only then may the browser keep the answer for good.
+/// True when the URL asks for exactly the version this server holds
+/// (`/ui/v/<version>/...`): only then may the browser keep the answer for good.
 fn is_current_version(uri: &Uri) -> bool {
-    uri.query().is_some_and(|query| {
-        query
-            .split('&')
-            .any(|pair| pair.strip_prefix("v=") == Some(asset_version()))
-    })
+    uri.path()
+        .strip_prefix(VERSIONED_PREFIX)
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(version, _)| version == asset_version())
 }
 
 fn respond(asset: &Asset, request: &HeaderMap, immutable: bool) -> Response {
@@ -172,14 +229,20 @@ fn etag_matches(request: &HeaderMap, etag: &HeaderValue) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]
     fn page_names_the_versioned_assets_and_holds_no_inline_script() {
         let page = std::str::from_utf8(INDEX.body).expect("the page is UTF-8");
         assert!(!page.contains(VERSION_PLACEHOLDER));
-        assert!(page.contains(&format!("/ui/app.js?v={}", asset_version())));
-        assert!(page.contains(&format!("/ui/app.css?v={}", asset_version())));
+        let versioned = format!("{VERSIONED_PREFIX}{}/", asset_version());
+        assert!(page.contains(&format!(
+            "<script type=\"module\" src=\"{versioned}app.js\"></script>"
+        )));
+        assert!(page.contains(&format!("href=\"{versioned}app.css\"")));
+        assert!(page.contains(&format!("href=\"{versioned}favicon.svg\"")));
         for script in page.split("<script").skip(1) {
             let tag_end = script.find('>').expect("a closed script tag");
             assert!(
@@ -209,13 +272,53 @@ mod tests {
 
     #[test]
     fn only_the_current_version_is_cached_for_good() {
-        let current: Uri = format!("/ui/app.js?v={}", asset_version())
-            .parse()
-            .expect("a valid URI");
-        assert!(is_current_version(&current));
-        let old: Uri = "/ui/app.js?v=0000".parse().expect("a valid URI");
-        assert!(!is_current_version(&old));
-        let bare: Uri = "/ui/app.js".parse().expect("a valid URI");
-        assert!(!is_current_version(&bare));
+        let uri = |text: String| -> Uri { text.parse().expect("a valid URI") };
+        let version = asset_version();
+        assert!(is_current_version(&uri(format!("/ui/v/{version}/app.js"))));
+        assert!(is_current_version(&uri(format!(
+            "/ui/v/{version}/screens/models.js"
+        ))));
+        assert!(!is_current_version(&uri("/ui/v/0000/app.js".into())));
+        assert!(!is_current_version(&uri(format!(
+            "/ui/v/{version}0/app.js"
+        ))));
+        assert!(!is_current_version(&uri("/ui/app.js".into())));
+        // The old scheme's query names no version any more.
+        assert!(!is_current_version(&uri(format!("/ui/app.js?v={version}"))));
+    }
+
+    /// A regression test for a module added to `assets/` but not to `FILES`: the page would
+    /// import it and get a 404. `.d.ts` files are for the type checker only.
+    #[test]
+    fn every_file_under_assets_is_served_and_every_served_file_exists() {
+        fn walk(dir: &Path, root: &Path, found: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).expect("read the assets directory") {
+                let path = entry.expect("a directory entry").path();
+                if path.is_dir() {
+                    walk(&path, root, found);
+                    continue;
+                }
+                let relative = path
+                    .strip_prefix(root)
+                    .expect("under the assets directory")
+                    .to_str()
+                    .expect("a UTF-8 file name")
+                    .replace(std::path::MAIN_SEPARATOR, "/");
+                if relative != "index.html" && !relative.ends_with(".d.ts") {
+                    found.push(relative);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ui/assets");
+        let mut on_disk = Vec::new();
+        walk(&root, &root, &mut on_disk);
+        on_disk.sort();
+        let mut served: Vec<String> = FILES.iter().map(|(path, _)| path.to_string()).collect();
+        served.sort();
+        assert_eq!(on_disk, served, "ui::FILES must list every file of assets/");
+        for (path, _) in FILES {
+            // Panics for a file whose content type is not known.
+            content_type(path);
+        }
     }
 }

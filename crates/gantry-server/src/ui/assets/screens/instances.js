@@ -1,0 +1,203 @@
+// @ts-check
+// The instances screen: every instance with its state (a bar while it downloads), worker,
+// GPUs and address, filtered by model, state or worker, an admin's "Restart", and the logs
+// of one instance (#/instances/<id>/logs), followed every two seconds.
+
+import { api } from '../lib/api.js';
+import { confirmDialog } from '../lib/dialogs.js';
+import { h, pageHead, toast } from '../lib/dom.js';
+import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
+import { isAdmin } from '../lib/session.js';
+import { INSTANCE_STATE_CLASS, INSTANCE_STATES, instanceProgress, stateBadge, timeCell } from '../lib/widgets.js';
+
+/** @import { Instance } from '../lib/api-types' */
+
+/**
+ * @param {HTMLElement} main
+ * @param {string[]} parts
+ * @param {URLSearchParams} params
+ */
+export function renderInstances(main, parts, params) {
+  if (parts[0] && parts[1] === 'logs') return renderLogs(main, Number(parts[0]), params);
+  const modelFilter = h('select', { 'aria-label': 'Model' }, h('option', { value: '' }, 'all models'));
+  const stateFilter = h('select', { 'aria-label': 'State' }, h('option', { value: '' }, 'all states'),
+    INSTANCE_STATES.map((s) => h('option', { value: s }, s)));
+  const wanted = { model: params.get('model') || '', state: params.get('state') || '', worker: params.get('worker') || '' };
+  const workerFilter = h('span', { class: 'filter-chip' });
+  stateFilter.value = wanted.state;
+  const setQuery = () => {
+    const q = new URLSearchParams();
+    if (modelFilter.value) q.set('model', modelFilter.value);
+    if (stateFilter.value) q.set('state', stateFilter.value);
+    if (wanted.worker) q.set('worker', wanted.worker);
+    const hash = '#/instances' + (q.toString() ? '?' + q : '');
+    history.replaceState(null, '', hash);
+    wanted.model = modelFilter.value;
+    wanted.state = stateFilter.value;
+    draw();
+  };
+  modelFilter.addEventListener('change', setQuery);
+  stateFilter.addEventListener('change', setQuery);
+  const tableBox = h('div');
+  main.append(pageHead('Instances', h('div', { class: 'filters' },
+    workerFilter, h('label', null, 'Model', modelFilter), h('label', null, 'State', stateFilter))), tableBox);
+
+  const draw = () => {
+    // Keep the model choices current without losing the selection.
+    const models = live.models.values();
+    const options = [h('option', { value: '' }, 'all models')].concat(models.map((m) => h('option', { value: String(m.id) }, m.name)));
+    if (modelFilter.options.length !== options.length || models.some((m, i) => modelFilter.options[i + 1].value !== String(m.id))) {
+      modelFilter.replaceChildren(...options);
+    }
+    modelFilter.value = wanted.model;
+    workerFilter.replaceChildren();
+    if (wanted.worker) {
+      const sample = live.instances.values().find((i) => String(i.worker_id) === wanted.worker);
+      workerFilter.append(h('span', { class: 'chip' }, 'worker ' + (sample ? sample.worker_name : wanted.worker)),
+        h('button', { class: 'small', title: 'Show every worker', onclick: () => { wanted.worker = ''; setQuery(); } }, '×'));
+    }
+
+    const status = listStatus([live.instances]);
+    if (status) {
+      tableBox.replaceChildren(status);
+      return;
+    }
+    const instances = live.instances.values().filter((i) =>
+      (!wanted.model || String(i.model_id) === wanted.model) && (!wanted.state || i.state === wanted.state)
+      && (!wanted.worker || String(i.worker_id) === wanted.worker));
+    if (!instances.length) {
+      tableBox.replaceChildren(h('div', { class: 'panel empty' },
+        live.instances.items.size ? 'No instance matches the filter.' : 'No instances: they appear when a model has replicas.'));
+      return;
+    }
+    const columns = isAdmin() ? 9 : 8;
+    const rows = [];
+    for (const i of instances) {
+      const isError = i.state === 'error' && i.state_message;
+      // A download shows as a bar; its state message says the same in words (its title).
+      const progress = instanceProgress(i);
+      rows.push(h('tr', { class: isError ? 'has-detail' : null, 'data-instance': i.id },
+        h('td', null, h('strong', null, i.name)),
+        h('td', null, h('a', { href: '#/instances?model=' + i.model_id }, i.model_name)),
+        h('td', null, stateBadge(i.state, INSTANCE_STATE_CLASS),
+          progress || (!isError && i.state_message ? h('div', { class: 'state-message' }, i.state_message) : null)),
+        h('td', null, i.worker_name || h('span', { class: 'muted' }, '—')),
+        h('td', null, i.worker_id == null ? h('span', { class: 'muted' }, '—')
+          : h('span', { class: 'mono small' }, i.gpu_indexes.length ? i.gpu_indexes.join(', ') : 'CPU')),
+        h('td', null, i.address ? h('span', { class: 'mono small' }, i.address) : h('span', { class: 'muted' }, '—')),
+        h('td', { class: 'num' }, i.restart_count),
+        h('td', null, timeCell(i.updated_at)),
+        h('td', { class: 'actions' },
+          i.worker_id == null
+            ? h('button', { class: 'small', disabled: true, title: 'Not placed on a worker yet: no logs' }, 'Logs')
+            : h('a', { class: 'button small', href: '#/instances/' + i.id + '/logs' }, 'Logs'),
+          isAdmin() ? h('button', { class: 'small danger', title: 'Delete this instance; a new one replaces it', onclick: () => restartInstance(i) }, 'Restart') : null)));
+      if (isError) {
+        rows.push(h('tr', { class: 'detail' }, h('td', { colspan: columns },
+          h('pre', { class: 'stderr' }, i.state_message))));
+      }
+    }
+    tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
+      h('thead', null, h('tr', null,
+        h('th', null, 'Instance'), h('th', null, 'Model'), h('th', null, 'State'), h('th', null, 'Worker'),
+        h('th', null, 'GPUs'), h('th', null, 'Address'), h('th', { class: 'num' }, 'Restarts'),
+        h('th', null, 'Updated'), h('th', null))),
+      h('tbody', null, rows))));
+  };
+  return combine(follow([live.instances, live.models], draw), ticker(draw, 10000));
+}
+
+/**
+ * @param {Instance} instance
+ */
+function restartInstance(instance) {
+  confirmDialog('Restart ' + instance.name + '?',
+    'The instance is deleted and its backend stopped; the model keeps its replica count, so a new instance replaces it and is scheduled again.',
+    'Delete and replace',
+    async () => {
+      await api('DELETE', '/api/v1/model-instances/' + instance.id);
+      toast('Instance ' + instance.name + ' deleted; a replacement is on its way.');
+    });
+}
+
+/**
+ * @param {HTMLElement} main
+ * @param {number} id
+ * @param {URLSearchParams} params
+ */
+function renderLogs(main, id, params) {
+  const tail = h('select', { 'aria-label': 'Lines' }, [100, 200, 1000, 5000].map((n) => h('option', { value: String(n) }, 'last ' + n + ' lines')));
+  tail.value = params.get('tail') || '200';
+  const followBox = h('input', { type: 'checkbox', checked: params.get('follow') !== 'false' });
+  const refresh = h('button', { class: 'small' }, 'Refresh');
+  const header = h('span', { class: 'muted' }, 'instance ' + id);
+  const error = h('div', { class: 'alert', role: 'alert' });
+  const output = h('pre', { class: 'logs', tabindex: 0 }, 'Loading…');
+  const outputPanel = h('div', { class: 'panel' }, output);
+  const updated = h('span', { class: 'muted small' });
+  main.append(
+    h('div', { class: 'page-head' },
+      h('a', { href: '#/instances' }, '← Instances'),
+      h('h1', null, 'Logs'), header, h('span', { class: 'spacer' }),
+      h('div', { class: 'log-controls' }, tail, h('label', null, followBox, 'Follow'), refresh, updated)),
+    error,
+    outputPanel);
+
+  let busy = false;
+  /** @type {ReturnType<typeof setInterval> | undefined} follows the logs while `Follow` is ticked */
+  let timer;
+  let stopped = false;
+  const load = async () => {
+    if (busy || stopped) return;
+    busy = true;
+    const atBottom = output.scrollTop + output.clientHeight >= output.scrollHeight - 24;
+    try {
+      const text = await api('GET', '/api/v1/model-instances/' + id + '/logs?tail=' + tail.value);
+      if (stopped) return;
+      error.textContent = '';
+      outputPanel.classList.remove('hidden');
+      const content = text === '' ? '(no output yet)' : String(text);
+      if (output.textContent !== content) {
+        output.textContent = content;
+        if (atBottom || output.dataset.first !== 'no') output.scrollTop = output.scrollHeight;
+      }
+      output.dataset.first = 'no';
+      updated.textContent = 'updated ' + new Date().toLocaleTimeString();
+    } catch (e) {
+      if (stopped) return;
+      error.textContent = e.message;
+      if (output.textContent === 'Loading…') output.textContent = '';
+      // Keep the last good output visible; hide an empty box.
+      outputPanel.classList.toggle('hidden', output.textContent === '');
+    } finally {
+      busy = false;
+    }
+  };
+  const schedule = () => {
+    clearInterval(timer);
+    timer = followBox.checked ? setInterval(load, 2000) : undefined;
+  };
+  tail.addEventListener('change', load);
+  followBox.addEventListener('change', () => {
+    schedule();
+    if (followBox.checked) load();
+  });
+  refresh.addEventListener('click', load);
+  load();
+  schedule();
+
+  const drawHeader = () => {
+    const instance = live.instances.items.get(id);
+    if (!instance) {
+      header.replaceChildren(live.instances.loaded ? h('span', { class: 'muted' }, 'instance ' + id + ' (gone)') : 'instance ' + id);
+      return;
+    }
+    // Through h()'s rules: an instance without a worker has no " on …" (replaceChildren would write null).
+    header.replaceChildren(h('strong', null, instance.name), ' ', stateBadge(instance.state, INSTANCE_STATE_CLASS),
+      ...(instance.worker_name ? [h('span', { class: 'muted' }, ' on ' + instance.worker_name)] : []));
+  };
+  return combine(follow([live.instances], drawHeader), () => {
+    stopped = true;
+    clearInterval(timer);
+  });
+}

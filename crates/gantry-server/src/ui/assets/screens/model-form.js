@@ -1,0 +1,233 @@
+// @ts-check
+// The form that declares a model (the models screen's "New model", the catalog's
+// "Deploy"): its source, backend and placement, and "Check fit", which asks the server
+// where replicas of it would go.
+
+import { api } from '../lib/api.js';
+import { checkField, field, h, toast } from '../lib/dom.js';
+import { describeSource, fmtBytes, joinArgs, parseLabels, splitArgs } from '../lib/format.js';
+
+/** @import { CatalogEntry, Estimate, Model, Page, Upload } from '../lib/api-types' */
+
+/**
+ * What an estimate says: the parts of one instance, and where replicas would go.
+ * @param {Estimate} estimate
+ * @returns {HTMLDivElement}
+ */
+function estimateView(estimate) {
+  const p = estimate.parts;
+  const total = p.weights_bytes + p.kv_cache_bytes + p.host_compute_buffer_bytes + p.base_ram_bytes +
+    (p.per_gpu_compute_buffer_bytes + p.per_gpu_overhead_bytes) * Math.max(1, p.declared_gpu_count || 1);
+  const fitting = estimate.workers.filter((w) => w.fits);
+  /** @param {Estimate['workers'][number]} v */
+  const where = (v) => {
+    const placement = v.placement;
+    if (!placement) return '';
+    const gpus = placement.gpus.map((g) => 'GPU ' + g.index + ' ' + fmtBytes(g.bytes)).join(', ');
+    return (gpus || 'CPU only') + (placement.ram_bytes ? ' + ' + fmtBytes(placement.ram_bytes) + ' RAM' : '');
+  };
+  return h('div', { class: 'estimate', 'data-estimate': '' },
+    h('div', { class: 'facts' },
+      h('div', { class: 'fact' }, h('span', null, 'One instance needs'), h('strong', { 'data-estimate-total': '' }, fmtBytes(total))),
+      h('div', { class: 'fact' }, h('span', null, 'Weights'), fmtBytes(p.weights_bytes)),
+      h('div', { class: 'fact' }, h('span', null, 'KV cache'), fmtBytes(p.kv_cache_bytes) +
+        (estimate.context_size ? ' (' + estimate.context_size.toLocaleString('en-US') + ' tokens)' : '')),
+      h('div', { class: 'fact' }, h('span', null, 'Fits on'), h('strong', { 'data-estimate-fits': fitting.length }, fitting.length + ' of ' + estimate.workers.length + ' workers'))),
+    estimate.workers.length ? h('table', { class: 'compact' },
+      h('thead', null, h('tr', null, h('th', null, 'Worker'), h('th', null, 'Fits'), h('th', null, 'Where, or why not'))),
+      h('tbody', null, estimate.workers.map((w) => h('tr', { 'data-estimate-worker': w.worker_name },
+        h('td', null, w.worker_name, w.simulated_gpus ? h('span', { class: 'badge sim' }, 'simulated') : null),
+        h('td', null, h('span', { class: 'badge ' + (w.fits ? 'ok' : 'warn') }, w.fits ? 'yes' : 'no')),
+        h('td', { class: 'small' }, w.fits ? where(w) : w.reason))))) : h('div', { class: 'muted' }, 'No workers yet.'));
+}
+
+/**
+ * The new-model form. `preset` (a catalog entry) fills it in and checks at once where the
+ * model would fit.
+ * @param {(model?: Model) => void} onDone called with the model created, or without one on Cancel
+ * @param {CatalogEntry} [preset]
+ * @returns {HTMLFormElement}
+ */
+export function modelForm(onDone, preset) {
+  const name = h('input', { required: true, placeholder: 'llama-3-8b', maxlength: 63 });
+  const description = h('input', { placeholder: 'optional' });
+  const sourceType = h('select', null,
+    h('option', { value: 'local_path' }, 'Local path on the workers'),
+    h('option', { value: 'huggingface' }, 'Hugging Face repository'),
+    h('option', { value: 'url' }, 'URL'),
+    h('option', { value: 'upload' }, 'Uploaded file'));
+  const path = h('input', { placeholder: '/models/llama-3-8b.Q4_K_M.gguf' });
+  const repo = h('input', { placeholder: 'owner/name' });
+  const file = h('input', { placeholder: 'optional: one file, e.g. model.Q4_K_M.gguf' });
+  const url = h('input', { type: 'url', placeholder: 'https://example.com/model.gguf' });
+  const upload = h('select', { 'aria-label': 'Uploaded file' });
+  const backend = h('select', null, ['llama.cpp', 'vllm', 'sglang', 'custom'].map((b) => h('option', { value: b }, b)));
+  const customCommand = h('input', { placeholder: 'my-server --model {model_path} --port {port} --host {host}' });
+  const replicas = h('input', { type: 'number', min: 0, max: 1000, value: '1', required: true });
+  const args = h('input', { placeholder: '--ctx-size 4096 --parallel 4' });
+  const strategy = h('select', null, h('option', { value: 'spread' }, 'spread'), h('option', { value: 'binpack' }, 'binpack'));
+  const selector = h('input', { placeholder: 'gpu=a100, zone=eu-1' });
+  const cpuOffload = h('input', { type: 'checkbox', checked: true });
+  const error = h('div', { class: 'alert', role: 'alert' });
+  const submit = h('button', { class: 'primary', type: 'submit' }, 'Create model');
+
+  const pathField = field('Path', path, 'Absolute path of a file or directory present on the workers.', 'wide');
+  const repoField = field('Repository', repo);
+  const fileField = field('File', file);
+  const urlField = field('URL', url, null, 'wide');
+  const uploadField = field('Uploaded file', upload,
+    ['Complete uploads. Upload a file on the ', h('a', { href: '#/model-files' }, 'Model files'), ' screen.'], 'wide');
+  const commandField = field('Command template', customCommand,
+    'Placeholders: {model_path} {port} {gpu_ids} {host}. Split like a shell would, run without one.', 'wide');
+  const offloadField = checkField('Allow CPU offload (llama.cpp)', cpuOffload);
+
+  const sync = () => {
+    pathField.classList.toggle('hidden', sourceType.value !== 'local_path');
+    repoField.classList.toggle('hidden', sourceType.value !== 'huggingface');
+    fileField.classList.toggle('hidden', sourceType.value !== 'huggingface');
+    urlField.classList.toggle('hidden', sourceType.value !== 'url');
+    uploadField.classList.toggle('hidden', sourceType.value !== 'upload');
+    commandField.classList.toggle('hidden', backend.value !== 'custom');
+    offloadField.classList.toggle('hidden', backend.value !== 'llama.cpp');
+  };
+  // The uploads are read when they are asked for, so one finished since the form was
+  // built is offered too.
+  const loadUploads = async () => {
+    const chosen = upload.value;
+    upload.replaceChildren(h('option', { value: '' }, 'Loading…'));
+    try {
+      /** @type {Page<Upload>} */
+      const uploads = await api('GET', '/api/v1/model-files/uploads');
+      const ready = uploads.items.filter((u) => u.state === 'ready');
+      upload.replaceChildren(...(ready.length
+        ? ready.map((u) => h('option', { value: String(u.id) }, u.name + ' (' + fmtBytes(u.size) + ')'))
+        : [h('option', { value: '' }, 'no complete uploads yet')]));
+      if (ready.some((u) => String(u.id) === chosen)) upload.value = chosen;
+    } catch (e) {
+      upload.replaceChildren(h('option', { value: '' }, 'cannot list the uploads: ' + e.message));
+    }
+  };
+  sourceType.addEventListener('change', () => {
+    sync();
+    if (sourceType.value === 'upload') loadUploads();
+  });
+  backend.addEventListener('change', sync);
+
+  /** The `source` of the new model, from the fields of the chosen type. */
+  const source = () => {
+    switch (sourceType.value) {
+      case 'local_path': return { type: 'local_path', path: path.value.trim() };
+      case 'huggingface': return Object.assign({ type: 'huggingface', repo_id: repo.value.trim() }, file.value.trim() ? { file: file.value.trim() } : {});
+      case 'upload':
+        if (!upload.value) throw new Error('Choose an uploaded file: upload one on the Model files screen first.');
+        return { type: 'upload', id: Number(upload.value) };
+      // Offered only when the form was opened from a catalog entry.
+      case 'preset': return /** @type {CatalogEntry} */ (preset).source;
+      default: return { type: 'url', url: url.value.trim() };
+    }
+  };
+
+  /** The `POST /api/v1/models` body the fields make. */
+  const request = () => {
+    /** @type {Record<string, unknown>} */
+    const body = {
+      name: name.value.trim(),
+      description: description.value.trim(),
+      source: source(),
+      backend: backend.value,
+      replicas: Number(replicas.value),
+      backend_args: splitArgs(args.value),
+      placement_strategy: strategy.value,
+      worker_selector: parseLabels(selector.value),
+    };
+    if (backend.value === 'custom' && customCommand.value.trim()) body.custom_command = customCommand.value.trim();
+    if (backend.value === 'llama.cpp') body.cpu_offload = cpuOffload.checked;
+    return body;
+  };
+  const estimateBox = h('div');
+  const checkFit = h('button', {
+    type: 'button',
+    onclick: async () => {
+      error.textContent = '';
+      checkFit.disabled = true;
+      estimateBox.replaceChildren(h('div', { class: 'muted' }, 'Reading the model’s headers…'));
+      try {
+        estimateBox.replaceChildren(estimateView(await api('POST', '/api/v1/models/estimate', request())));
+      } catch (e) {
+        estimateBox.replaceChildren();
+        error.textContent = e.message;
+      } finally {
+        checkFit.disabled = false;
+      }
+    },
+  }, 'Check fit');
+
+  const form = h('form', {
+    class: 'panel',
+    onsubmit: async (event) => {
+      event.preventDefault();
+      error.textContent = '';
+      let body;
+      try {
+        body = request();
+      } catch (e) {
+        error.textContent = e.message;
+        return;
+      }
+      submit.disabled = true;
+      try {
+        const model = await api('POST', '/api/v1/models', body);
+        toast('Model ' + model.name + ' created with ' + model.replicas + ' replica' + (model.replicas === 1 ? '' : 's') + '.');
+        form.reset();
+        estimateBox.replaceChildren();
+        sync();
+        onDone(model);
+      } catch (e) {
+        error.textContent = e.message;
+      } finally {
+        submit.disabled = false;
+      }
+    },
+  },
+  h('h2', null, preset ? 'Deploy ' + preset.title : 'New model'),
+  h('div', { class: 'form-grid' },
+    field('Name', name, 'Lowercase letters, digits, “-”, “_”, “.”'),
+    field('Backend', backend),
+    field('Replicas', replicas),
+    field('Placement strategy', strategy, 'spread: emptiest worker first; binpack: fullest that fits.'),
+    field('Source', sourceType),
+    pathField, repoField, fileField, urlField, uploadField,
+    commandField,
+    field('Backend arguments', args, 'Passed to the backend as written (quotes group words).', 'wide'),
+    field('Worker selector', selector, 'Labels a worker must have: k=v, comma-separated.'),
+    field('Description', description),
+    offloadField),
+  estimateBox,
+  error,
+  h('div', { class: 'form-actions' },
+    submit,
+    checkFit,
+    h('button', { type: 'button', onclick: () => { form.reset(); estimateBox.replaceChildren(); sync(); error.textContent = ''; onDone(); } }, 'Cancel')));
+  sync();
+  if (preset) {
+    name.value = preset.name;
+    description.value = preset.description || '';
+    backend.value = preset.backend;
+    args.value = joinArgs(preset.backend_args || []);
+    const src = preset.source;
+    if (!['local_path', 'huggingface', 'url'].includes(src.type)) {
+      // A source the form has no fields for (ModelScope, S3, an upload): kept as it is.
+      sourceType.append(h('option', { value: 'preset' }, 'As in the catalog: ' + describeSource(src)));
+    }
+    sourceType.value = ['local_path', 'huggingface', 'url'].includes(src.type) ? src.type : 'preset';
+    if (src.type === 'local_path') path.value = src.path;
+    if (src.type === 'huggingface') {
+      repo.value = src.repo_id;
+      file.value = src.file || '';
+    }
+    if (src.type === 'url') url.value = /** @type {string[]} */ ([]).concat(src.url)[0];
+    sync();
+    checkFit.click();
+  }
+  return form;
+}
