@@ -6,8 +6,8 @@
 Opens COUNT connections to 127.0.0.1:PORT, sends one `GET PATH` (default /healthz) on
 each and reads the answer, keeps them all open, and prints the RSS of process PID
 before, with the connections held, and after closing them. Raise the open-file limit
-first (ulimit -n) for large counts. The README's "about 21 KiB per held connection"
-came from a release `gantry server` with COUNT 10000.
+first (ulimit -n) for large counts. The "about 21 KiB per held connection" in
+docs/benchmarks.md came from a `gantry server` of the shipped build with COUNT 10000.
 """
 import socket
 import sys

@@ -2,8 +2,8 @@
 //!
 //! By default SQLite checkpoints inside the commit that takes the log past 1,000 pages:
 //! that commit copies the log into the database file and syncs it, and with one writer
-//! connection (see [`crate::Store`]) every write queued behind it waits too. At 10,000
-//! workers the heartbeats alone fill 1,000 pages about every second. So the writer never
+//! connection (see [`crate::Store`]) every write queued behind it waits too, and a large
+//! fleet's heartbeats alone fill that many pages often. So the writer never
 //! checkpoints (`wal_autocheckpoint = 0`) and this task does, on a reading connection,
 //! every [`CHECKPOINT_INTERVAL`]: a passive checkpoint copies what no reader still needs
 //! and never blocks the writer.

@@ -111,14 +111,14 @@ pub struct Store {
     /// Where writes go (every `INSERT`, `UPDATE`, `DELETE` and transaction). On SQLite
     /// one connection, so writers queue in the pool, first come first served, instead of
     /// meeting on the file lock, where the loser sleeps in SQLite's busy handler (1, 2,
-    /// 5, 10, … ms: at 10,000 workers strace counted 1,300 such sleeps a second, 4.6 ms
-    /// each). On PostgreSQL the same pool as `reads`.
+    /// 5, 10, … ms), which under a fleet's heartbeats adds up to much of every write's
+    /// time. On PostgreSQL the same pool as `reads`.
     writes: AnyPool,
     /// Where the leader's batched instance writes go (placements, pending reasons): on
     /// PostgreSQL [`LEADER_WRITE_CONNECTIONS`] connections of their own, so that a
-    /// placement never waits for a connection behind the fleet's heartbeats and reports
-    /// (a batch of 500 waited up to 170 ms for one from the shared pool with 10,000
-    /// workers). On SQLite the one writing connection.
+    /// placement never waits for a connection behind the fleet's heartbeats and reports,
+    /// which on a shared pool can hold it up for as long as a batch takes to write. On
+    /// SQLite the one writing connection.
     leader_writes: AnyPool,
     engine: Engine,
     /// The URL it was opened with (the PostgreSQL listener opens its own connection).
@@ -162,9 +162,9 @@ pub const LEADER_WRITE_CONNECTIONS: u32 = 3;
 
 /// How many unread changes a slow watcher may fall behind before it is cut off. A
 /// placement publishes its batches of 500 at once, up to three together, while the
-/// fleet's reports go on; with 4,096 the gateway's routing fell behind 3–8 times while
-/// 10,000 instances were placed (and read the store again each time). The slots hold
-/// pointers; a change is freed once every subscriber has read it.
+/// fleet's reports go on, so the channel must hold a few such bursts: a watcher cut off
+/// (the gateway's routing, say) reads the store again, which is what a burst can least
+/// afford. The slots hold pointers; a change is freed once every subscriber has read it.
 const CHANGE_CHANNEL_CAPACITY: usize = 16_384;
 
 /// How much of a SQLite database file each connection maps into memory (256 MiB; the
@@ -254,9 +254,8 @@ impl Store {
         match engine {
             Engine::Postgres => {
                 // The notifier sends on a connection of its own: from the shared pool,
-                // each statement waited behind the fleet's heartbeats (up to 170 ms with
-                // 10,000 workers) and its queue overflowed while 10,000 instances were
-                // placed.
+                // each statement would wait behind the fleet's heartbeats, and its queue
+                // would overflow while a burst of instances is placed.
                 let connection = connect(engine, Role::Both, notifier_options, 1)
                     .await
                     .map_err(cannot_connect)?;
@@ -399,8 +398,7 @@ async fn connect(
                         // Reads through a memory map instead of `pread` into the page
                         // cache: in WAL mode a connection drops its page cache whenever
                         // another one has written (every heartbeat), so without it each
-                        // list re-copied its pages from the OS (13.6 % of the server's
-                        // CPU at 10,000 workers, measured with perf).
+                        // list would copy its pages from the OS again.
                         format!("mmap_size = {SQLITE_MMAP_SIZE}"),
                     ];
                     if role == Role::Writes {

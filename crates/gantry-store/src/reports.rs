@@ -2,9 +2,9 @@
 //! commit).
 //!
 //! A fleet that starts many instances at once reports each of them `starting` and then
-//! `running` within seconds: 10,000 instances are 20,000 single-row `UPDATE`s, each a
-//! statement and a commit of its own, and on PostgreSQL they took most of the database's
-//! share of the machine while the scheduler was writing its placements. So reports queue
+//! `running` within seconds: two single-row `UPDATE`s per instance, each a statement and
+//! a commit of its own, which on PostgreSQL compete for the database with the scheduler
+//! writing the rest of the placements. So reports queue
 //! here, and one task at a time writes whatever has queued (up to
 //! [`MOST_PER_STATEMENT`]) as one `UPDATE … FROM (VALUES …)`, then answers each report.
 //! A report that finds no write under way is written at once, alone: nothing waits for
@@ -307,9 +307,9 @@ mod tests {
 
     /// A report queued just after a writer found the queue empty, but before that
     /// writer's task ended, belongs to the next writer: the first one's end must
-    /// neither drop it nor clear the flag the next writer runs under. (It did: the
-    /// report's caller got "the writer of instance reports stopped", a 503, in a
-    /// 10,000-worker run, and two writers could have run at once.)
+    /// neither drop it nor clear the flag the next writer runs under; otherwise the
+    /// report's caller gets "the writer of instance reports stopped" (a 503), and two
+    /// writers can run at once.
     #[test]
     fn a_writer_that_ends_leaves_the_next_writers_reports_alone() {
         let queue = ReportQueue::default();

@@ -2,10 +2,8 @@
 //!
 //! A heartbeat writes only the narrow `worker_heartbeats` row (worker id and time), never
 //! the worker's own row with its GPU report: on PostgreSQL every update leaves a dead
-//! copy of the row behind, and with 10,000 workers heartbeating every 15 s the wide rows'
-//! dead copies made every read of `workers` walk them (perf: `heap_hot_search_buffer`
-//! and `heap_page_prune_opt` the top of PostgreSQL's profile during the lists). Reads
-//! join the two.
+//! copy of the row behind, and with thousands of workers heartbeating the wide rows' dead
+//! copies would make every read of `workers` walk them. Reads join the two.
 
 use std::collections::BTreeMap;
 
@@ -64,10 +62,10 @@ pub(crate) const LISTING: Listing<Worker> = Listing {
 };
 
 /// Workers as last read, by id, so that a heartbeat (a write of the heartbeat row only)
-/// can answer with its worker without reading it back: at 10,000 workers that read cost
-/// the server 12 % of a core on SQLite. A worker is forgotten whenever a change of it
-/// is published, on this server or (on PostgreSQL) heard from another; a read that began
-/// before such a change is not kept.
+/// can answer with its worker without reading it back: a read per heartbeat would be a
+/// large share of the server's work with a large fleet. A worker is forgotten whenever a
+/// change of it is published, on this server or (on PostgreSQL) heard from another; a
+/// read that began before such a change is not kept.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerRows {
     inner: std::sync::Mutex<WorkerRowsInner>,

@@ -11,7 +11,7 @@ mod config;
 mod docs_paths;
 
 /// mimalloc instead of glibc's malloc: the gateway allocates per request, and glibc's
-/// malloc and free took 12 % of its CPU under load (perf, scripts/bench-gateway.sh).
+/// malloc and free are a visible share of its CPU under load.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -461,8 +461,8 @@ fn head_lengths(facts: &GgufModelFacts) -> (u64, u64) {
 /// * **logits** of the rows the server asks for: `n_vocab × n_outputs` in all.
 ///
 /// A mask is `cells × n_tokens` per kind of block (full, sliding window), f16 with flash
-/// attention and f32 without. Fitted on `llama_cpp_accuracy`'s corpus, where it is within
-/// a few percent of what llama.cpp reports (see the README's accuracy table).
+/// attention and f32 without. Fitted on `llama_cpp_accuracy`'s corpus, which holds it to
+/// what llama.cpp reports (the errors per architecture are in docs/benchmarks.md).
 fn compute_buffer_bytes(facts: &GgufModelFacts, run: &Run) -> u64 {
     let t = run.n_tokens;
     let n_embd = u64::from(facts.embedding_length);

@@ -24,8 +24,8 @@ use thiserror::Error;
 use crate::units::{GIB, MIB};
 
 /// Memory a CUDA context takes on each GPU a process touches (driver state, cuBLAS
-/// workspaces, kernel images). Measured values range from about 300 MiB to 500 MiB
-/// depending on driver and GPU; the estimate takes the upper end.
+/// workspaces, kernel images): about 300 MiB to 500 MiB depending on driver and GPU; the
+/// estimate takes the upper end, as overbooking a GPU costs more than leaving some idle.
 pub const CUDA_CONTEXT_BYTES: u64 = 512 * MIB;
 
 /// Host RAM of a `llama-server` process apart from model data: binary, tokenizer tables,
