@@ -98,6 +98,15 @@ fn candidates(word: &str, section_crate: Option<&str>) -> Vec<String> {
     }
 }
 
+/// Whether `path` exists; a module file `x.rs` may also be the directory module
+/// `x/mod.rs`, so that the map reads the same whichever way a module is laid out.
+fn module_exists(root: &Path, path: &str) -> bool {
+    root.join(path).exists()
+        || path
+            .strip_suffix(".rs")
+            .is_some_and(|module| root.join(module).join("mod.rs").is_file())
+}
+
 /// Every path ARCHITECTURE.md names that is not in the repository, as "line N: `word`".
 fn missing_architecture_paths(text: &str) -> Vec<String> {
     let root = repo_root();
@@ -112,7 +121,7 @@ fn missing_architecture_paths(text: &str) -> Vec<String> {
                 continue;
             }
             let tried = candidates(word, section_crate.as_deref());
-            if !tried.iter().any(|path| root.join(path).exists()) {
+            if !tried.iter().any(|path| module_exists(&root, path)) {
                 missing.push(format!(
                     "line {number}: `{word}` (looked for {})",
                     tried.join(", ")
@@ -257,7 +266,8 @@ fn the_checks_see_paths_and_links_where_the_docs_write_them() {
     assert!(!is_repo_path("config.json"));
     assert!(!is_repo_path("hf:OWNER/REPO[:FILE]"));
 
-    let map = "### `crates/gantry-store`\n`notify.rs` and `tests/` and `no_such_module.rs`\n\
+    let map = "### `crates/gantry-server`\n`api.rs` is `api/mod.rs`\n\
+               ### `crates/gantry-store`\n`notify.rs` and `tests/` and `no_such_module.rs`\n\
                ```\n`crates/not-checked-in-a-fence.rs`\n```\n\
                ## Invariants\n`crates/gantry/src/no_such_file.rs`, `scripts/test.sh`\n";
     let missing = missing_architecture_paths(map);
