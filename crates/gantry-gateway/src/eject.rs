@@ -11,7 +11,7 @@
 //! per cooldown, which grows from seconds to minutes while it stays frozen.
 //!
 //! The bookkeeping is a pure value over a millisecond clock the caller reads, tested
-//! without a clock; `routing.rs` keeps one per instance behind a lock that only failing
+//! without a clock; `routing/backend.rs` keeps one per instance behind a lock that only failing
 //! instances take.
 
 use std::time::Duration;

@@ -15,8 +15,9 @@
 //!   and the routers; `core_loops.rs`: a connection loop per CPU for plain TCP;
 //! - `front.rs`: the hot routes served straight off the connection; `h1.rs`: HTTP/1.1
 //!   heads and bodies parsed in place;
-//! - `routing.rs`: model name → running instances, kept current from the store's
-//!   change feed and a periodic re-read;
+//! - `routing/`: model name → running instances (`backend.rs` one instance, `table.rs`
+//!   the table and the pick, `tracker.rs` kept current from the store's change feed and
+//!   a periodic re-read);
 //! - `model_routes.rs`: route name → weighted, prioritised targets (deployed models,
 //!   providers' models), rebuilt when a provider or route changes;
 //! - `providers.rs`: an external OpenAI-compatible endpoint as a backend (TLS, base
@@ -25,9 +26,9 @@
 //!   the cluster's servers through the store;
 //! - `balance.rs`: the least-requests-in-flight pick, ties round-robin;
 //! - `eject.rs`: passive ejection of an instance that keeps failing requests;
-//! - `proxy.rs`: one request: the caller through the shared authenticator, body read
-//!   once, retries on another instance (also when the one it waits on leaves routing
-//!   or exceeds the first-byte timeout), streaming the answer back;
+//! - `proxy/`: one request, phase by phase: authenticate (`auth.rs`), admit, resolve and
+//!   rewrite the body (`admit.rs`), the tries and what each outcome means
+//!   (`attempts.rs`), the answer (`mod.rs`);
 //! - `upstream.rs`: keep-alive HTTP/1.1 connections to instances, pooled per instance
 //!   and driven by the request's own task;
 //! - `body.rs`: the response body on its way out: usage read as it passes, the

@@ -156,7 +156,7 @@ impl ModelMetrics {
         self.sum(|c| &c.requests_by_code[code_index])
     }
 
-    fn errors(&self, kind: ErrorKind) -> u64 {
+    pub(crate) fn errors(&self, kind: ErrorKind) -> u64 {
         self.sum(|c| &c.errors[kind.index()])
     }
 

@@ -8,7 +8,7 @@
 //! or route changes, and every [`crate::routing::REFRESH_INTERVAL`]. Provider backends
 //! are kept across rebuilds while their definition is unchanged, so their keep-alive
 //! connections and ejection records survive. A name with no route is served by the
-//! deployed model of that name (`routing.rs`): with no routes defined, a request pays one
+//! deployed model of that name (`routing/`): with no routes defined, a request pays one
 //! atomic load here.
 
 use std::collections::{HashMap, HashSet};
