@@ -212,9 +212,9 @@ pub async fn start(config: GatewayConfig, context: GatewayContext) -> Result<Gat
 pub(crate) fn router(gateway: &Gateway) -> Router {
     Router::new()
         .route("/v1/models", get(list_models))
-        .route("/v1/chat/completions", any(method_not_allowed))
-        .route("/v1/completions", any(method_not_allowed))
-        .route("/v1/embeddings", any(method_not_allowed))
+        .route("/v1/chat/completions", any(post_only))
+        .route("/v1/completions", any(post_only))
+        .route("/v1/embeddings", any(post_only))
         .route("/v1/{*rest}", any(unknown_endpoint))
         .route("/metrics", get(prometheus_metrics))
         .method_not_allowed_fallback(method_not_allowed)
@@ -299,6 +299,16 @@ async fn method_not_allowed(request: Request) -> OpenAiError {
             request.uri().path()
         ),
     )
+}
+
+/// Another method than POST on a hot route's path: 405, with the `Allow` header RFC 9110
+/// asks for.
+async fn post_only(request: Request) -> Response {
+    let mut response = method_not_allowed(request).await.into_response();
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    response
 }
 
 /// Prometheus metrics of the gateway and the cluster (text format, no

@@ -1226,6 +1226,14 @@ async fn gateway_errors_have_the_openai_shape(engine: TestEngine) {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    // RFC 9110: a 405 lists the methods the path takes.
+    assert_eq!(
+        response
+            .headers()
+            .get("allow")
+            .and_then(|v| v.to_str().ok()),
+        Some("POST")
+    );
 
     let text = cluster.metrics().await;
     assert!(
