@@ -605,13 +605,15 @@ async fn backends_die_with_the_worker_even_on_kill_9() {
         return;
     }
     let ports = port_range();
+    // libtest names a test by its path below the test binary's crate root.
+    let this_test = format!(
+        "{}::backends_die_with_the_worker_even_on_kill_9",
+        module_path!()
+            .split_once("::")
+            .map_or("", |(_, module)| module)
+    );
     let mut worker = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "backends_die_with_the_worker_even_on_kill_9",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", &this_test, "--nocapture", "--test-threads=1"])
         .env(DOOMED_WORKER_ENV, ports.start().to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
