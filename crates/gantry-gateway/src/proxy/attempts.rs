@@ -8,7 +8,6 @@
 //! [`judge_error`] for a failure, so the rules are tested without backends and the loop
 //! with fake ones on loopback ports.
 
-use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,10 +100,7 @@ pub(super) async fn try_backends(
             query: request.query,
             host: backend.host_header.as_bytes(),
             headers,
-            body: match &body {
-                Cow::Borrowed(body) => body,
-                Cow::Owned(body) => body,
-            },
+            body: &body,
         };
         attempts.last_failure = LastFailure::Other;
         // The request's first try reads no clock of its own: it began a moment ago.

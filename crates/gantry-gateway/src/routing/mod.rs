@@ -42,37 +42,48 @@ pub(crate) mod testing {
     use std::sync::{Arc, OnceLock};
 
     use axum::http::HeaderValue;
-    use gantry_types::{fixtures, InstanceState};
+    use gantry_types::{fixtures, InstanceState, Model, ModelInstance};
 
     use super::{Backend, ModelRoute, RoutingTable};
 
-    /// A running instance `id` of the model `name` at `127.0.0.1:port`.
-    pub(crate) fn backend(name: &str, id: i64, port: u16) -> Arc<Backend> {
-        let model = fixtures::model(1, name);
+    /// Instance `id` of `model`, running at `127.0.0.1:port`.
+    pub(crate) fn running(id: i64, model: &Model, port: u16) -> ModelInstance {
         let mut instance = fixtures::instance(
             id,
-            &model,
+            model,
             u32::try_from(id).expect("a small test id"),
             InstanceState::Running,
         );
         instance.port = Some(port);
         instance.address = Some(format!("127.0.0.1:{port}"));
-        Arc::new(Backend::from_instance(&instance).expect("a running instance has an address"))
+        instance
+    }
+
+    /// A running instance `id` of the model `name` at `127.0.0.1:port`.
+    pub(crate) fn backend(name: &str, id: i64, port: u16) -> Arc<Backend> {
+        let model = fixtures::model(1, name);
+        Arc::new(
+            Backend::from_instance(&running(id, &model, port))
+                .expect("a running instance has an address"),
+        )
+    }
+
+    /// The route of `name` over `backends`, outside any table.
+    pub(crate) fn route(name: &str, backends: Vec<Arc<Backend>>) -> ModelRoute {
+        ModelRoute {
+            name_header: HeaderValue::from_str(name).expect("a plain test name"),
+            name: Arc::from(name),
+            created: 0,
+            backends,
+            cursor: Arc::default(),
+            metrics: OnceLock::new(),
+        }
     }
 
     /// A table routing `name` to `backends`.
     pub(crate) fn table(name: &str, backends: Vec<Arc<Backend>>) -> RoutingTable {
         let table = RoutingTable::default();
-        let name: Arc<str> = Arc::from(name);
-        let route = ModelRoute {
-            name_header: HeaderValue::from_str(&name).expect("a plain test name"),
-            name: Arc::clone(&name),
-            created: 0,
-            backends,
-            cursor: Arc::default(),
-            metrics: OnceLock::new(),
-        };
-        table.set(name, Some(Arc::new(route)));
+        table.set(Arc::from(name), Some(Arc::new(route(name, backends))));
         table
     }
 }
@@ -82,12 +93,11 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::collections::HashSet;
-    use std::sync::{Arc, OnceLock};
+    use std::sync::Arc;
     use std::time::Duration;
 
-    use axum::http::HeaderValue;
     use gantry_store::{Change, ChangeKind, Store, StoreConfig};
-    use gantry_types::{fixtures, InstanceState, Model, ModelInstance};
+    use gantry_types::{fixtures, InstanceState, ModelInstance};
     use tokio::time::Instant;
 
     use super::table::MISS_RECHECK;
@@ -95,32 +105,14 @@ mod tests {
     use super::*;
     use crate::eject::EjectionPolicy;
 
-    fn running(id: i64, model: &Model, port: u16) -> ModelInstance {
-        let mut instance = fixtures::instance(
-            id,
-            model,
-            u32::try_from(id).unwrap(),
-            InstanceState::Running,
-        );
-        instance.port = Some(port);
-        instance.address = Some(format!("127.0.0.1:{port}"));
-        instance
-    }
+    use super::testing::running;
 
     fn route_of(backends: &[&Arc<Backend>]) -> ModelRoute {
-        ModelRoute {
-            name: Arc::from("tiny"),
-            name_header: HeaderValue::from_static("tiny"),
-            created: 0,
-            backends: backends.iter().map(|b| Arc::clone(b)).collect(),
-            cursor: Arc::default(),
-            metrics: OnceLock::new(),
-        }
+        testing::route("tiny", backends.iter().map(|b| Arc::clone(b)).collect())
     }
 
     fn backend(id: i64, port: u16) -> Arc<Backend> {
-        let model = fixtures::model(1, "tiny");
-        Arc::new(Backend::from_instance(&running(id, &model, port)).unwrap())
+        testing::backend("tiny", id, port)
     }
 
     /// Connections to an instance that answers every request on them with `ok`, taken
