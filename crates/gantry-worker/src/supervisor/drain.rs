@@ -21,6 +21,9 @@ use std::time::Duration;
 use gantry_backends::LoadProbe;
 use tokio::time::Instant;
 
+use super::host::{GetError, Host};
+use super::readiness::PROBE_TIMEOUT;
+
 /// How often the load is read while draining.
 pub(crate) const DRAIN_POLL: Duration = Duration::from_millis(50);
 
@@ -70,11 +73,7 @@ pub(crate) enum Drained {
 }
 
 /// Reads `source` until it shows nothing in progress, or `budget` is spent.
-pub(crate) async fn drain(
-    client: &reqwest::Client,
-    source: LoadSource<'_>,
-    budget: Duration,
-) -> Drained {
+pub(crate) async fn drain(host: &dyn Host, source: LoadSource<'_>, budget: Duration) -> Drained {
     let deadline = Instant::now() + budget;
     let mut idle_in_a_row = 0;
     loop {
@@ -82,7 +81,7 @@ pub(crate) async fn drain(
             LoadSource::Probe { probe, urls } => {
                 let mut in_progress = 0;
                 for url in urls {
-                    match load(client, url, probe).await {
+                    match load(host, url, probe).await {
                         Ok(Some(n)) => in_progress += n,
                         // Too busy to answer: llama.cpp serves from a few threads, which
                         // requests (and clients' idle keep-alive connections) may all hold.
@@ -92,7 +91,7 @@ pub(crate) async fn drain(
                 }
                 in_progress
             }
-            LoadSource::Connections { ports } => match open_connections(ports) {
+            LoadSource::Connections { ports } => match host.open_connections(ports) {
                 Ok(n) => n,
                 Err(reason) => return Drained::Unknown(reason),
             },
@@ -114,25 +113,17 @@ pub(crate) async fn drain(
 
 /// The requests in progress at `url`: `None` when it gave no answer in time, an error
 /// when its answer does not tell.
-async fn load(
-    client: &reqwest::Client,
-    url: &str,
-    probe: LoadProbe,
-) -> Result<Option<u64>, String> {
-    let response = match client.get(url).send().await {
-        Ok(response) => response,
-        Err(e) if e.is_timeout() => return Ok(None),
-        Err(e) => return Err(format!("GET {url}: {e}")),
+async fn load(host: &dyn Host, url: &str, probe: LoadProbe) -> Result<Option<u64>, String> {
+    let answer = match host.get(url, PROBE_TIMEOUT).await {
+        Ok(answer) => answer,
+        Err(GetError::Timeout) => return Ok(None),
+        Err(GetError::Refused) => return Err(format!("GET {url}: connection refused")),
+        Err(GetError::Other(e)) => return Err(format!("GET {url}: {e}")),
     };
-    if !response.status().is_success() {
-        return Err(format!("GET {url} answered {}", response.status()));
+    if !answer.status.is_success() {
+        return Err(format!("GET {url} answered {}", answer.status));
     }
-    let body = match response.text().await {
-        Ok(body) => body,
-        Err(e) if e.is_timeout() => return Ok(None),
-        Err(e) => return Err(format!("GET {url}: {e}")),
-    };
-    match (probe.read)(&body) {
+    match (probe.read)(&answer.body) {
         Some(n) => Ok(Some(n)),
         None => Err(format!("GET {url}: the answer does not tell the load")),
     }
@@ -140,7 +131,7 @@ async fn load(
 
 /// The established TCP connections whose local end is one of `ports`, in this network
 /// namespace (IPv4 and IPv6). Connections the backend makes itself come from other ports.
-fn open_connections(ports: &[u16]) -> Result<u64, String> {
+pub(crate) fn open_connections(ports: &[u16]) -> Result<u64, String> {
     let mut open = 0;
     for (table, required) in [("/proc/net/tcp", true), ("/proc/net/tcp6", false)] {
         match std::fs::read_to_string(table) {

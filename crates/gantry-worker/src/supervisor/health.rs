@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use tokio::time::MissedTickBehavior;
 
+use super::host::Host;
+
 /// How running instances are probed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthPolicy {
@@ -34,11 +36,7 @@ impl Default for HealthPolicy {
 /// Probes `urls` (one per process) until one of them fails `failure_threshold` times in a
 /// row; returns why. Never returns while they stay healthy: the caller races it against
 /// the processes' exit and cancellation.
-pub(crate) async fn watch(
-    client: &reqwest::Client,
-    urls: &[String],
-    policy: HealthPolicy,
-) -> String {
+pub(crate) async fn watch(host: &dyn Host, urls: &[String], policy: HealthPolicy) -> String {
     let threshold = policy.failure_threshold.max(1);
     let mut failures = vec![0u32; urls.len()];
     let mut tick = tokio::time::interval_at(
@@ -50,7 +48,7 @@ pub(crate) async fn watch(
         tick.tick().await;
         let probes = urls
             .iter()
-            .map(|url| super::readiness::probe(client, url, policy.timeout));
+            .map(|url| super::readiness::probe(host, url, policy.timeout));
         let outcomes = futures_util::future::join_all(probes).await;
         for ((url, failed), outcome) in urls.iter().zip(failures.iter_mut()).zip(outcomes) {
             match outcome {
@@ -73,6 +71,11 @@ pub(crate) async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::supervisor::host::system::SystemHost;
+
+    fn system_host() -> SystemHost {
+        SystemHost::new(crate::supervisor::readiness::probe_client().unwrap())
+    }
 
     /// A listener that accepts connections and never answers: a frozen backend.
     async fn silent_listener() -> (tokio::net::TcpListener, String) {
@@ -85,14 +88,14 @@ mod tests {
     async fn a_backend_that_stops_answering_is_found_within_interval_times_threshold_plus_timeout()
     {
         let (_listener, url) = silent_listener().await;
-        let client = crate::supervisor::readiness::probe_client().unwrap();
+        let host = system_host();
         let policy = HealthPolicy {
             interval: Duration::from_millis(200),
             timeout: Duration::from_millis(100),
             failure_threshold: 3,
         };
         let started = tokio::time::Instant::now();
-        let reason = tokio::time::timeout(Duration::from_secs(10), watch(&client, &[url], policy))
+        let reason = tokio::time::timeout(Duration::from_secs(10), watch(&host, &[url], policy))
             .await
             .expect("found unhealthy");
         let took = started.elapsed();
@@ -129,14 +132,14 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/health", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let client = crate::supervisor::readiness::probe_client().unwrap();
+        let host = system_host();
         let policy = HealthPolicy {
             interval: Duration::from_millis(50),
             timeout: Duration::from_millis(500),
             failure_threshold: 2,
         };
         let outcome =
-            tokio::time::timeout(Duration::from_secs(1), watch(&client, &[url], policy)).await;
+            tokio::time::timeout(Duration::from_secs(1), watch(&host, &[url], policy)).await;
         assert!(
             outcome.is_err(),
             "alternating answers never reach the threshold: {outcome:?}"

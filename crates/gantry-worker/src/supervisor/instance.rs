@@ -15,6 +15,11 @@
 //!   cancellation at any point ─▶ stop the group(s), release the ports ─▶ Stopped ◀┘
 //! ```
 //!
+//! The states are [`Step`]s: [`InstanceTask::run`] is a loop that handles one and moves to
+//! the next; what a run remembers between starts (the crash history, the ports, whether it
+//! was ever ready) is [`Starts`], and a start is four phases: prepare, spawn, await
+//! readiness, watch.
+//!
 //! A failure before the instance was *ever* ready is final (`Error`): a model that cannot
 //! load will not load on a retry either, and the server decides what to do next. Once the
 //! instance has been ready, any later failure, a failed restart included, goes through the
@@ -22,10 +27,13 @@
 //! waits for cancellation, so `ensure` with the same spec leaves it in `Error`.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_backends::{backend, backend_command, join_gpu_indexes, rank_gpu_indexes, LaunchTarget};
+use gantry_backends::{
+    backend, backend_command, join_gpu_indexes, rank_gpu_indexes, BackendCommand, LaunchTarget,
+};
 use gantry_source::files::Hold;
 use gantry_types::DownloadProgress;
 use tokio::sync::watch;
@@ -36,7 +44,7 @@ use super::drain::{drain, Drained, LoadSource};
 use super::health;
 use super::process::{describe_exit, lock_sink, OutputSink, ProcessSet, SharedSink};
 use super::readiness::{backend_url, wait_until_healthy};
-use super::restart::{CrashTracker, CrashVerdict};
+use super::restart::{CrashTracker, CrashVerdict, RestartPolicy};
 use super::{
     lock, BackendState, Desired, InstanceEvent, InstanceSpec, InstanceStatus, Shared, Slot,
 };
@@ -111,16 +119,122 @@ enum AttemptEnd {
     /// Cancelled: the processes are stopped.
     Cancelled,
     /// The start failed or the running instance crashed; the processes are stopped.
-    Failed {
-        /// One line: what happened.
+    Failed(Failure),
+}
+
+/// Why a start ended without being asked to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Failure {
+    /// One line: what happened.
+    reason: String,
+    /// The last stderr lines of the start.
+    stderr_tail: String,
+    /// How long it ran after becoming ready; `None` when it never became ready.
+    ran_for: Option<Duration>,
+}
+
+impl Failure {
+    /// A start that failed before anything was spawned.
+    fn early(reason: String) -> Self {
+        Self {
+            reason,
+            stderr_tail: String::new(),
+            ran_for: None,
+        }
+    }
+}
+
+/// The states of one run of a spec (the diagram above); each step of
+/// [`InstanceTask::run`] handles one and says which comes next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    /// Install the backend version when missing (retried with backoff).
+    Install,
+    /// Download the model's files when they are remote.
+    Fetch,
+    /// Start the process(es), wait until they are ready, watch them.
+    Start,
+    /// A once-ready instance failed: wait `backoff`, then start again.
+    Backoff {
+        attempt: u32,
+        backoff: Duration,
         reason: String,
-        /// The last stderr lines of the start.
-        stderr_tail: String,
-        /// Whether the instance had become ready in this start.
-        was_ready: bool,
-        /// How long it ran after becoming ready.
-        ran_for: Duration,
     },
+    /// Final until cancelled: say why, hold no process and no port.
+    Failed { message: String },
+    /// Cancelled, or done: every process is stopped; release the rest and say so.
+    Stop,
+}
+
+/// What a run of a spec remembers from one start to the next.
+#[derive(Debug)]
+struct Starts {
+    crashes: CrashTracker,
+    /// The ports of the previous start, kept so the address stays the same.
+    lease: Option<PortLease>,
+    /// Whether a start ever became ready: a failure before that is final.
+    ever_ready: bool,
+}
+
+impl Starts {
+    fn new(policy: RestartPolicy) -> Self {
+        Self {
+            crashes: CrashTracker::new(policy),
+            lease: None,
+            ever_ready: false,
+        }
+    }
+
+    /// What follows a failed start at `now`: the crash-loop rule for an instance that was
+    /// ready once, `Failed` for one that never was.
+    fn after_failure(&mut self, failure: Failure, now: Instant) -> Step {
+        self.ever_ready |= failure.ran_for.is_some();
+        if !self.ever_ready {
+            return Step::Failed {
+                message: error_message(&failure.reason, &failure.stderr_tail),
+            };
+        }
+        let ran_for = failure.ran_for.unwrap_or(Duration::ZERO);
+        match self.crashes.record_crash(now, ran_for) {
+            CrashVerdict::Restart { attempt, backoff } => Step::Backoff {
+                attempt,
+                backoff,
+                reason: failure.reason,
+            },
+            CrashVerdict::GiveUp { crashes } => {
+                let policy = self.crashes.policy();
+                let reason = format!(
+                    "crash loop: {crashes} crashes within {:?} (more than {} allowed); \
+                     not restarting again. Last crash: {}",
+                    policy.crash_loop_window, policy.crash_loop_max_crashes, failure.reason
+                );
+                Step::Failed {
+                    message: error_message(&reason, &failure.stderr_tail),
+                }
+            }
+        }
+    }
+}
+
+/// Everything one start needs, prepared before anything is spawned.
+struct Launch {
+    /// The GPUs of each rank.
+    ranks: Vec<Vec<u32>>,
+    /// One port per rank.
+    ports: Vec<u16>,
+    /// One command per rank.
+    commands: Vec<BackendCommand>,
+    /// The health URL of each rank.
+    health_urls: Vec<String>,
+    /// Where this start's output goes.
+    sink: SharedSink,
+    log_path: PathBuf,
+}
+
+impl Launch {
+    fn data_parallel(&self) -> bool {
+        self.commands.len() > 1
+    }
 }
 
 pub(crate) struct InstanceTask {
@@ -135,91 +249,68 @@ pub(crate) struct InstanceTask {
 
 impl InstanceTask {
     pub(crate) async fn run(mut self) {
-        // The backend first: installed when missing (retried with backoff on failure).
-        if !self.prepare_backend().await {
-            self.emit(BackendState::Stopped).await;
-            return;
-        }
-        // A remote model is downloaded first; a failure there is final like a failed
-        // first start.
+        let mut starts = Starts::new(self.shared.config.restart.clone());
         // The model's files stay held (safe from eviction and deletion) while this task
         // runs.
-        let _files = match self.fetch_model().await {
-            Ok(files) => files,
-            Err(None) => {
-                self.emit(BackendState::Stopped).await;
-                return;
-            }
-            Err(Some(message)) => {
-                self.emit(BackendState::Error { message }).await;
-                self.cancel.cancelled().await;
-                self.emit(BackendState::Stopped).await;
-                return;
-            }
-        };
-        let mut crashes = CrashTracker::new(self.shared.config.restart.clone());
-        let mut lease: Option<PortLease> = None;
-        let mut ever_ready = false;
+        let mut files: Option<Hold> = None;
+        let mut step = Step::Install;
         loop {
-            let end = self.attempt(&mut lease, &mut ever_ready).await;
-            let AttemptEnd::Failed {
-                reason,
-                stderr_tail,
-                was_ready,
-                ran_for,
-            } = end
-            else {
-                break;
-            };
-            if !ever_ready {
-                lease = None;
-                self.emit(BackendState::Error {
-                    message: error_message(&reason, &stderr_tail),
-                })
-                .await;
-                self.cancel.cancelled().await;
-                break;
-            }
-            let ran_for = if was_ready { ran_for } else { Duration::ZERO };
-            match crashes.record_crash(Instant::now(), ran_for) {
-                CrashVerdict::Restart { attempt, backoff } => {
+            step = match step {
+                Step::Install => {
+                    if self.prepare_backend().await {
+                        Step::Fetch
+                    } else {
+                        Step::Stop
+                    }
+                }
+                // A failed download is final, like a failed first start.
+                Step::Fetch => match self.fetch_model().await {
+                    Ok(hold) => {
+                        files = hold;
+                        Step::Start
+                    }
+                    Err(None) => Step::Stop,
+                    Err(Some(message)) => Step::Failed { message },
+                },
+                Step::Start => match self.attempt(&mut starts.lease).await {
+                    AttemptEnd::Cancelled => Step::Stop,
+                    AttemptEnd::Failed(failure) => starts.after_failure(failure, Instant::now()),
+                },
+                Step::Backoff {
+                    attempt,
+                    backoff,
+                    reason,
+                } => {
                     self.update_status(|status| status.restart_count += 1);
                     self.emit(BackendState::Restarting {
                         attempt,
                         backoff,
-                        reason: reason.clone(),
+                        reason,
                     })
                     .await;
                     tokio::select! {
-                        () = self.cancel.cancelled() => break,
-                        () = tokio::time::sleep(backoff) => {}
+                        () = self.cancel.cancelled() => Step::Stop,
+                        () = tokio::time::sleep(backoff) => Step::Start,
                     }
                 }
-                CrashVerdict::GiveUp { crashes } => {
-                    lease = None;
-                    let policy = &self.shared.config.restart;
-                    let reason = format!(
-                        "crash loop: {crashes} crashes within {:?} (more than {} allowed); \
-                         not restarting again. Last crash: {reason}",
-                        policy.crash_loop_window, policy.crash_loop_max_crashes
-                    );
-                    self.emit(BackendState::Error {
-                        message: error_message(&reason, &stderr_tail),
-                    })
-                    .await;
+                Step::Failed { message } => {
+                    starts.lease = None;
+                    self.emit(BackendState::Error { message }).await;
                     self.cancel.cancelled().await;
-                    break;
+                    Step::Stop
                 }
-            }
+                Step::Stop => break,
+            };
         }
         // The processes are gone (every attempt stops its own before returning); give the
         // ports back before saying so.
-        drop(lease);
+        drop(starts);
         self.update_status(|status| {
             status.pids.clear();
             status.ports.clear();
         });
         self.emit(BackendState::Stopped).await;
+        drop(files);
     }
 
     /// Installs the spec's backend version when missing (state `Installing`, with the
@@ -401,41 +492,86 @@ last installer lines:
         Ok(Some(hold))
     }
 
-    /// One start: spawn, wait for readiness, watch until a crash or cancellation.
-    async fn attempt(&self, lease: &mut Option<PortLease>, ever_ready: &mut bool) -> AttemptEnd {
-        let config = &self.shared.config;
-        let spec = &self.spec;
-        let fail_early = |reason: String| AttemptEnd::Failed {
-            reason,
-            stderr_tail: String::new(),
-            was_ready: false,
-            ran_for: Duration::ZERO,
-        };
+    /// One start: spawn, wait for readiness, watch until a crash or cancellation. Every
+    /// way out stops the processes it started.
+    async fn attempt(&self, lease: &mut Option<PortLease>) -> AttemptEnd {
         if self.cancel.is_cancelled() {
             return AttemptEnd::Cancelled;
         }
-        let ranks = match rank_gpu_indexes(&spec.launch) {
-            Ok(ranks) => ranks,
-            Err(e) => return fail_early(format!("invalid instance spec: {e}")),
+        let launch = match self.prepare(lease) {
+            Ok(launch) => launch,
+            Err(reason) => return AttemptEnd::Failed(Failure::early(reason)),
         };
-        // Keep the ports of the previous start, so the address stays the same across
-        // restarts, unless someone took one of them while the backend was down.
+        self.update_status(|status| {
+            status.ports = launch.ports.clone();
+            status.log_file = Some(launch.log_path.clone());
+        });
+        self.emit(BackendState::Starting {
+            port: launch.ports[0],
+        })
+        .await;
+        let mut processes = ProcessSet::new();
+        if let Err(reason) = self.spawn_all(&launch, &mut processes) {
+            lock_sink(&launch.sink).note(&reason);
+            processes
+                .terminate(self.shared.config.stop_grace_period)
+                .await;
+            return self.failed(reason, &launch.sink, None);
+        }
+        let pids = processes.pids();
+        self.update_status(|status| status.pids = pids.clone());
+        match self.await_ready(&launch, &mut processes).await {
+            Ok(()) => {}
+            Err(None) => {
+                lock_sink(&launch.sink).note("stopping: the instance is being stopped");
+                processes
+                    .terminate(self.shared.config.stop_grace_period)
+                    .await;
+                return AttemptEnd::Cancelled;
+            }
+            Err(Some(reason)) => {
+                lock_sink(&launch.sink).note(&reason);
+                processes
+                    .terminate(self.shared.config.stop_grace_period)
+                    .await;
+                return self.failed(reason, &launch.sink, None);
+            }
+        }
+        let ready_at = Instant::now();
+        self.emit(BackendState::Running {
+            address: format!("{}:{}", self.shared.config.advertise_host, launch.ports[0]),
+            ports: launch.ports.clone(),
+            pid: pids[0],
+            pids,
+        })
+        .await;
+        self.watch_running(&launch, &mut processes, ready_at).await
+    }
+
+    /// The GPUs, ports, commands and log file of the next start. The ports of the previous
+    /// start are kept, so the address stays the same across restarts, unless someone took
+    /// one of them while the backend was down.
+    fn prepare(&self, lease: &mut Option<PortLease>) -> Result<Launch, String> {
+        let config = &self.shared.config;
+        let spec = &self.spec;
+        let ranks =
+            rank_gpu_indexes(&spec.launch).map_err(|e| format!("invalid instance spec: {e}"))?;
         if let Some(held) = lease.as_ref() {
             if held.ports().len() != ranks.len() || !self.shared.ports.lease_is_bindable(held) {
                 *lease = None;
             }
         }
-        if lease.is_none() {
-            match self.shared.ports.allocate(ranks.len()) {
-                Ok(new) => *lease = Some(new),
-                Err(e) => return fail_early(format!("cannot allocate ports: {e}")),
+        let ports = match lease {
+            Some(held) => held.ports().to_vec(),
+            None => {
+                let new = self
+                    .shared
+                    .ports
+                    .allocate(ranks.len())
+                    .map_err(|e| format!("cannot allocate ports: {e}"))?;
+                lease.insert(new).ports().to_vec()
             }
-        }
-        let ports = lease
-            .as_ref()
-            .expect("a lease was allocated above")
-            .ports()
-            .to_vec();
+        };
         let settings = match &self.program {
             Some(program) => {
                 let mut settings = config.backends.clone();
@@ -446,178 +582,178 @@ last installer lines:
             }
             None => std::borrow::Cow::Borrowed(&config.backends),
         };
-        let mut commands = Vec::with_capacity(ranks.len());
-        for (rank, gpus) in ranks.iter().enumerate() {
-            let target = LaunchTarget {
-                bind_host: config.bind_host,
-                port: ports[rank],
-                gpu_indexes: gpus,
-            };
-            match backend_command(&spec.launch, &settings, &target) {
-                Ok(command) => commands.push(command),
-                Err(e) => return fail_early(format!("cannot build the backend command: {e}")),
-            }
-        }
-        let log = match self.log_dir.create_next(&config.logs) {
-            Ok(log) => log,
-            Err(e) => {
-                return fail_early(format!(
-                    "cannot create a log file in {}: {e}",
-                    self.log_dir.path().display()
-                ))
-            }
-        };
+        let commands = ranks
+            .iter()
+            .zip(&ports)
+            .map(|(gpus, port)| {
+                let target = LaunchTarget {
+                    bind_host: config.bind_host,
+                    port: *port,
+                    gpu_indexes: gpus,
+                };
+                backend_command(&spec.launch, &settings, &target)
+                    .map_err(|e| format!("cannot build the backend command: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let log = self.log_dir.create_next(&config.logs).map_err(|e| {
+            format!(
+                "cannot create a log file in {}: {e}",
+                self.log_dir.path().display()
+            )
+        })?;
         let log_path = log.path().to_path_buf();
-        let sink = OutputSink::new(Some(log), config.logs.stderr_tail_lines);
-        self.update_status(|status| {
-            status.ports = ports.clone();
-            status.log_file = Some(log_path.clone());
-        });
-        self.emit(BackendState::Starting { port: ports[0] }).await;
+        let health_urls = commands
+            .iter()
+            .zip(&ports)
+            .map(|(command, port)| backend_url(config.bind_host, *port, &command.health_path))
+            .collect();
+        Ok(Launch {
+            ranks,
+            ports,
+            commands,
+            health_urls,
+            sink: OutputSink::new(Some(log), config.logs.stderr_tail_lines),
+            log_path,
+        })
+    }
 
-        let data_parallel = commands.len() > 1;
-        let mut processes = ProcessSet::new();
-        for (rank, command) in commands.iter().enumerate() {
-            let prefix = if data_parallel {
+    /// Spawns one process per rank into `processes`; on an error, the ones already
+    /// spawned are left for the caller to stop.
+    fn spawn_all(&self, launch: &Launch, processes: &mut ProcessSet) -> Result<(), String> {
+        let spec = &self.spec;
+        for (rank, command) in launch.commands.iter().enumerate() {
+            let prefix = if launch.data_parallel() {
                 format!("[rank {rank}] ")
             } else {
                 String::new()
             };
-            lock_sink(&sink).note(&format!(
+            lock_sink(&launch.sink).note(&format!(
                 "start {}: rank {rank}: CUDA_VISIBLE_DEVICES={} {}",
-                log_path.display(),
-                join_gpu_indexes(&ranks[rank]),
+                launch.log_path.display(),
+                join_gpu_indexes(&launch.ranks[rank]),
                 command.display()
             ));
-            match processes.spawn(command, rank, prefix, &sink, &self.shared.tracker) {
-                Ok(pid) => {
-                    tracing::debug!(
-                        instance_id = spec.instance_id,
-                        key = %spec.key,
-                        pid,
-                        port = ports[rank],
-                        rank,
-                        "spawned backend: {}",
-                        command.display()
-                    );
-                }
+            let spawned = processes.spawn(
+                self.shared.host.as_ref(),
+                command,
+                rank,
+                prefix,
+                &launch.sink,
+                &self.shared.tracker,
+            );
+            match spawned {
+                Ok(pid) => tracing::debug!(
+                    instance_id = spec.instance_id,
+                    key = %spec.key,
+                    pid,
+                    port = launch.ports[rank],
+                    rank,
+                    "spawned backend: {}",
+                    command.display()
+                ),
                 Err(e) => {
                     let hint = if e.kind() == std::io::ErrorKind::NotFound {
                         "; is the backend installed and on PATH, or its executable configured?"
                     } else {
                         ""
                     };
-                    let reason = format!("cannot start `{}`: {e}{hint}", command.program);
-                    lock_sink(&sink).note(&reason);
-                    processes.terminate(config.stop_grace_period).await;
-                    return self.failed(reason, &sink, false, Duration::ZERO);
+                    return Err(format!("cannot start `{}`: {e}{hint}", command.program));
                 }
             }
         }
-        let pids = processes.pids();
-        self.update_status(|status| status.pids = pids.clone());
+        Ok(())
+    }
 
-        // Readiness.
-        let deadline = spec
+    /// Waits until every rank answers its health path, racing the readiness deadline, the
+    /// processes' exit and cancellation: `Err(None)` when cancelled, `Err(Some(reason))`
+    /// when the start failed. The processes are left for the caller to stop.
+    async fn await_ready(
+        &self,
+        launch: &Launch,
+        processes: &mut ProcessSet,
+    ) -> Result<(), Option<String>> {
+        let config = &self.shared.config;
+        let deadline = self
+            .spec
             .ready_deadline
             .or(config.readiness_deadline)
-            .unwrap_or_else(|| backend(spec.launch.backend).readiness_deadline());
-        let urls: Vec<String> = commands
-            .iter()
-            .zip(&ports)
-            .map(|(command, port)| backend_url(config.bind_host, *port, &command.health_path))
-            .collect();
+            .unwrap_or_else(|| backend(self.spec.launch.backend).readiness_deadline());
         let last_probe = Mutex::new(String::from("no probe answered yet"));
-        let became_ready = {
-            let probe = wait_until_healthy(&self.shared.http, &urls, &last_probe);
+        let program = |rank: usize| &launch.commands[rank].program;
+        {
+            let probe =
+                wait_until_healthy(self.shared.host.as_ref(), &launch.health_urls, &last_probe);
             tokio::select! {
                 biased;
-                () = self.cancel.cancelled() => Err(None),
-                (rank, pid, exit) = processes.wait_any_exit() => Err(Some(format!(
+                () = self.cancel.cancelled() => return Err(None),
+                (rank, pid, exit) = processes.wait_any_exit() => return Err(Some(format!(
                     "{} (rank {rank}, pid {pid}) {} before it became ready",
-                    commands[rank].program,
+                    program(rank),
                     describe_exit(&exit)
                 ))),
-                () = tokio::time::sleep(deadline) => Err(Some(format!(
+                () = tokio::time::sleep(deadline) => return Err(Some(format!(
                     "not ready within the readiness deadline of {deadline:?} (last probe: {})",
                     last_probe.lock().unwrap_or_else(|p| p.into_inner())
                 ))),
-                () = probe => Ok(()),
-            }
-        };
-        // A probe can succeed against another program on the port if ours died in the
-        // meantime: make sure every process still runs before calling it ready.
-        let became_ready = match became_ready {
-            Ok(()) => match tokio::time::timeout(Duration::ZERO, processes.wait_any_exit()).await {
-                Ok((rank, pid, exit)) => Err(Some(format!(
-                    "{} (rank {rank}, pid {pid}) {} before it became ready (its health path \
-                     answered, so another program holds the port)",
-                    commands[rank].program,
-                    describe_exit(&exit)
-                ))),
-                Err(_) => Ok(()),
-            },
-            other => other,
-        };
-        match became_ready {
-            Ok(()) => {}
-            Err(None) => {
-                lock_sink(&sink).note("stopping: the instance is being stopped");
-                processes.terminate(config.stop_grace_period).await;
-                return AttemptEnd::Cancelled;
-            }
-            Err(Some(reason)) => {
-                lock_sink(&sink).note(&reason);
-                processes.terminate(config.stop_grace_period).await;
-                return self.failed(reason, &sink, false, Duration::ZERO);
+                () = probe => {}
             }
         }
+        // A probe can succeed against another program on the port if ours died in the
+        // meantime: make sure every process still runs before calling it ready.
+        match tokio::time::timeout(Duration::ZERO, processes.wait_any_exit()).await {
+            Ok((rank, pid, exit)) => Err(Some(format!(
+                "{} (rank {rank}, pid {pid}) {} before it became ready (its health path \
+                 answered, so another program holds the port)",
+                program(rank),
+                describe_exit(&exit)
+            ))),
+            Err(_) => Ok(()),
+        }
+    }
 
-        *ever_ready = true;
-        let ready_at = Instant::now();
-        self.emit(BackendState::Running {
-            address: format!("{}:{}", config.advertise_host, ports[0]),
-            ports: ports.clone(),
-            pid: pids[0],
-            pids: pids.clone(),
-        })
-        .await;
-
-        // Watch.
+    /// Watches a ready instance until cancellation (drain, then stop), a failed health
+    /// threshold or a process's exit; stops the processes either way.
+    async fn watch_running(
+        &self,
+        launch: &Launch,
+        processes: &mut ProcessSet,
+        ready_at: Instant,
+    ) -> AttemptEnd {
+        let config = &self.shared.config;
+        let group = if launch.data_parallel() {
+            "; restarting the whole data-parallel group"
+        } else {
+            ""
+        };
+        let host = self.shared.host.as_ref();
         tokio::select! {
             () = self.cancel.cancelled() => {
-                let grace = self.drain(&sink, &ports).await;
-                lock_sink(&sink).note("stopping: the instance is being stopped");
+                let grace = self.drain(&launch.sink, &launch.ports).await;
+                lock_sink(&launch.sink).note("stopping: the instance is being stopped");
                 processes.terminate(grace).await;
                 AttemptEnd::Cancelled
             }
-            reason = health::watch(&self.shared.http, &urls, config.health) => {
+            reason = health::watch(host, &launch.health_urls, config.health) => {
                 let ran_for = ready_at.elapsed();
-                let mut reason = format!("unhealthy after running for {ran_for:.1?}: {reason}");
-                if data_parallel {
-                    reason.push_str("; restarting the whole data-parallel group");
-                }
-                lock_sink(&sink).note(&reason);
+                let reason = format!("unhealthy after running for {ran_for:.1?}: {reason}{group}");
+                lock_sink(&launch.sink).note(&reason);
                 self.emit(BackendState::Unhealthy { reason: reason.clone() }).await;
                 // A frozen process does not act on SIGTERM: a short grace, then SIGKILL.
                 processes
                     .terminate(config.stop_grace_period.min(UNHEALTHY_STOP_GRACE))
                     .await;
-                self.failed(reason, &sink, true, ran_for)
+                self.failed(reason, &launch.sink, Some(ran_for))
             }
             (rank, pid, exit) = processes.wait_any_exit() => {
                 let ran_for = ready_at.elapsed();
-                let mut reason = format!(
-                    "{} (rank {rank}, pid {pid}) {} after running for {ran_for:.1?}",
-                    commands[rank].program,
+                let reason = format!(
+                    "{} (rank {rank}, pid {pid}) {} after running for {ran_for:.1?}{group}",
+                    launch.commands[rank].program,
                     describe_exit(&exit)
                 );
-                if data_parallel {
-                    reason.push_str("; restarting the whole data-parallel group");
-                }
-                lock_sink(&sink).note(&reason);
+                lock_sink(&launch.sink).note(&reason);
                 processes.terminate(config.stop_grace_period).await;
-                self.failed(reason, &sink, true, ran_for)
+                self.failed(reason, &launch.sink, Some(ran_for))
             }
         }
     }
@@ -639,7 +775,7 @@ last installer lines:
             None => LoadSource::Connections { ports },
         };
         let started = Instant::now();
-        let drained = drain(&self.shared.http, source, grace / 2).await;
+        let drained = drain(self.shared.host.as_ref(), source, grace / 2).await;
         let waited = started.elapsed();
         let (instance_id, key) = (self.spec.instance_id, &self.spec.key);
         let note = match &drained {
@@ -663,19 +799,12 @@ last installer lines:
         grace.saturating_sub(waited)
     }
 
-    fn failed(
-        &self,
-        reason: String,
-        sink: &SharedSink,
-        was_ready: bool,
-        ran_for: Duration,
-    ) -> AttemptEnd {
-        AttemptEnd::Failed {
+    fn failed(&self, reason: String, sink: &SharedSink, ran_for: Option<Duration>) -> AttemptEnd {
+        AttemptEnd::Failed(Failure {
             reason,
             stderr_tail: lock_sink(sink).stderr_tail().joined(),
-            was_ready,
             ran_for,
-        }
+        })
     }
 
     fn update_status(&self, change: impl FnOnce(&mut InstanceStatus)) {

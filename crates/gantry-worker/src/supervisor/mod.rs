@@ -21,8 +21,11 @@
 //!
 //! **One task per instance converges on its own.** Each instance id has a desired spec (or
 //! none) in a watch channel and one task ([`instance`]) that runs it: spawns the backend
-//! process(es) ([`process`]), polls readiness ([`readiness`]), restarts crashes with backoff
-//! and gives up on crash loops ([`restart`]). When the desired spec changes, that task stops
+//! process(es) ([`process`]), polls readiness ([`readiness`]) and health ([`health`]),
+//! restarts crashes with backoff and gives up on crash loops ([`restart`]), drains before
+//! a stop ([`drain`]). Everything the task does to the machine goes through one [`host`]
+//! seam, so its rules are tested in paused time against scripted processes (`tests.rs`)
+//! as well as against real ones (`tests/supervisor`). When the desired spec changes, that task stops
 //! the old process and starts the new one; when it becomes none, the task stops and leaves.
 //! [`Supervisor::apply`] and [`Supervisor::remove`] only write the desired state, so one
 //! backend that takes its whole stop grace period never holds up another instance. Tasks and
@@ -44,10 +47,13 @@
 
 mod drain;
 mod health;
+mod host;
 mod instance;
 mod process;
 mod readiness;
 pub mod restart;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -67,6 +73,8 @@ use crate::backends::{BackendPlan, InstalledBackends};
 use crate::logs::{read_tail_lines, LogConfig, LogDir, LogFile};
 use crate::ports::{PortAllocator, PortError};
 pub use health::HealthPolicy;
+use host::system::SystemHost;
+use host::Host;
 pub use restart::RestartPolicy;
 
 /// What the supervisor needs to run one model instance. Two specs are "the same" for
@@ -296,7 +304,8 @@ pub(crate) struct Shared {
     pub(crate) config: SupervisorConfig,
     pub(crate) ports: PortAllocator,
     pub(crate) events: mpsc::Sender<InstanceEvent>,
-    pub(crate) http: reqwest::Client,
+    /// Where processes start and probes go: the machine, or a test double.
+    pub(crate) host: Arc<dyn Host>,
     /// Tracks instance tasks and output pumps.
     pub(crate) tracker: TaskTracker,
     /// The parent of every instance's token; cancelled by shutdown.
@@ -353,14 +362,23 @@ impl Supervisor {
         config: SupervisorConfig,
         events: mpsc::Sender<InstanceEvent>,
     ) -> Result<Self, SupervisorError> {
+        let host = SystemHost::new(readiness::probe_client()?);
+        Self::with_host(config, events, Arc::new(host))
+    }
+
+    /// A supervisor whose processes and probes go to `host`.
+    fn with_host(
+        config: SupervisorConfig,
+        events: mpsc::Sender<InstanceEvent>,
+        host: Arc<dyn Host>,
+    ) -> Result<Self, SupervisorError> {
         let ports = PortAllocator::new(config.port_range.clone(), config.bind_host)?;
-        let http = readiness::probe_client()?;
         Ok(Self {
             shared: Arc::new(Shared {
                 config,
                 ports,
                 events,
-                http,
+                host,
                 tracker: TaskTracker::new(),
                 cancel: CancellationToken::new(),
             }),

@@ -1,34 +1,25 @@
-//! Backend processes: spawning each in its own process group tied to the worker's life,
-//! pumping its output into the log file and the stderr tail, and stopping the whole group.
+//! Backend processes: the output of one start (its log file and stderr tail), and the
+//! group(s) of one start, stopped as one.
 //!
-//! **Spawn from an async task, never from `spawn_blocking`.** Children get
-//! `PR_SET_PDEATHSIG(SIGKILL)`, so the kernel kills them when the worker dies, even by
-//! `kill -9`. But the kernel ties that signal to the *thread* that forked the child, not to
-//! the process: a child forked from a blocking-pool thread would be killed as soon as that
-//! thread idles out (tokio ends idle blocking threads after 10 s). Runtime worker threads live
-//! as long as the runtime, so the supervisor spawns only from its instance tasks.
-//!
-//! Every backend is the leader of a new process group (`process_group(0)`), so signals reach
-//! whatever it forks too (vLLM and SGLang fork worker processes). A [`ProcessSet`] that is
-//! dropped without [`ProcessSet::terminate`] (a panic, a runtime shutting down) sends SIGKILL
-//! to every group it still owns, so no backend outlives the supervisor that started it.
+//! A [`ProcessSet`] holds the leaders the [`Host`](super::host::Host) started. Stopping
+//! escalates: SIGTERM (and SIGCONT, so a frozen group acts on it) to every group, up to the
+//! grace period for the leaders to exit and the groups to empty, then SIGKILL. A set that
+//! is dropped without [`ProcessSet::terminate`] (a panic, a runtime shutting down) sends
+//! SIGKILL to every group it still owns, so no backend outlives the supervisor that
+//! started it.
 
-use std::fs;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::{Child, Command};
+use nix::sys::signal::Signal;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use super::host::{Child, Host};
 use crate::logs::{CappedLog, StderrTail};
 use gantry_backends::BackendCommand;
 
@@ -40,8 +31,6 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 /// How long the output pumps get to drain once a group is gone. A process that left the
 /// group (`setsid`) may hold the pipes open forever; its output is then cut off.
 const PUMP_DRAIN: Duration = Duration::from_secs(2);
-/// A line longer than this is written in pieces, so memory stays bounded.
-const MAX_LINE_BYTES: usize = 16 * 1024;
 
 /// Where the output of one start goes: the start's log file and the stderr tail.
 #[derive(Debug)]
@@ -63,7 +52,7 @@ impl OutputSink {
         }))
     }
 
-    fn line(&mut self, prefix: &str, line: &[u8], from_stderr: bool) {
+    pub(crate) fn line(&mut self, prefix: &str, line: &[u8], from_stderr: bool) {
         let mut owned;
         let line = if prefix.is_empty() {
             line
@@ -111,15 +100,9 @@ pub(crate) fn lock_sink(sink: &SharedSink) -> MutexGuard<'_, OutputSink> {
 pub(crate) struct BackendProcess {
     pub(crate) rank: usize,
     pub(crate) pid: u32,
-    child: Child,
+    child: Box<dyn Child>,
     /// Set once the leader has been reaped.
     exit: Option<Result<ExitStatus, String>>,
-}
-
-impl BackendProcess {
-    fn pgid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.pid).expect("pids fit in pid_t"))
-    }
 }
 
 /// The processes of one start of an instance (one, or N for data parallelism), and the
@@ -145,59 +128,25 @@ impl ProcessSet {
         self.processes.iter().map(|p| p.pid).collect()
     }
 
-    /// Spawns `command` as rank `rank` in a new process group, its stdout and stderr pumped
-    /// into `sink` with `prefix` on every line. Must run on a runtime worker thread (see the
-    /// module docs).
+    /// Starts `command` on `host` as rank `rank` in a new process group, its stdout and
+    /// stderr pumped into `sink` with `prefix` on every line. Must run on a runtime worker
+    /// thread (see [`super::host::system`]).
     pub(crate) fn spawn(
         &mut self,
+        host: &dyn Host,
         command: &BackendCommand,
         rank: usize,
         prefix: String,
         sink: &SharedSink,
         tracker: &TaskTracker,
     ) -> io::Result<u32> {
-        let mut cmd = Command::new(&command.program);
-        cmd.args(&command.args)
-            .envs(&command.env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let worker_pid = nix::unistd::getpid();
-        // SAFETY: the closure runs in the forked child before exec and calls only
-        // async-signal-safe functions (prctl, getppid) and builds errors without allocating.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
-                // The worker may have died between fork and prctl; then the death signal
-                // was never armed and the child would live on as an orphan.
-                if nix::unistd::getppid() != worker_pid {
-                    return Err(io::Error::from(Errno::ESRCH));
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn()?;
-        let pid = child
-            .id()
-            .expect("a child that was just spawned has not been reaped");
-        if let Some(stdout) = child.stdout.take() {
-            self.pumps.push(tracker.spawn(pump_lines(
-                stdout,
-                prefix.clone(),
-                Arc::clone(sink),
-                false,
-            )));
-        }
-        if let Some(stderr) = child.stderr.take() {
-            self.pumps
-                .push(tracker.spawn(pump_lines(stderr, prefix, Arc::clone(sink), true)));
-        }
+        let spawned = host.spawn(command, prefix, sink, tracker)?;
+        let pid = spawned.child.pid();
+        self.pumps.extend(spawned.pumps);
         self.processes.push(BackendProcess {
             rank,
             pid,
-            child,
+            child: spawned.child,
             exit: None,
         });
         Ok(pid)
@@ -212,7 +161,7 @@ impl ProcessSet {
             .filter(|p| p.exit.is_none())
             .map(|p| {
                 Box::pin(async move {
-                    let result = p.child.wait().await.map_err(|e| format!("{e:#}"));
+                    let result = p.child.wait().await;
                     p.exit = Some(result.clone());
                     (p.rank, p.pid, result)
                 })
@@ -230,9 +179,9 @@ impl ProcessSet {
     /// the kernel cannot kill, which is logged).
     pub(crate) async fn terminate(&mut self, grace: Duration) {
         for process in &self.processes {
-            signal_group(process.pgid(), Signal::SIGTERM);
+            process.child.signal_group(Signal::SIGTERM);
             // A stopped (frozen) group acts on SIGTERM only once it runs again.
-            signal_group(process.pgid(), Signal::SIGCONT);
+            process.child.signal_group(Signal::SIGCONT);
         }
         let graceful = Instant::now() + grace;
         if !self.wait_gone(graceful).await {
@@ -241,7 +190,7 @@ impl ProcessSet {
                     pid = process.pid,
                     "backend group still alive after the grace period; sending SIGKILL"
                 );
-                signal_group(process.pgid(), Signal::SIGKILL);
+                process.child.signal_group(Signal::SIGKILL);
             }
             if !self.wait_gone(Instant::now() + KILL_WAIT).await {
                 tracing::error!(
@@ -263,10 +212,10 @@ impl ProcessSet {
                     match process.child.try_wait() {
                         Ok(Some(status)) => process.exit = Some(Ok(status)),
                         Ok(None) => all_gone = false,
-                        Err(e) => process.exit = Some(Err(format!("{e:#}"))),
+                        Err(e) => process.exit = Some(Err(e)),
                     }
                 }
-                if process.exit.is_some() && group_has_live_members(process.pgid()) {
+                if process.exit.is_some() && process.child.group_alive() {
                     all_gone = false;
                 }
             }
@@ -301,89 +250,8 @@ impl Drop for ProcessSet {
         }
         // Dropped while processes may run: kill_on_drop would reach the leaders only.
         for process in &self.processes {
-            signal_group(process.pgid(), Signal::SIGKILL);
+            process.child.signal_group(Signal::SIGKILL);
         }
-    }
-}
-
-/// Sends `signal` to the process group `pgid`; a group that is already gone is fine.
-fn signal_group(pgid: Pid, signal: Signal) {
-    match killpg(pgid, signal) {
-        Ok(()) | Err(Errno::ESRCH) => {}
-        Err(e) => tracing::warn!(pgid = pgid.as_raw(), "cannot send {signal} to group: {e}"),
-    }
-}
-
-/// Whether the process group has a member that is not a zombie. A zombie still counts for
-/// `kill(-pgid, 0)`, and an orphaned grandchild that died stays a zombie until whoever
-/// adopted it (init, or a container's PID 1 that may never reap) collects it; it holds no
-/// resources, so it does not count as alive.
-pub(crate) fn group_has_live_members(pgid: Pid) -> bool {
-    if let Err(Errno::ESRCH) = killpg(pgid, None) {
-        return false;
-    }
-    let Ok(entries) = fs::read_dir("/proc") else {
-        // Without /proc, trust kill(2).
-        return true;
-    };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
-            return false;
-        };
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        matches!(parse_stat(&stat), Some((state, pgrp)) if pgrp == pgid.as_raw() && state != 'Z' && state != 'X')
-    })
-}
-
-/// The state and process group of a `/proc/<pid>/stat` line. The command name is in
-/// parentheses and may itself contain spaces and parentheses, so fields are counted from
-/// the last `)`.
-fn parse_stat(stat: &str) -> Option<(char, i32)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let _ppid = fields.next()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    Some((state, pgrp))
-}
-
-/// Reads `reader` to its end, line by line, into `sink`.
-async fn pump_lines<R: AsyncRead + Unpin>(
-    mut reader: R,
-    prefix: String,
-    sink: SharedSink,
-    from_stderr: bool,
-) {
-    let mut buffer = vec![0u8; 8 * 1024];
-    let mut pending: Vec<u8> = Vec::new();
-    loop {
-        let read = match reader.read(&mut buffer).await {
-            Ok(0) => break,
-            Ok(read) => read,
-            Err(e) => {
-                tracing::debug!("backend output pipe failed: {e:#}");
-                break;
-            }
-        };
-        pending.extend_from_slice(&buffer[..read]);
-        let mut sink = lock_sink(&sink);
-        let mut consumed = 0;
-        while let Some(newline) = pending[consumed..].iter().position(|b| *b == b'\n') {
-            let end = consumed + newline + 1;
-            sink.line(&prefix, &pending[consumed..end], from_stderr);
-            consumed = end;
-        }
-        pending.drain(..consumed);
-        if pending.len() > MAX_LINE_BYTES {
-            sink.line(&prefix, &pending, from_stderr);
-            pending.clear();
-        }
-    }
-    if !pending.is_empty() {
-        lock_sink(&sink).line(&prefix, &pending, from_stderr);
     }
 }
 
@@ -409,13 +277,6 @@ pub(crate) fn describe_exit(exit: &Result<ExitStatus, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parse_stat_counts_fields_after_the_command_name() {
-        let stat = "1234 (python3 (x) y) S 1 1230 1230 0 -1 4194560";
-        assert_eq!(parse_stat(stat), Some(('S', 1230)));
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[test]
     fn describe_exit_names_codes_and_signals() {

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::host::{GetError, Host};
+
 /// One probe may take this long before it counts as "not ready yet".
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -47,7 +49,7 @@ fn probe_interval(elapsed: Duration) -> Duration {
 /// races it against the deadline and the processes' exit. `last_result` holds the outcome
 /// of the latest failed probe, for the deadline's error message.
 pub(crate) async fn wait_until_healthy(
-    client: &reqwest::Client,
+    host: &dyn Host,
     urls: &[String],
     last_result: &Mutex<String>,
 ) {
@@ -58,7 +60,7 @@ pub(crate) async fn wait_until_healthy(
             if *healthy {
                 continue;
             }
-            let outcome = match probe(client, url, PROBE_TIMEOUT).await {
+            let outcome = match probe(host, url, PROBE_TIMEOUT).await {
                 Ok(()) => {
                     *healthy = true;
                     continue;
@@ -77,18 +79,13 @@ pub(crate) async fn wait_until_healthy(
 }
 
 /// One `GET` of a health URL: `Ok` for 200 within `timeout`, else what happened.
-pub(crate) async fn probe(
-    client: &reqwest::Client,
-    url: &str,
-    timeout: Duration,
-) -> Result<(), String> {
-    match tokio::time::timeout(timeout, client.get(url).send()).await {
-        Err(_) => Err(format!("GET {url}: no answer within {timeout:?}")),
-        Ok(Ok(response)) if response.status() == reqwest::StatusCode::OK => Ok(()),
-        Ok(Ok(response)) => Err(format!("GET {url} answered {}", response.status())),
-        Ok(Err(e)) if e.is_connect() => Err(format!("GET {url}: connection refused")),
-        Ok(Err(e)) if e.is_timeout() => Err(format!("GET {url}: no answer within {timeout:?}")),
-        Ok(Err(e)) => Err(format!("GET {url}: {e}")),
+pub(crate) async fn probe(host: &dyn Host, url: &str, timeout: Duration) -> Result<(), String> {
+    match host.get(url, timeout).await {
+        Ok(answer) if answer.status == reqwest::StatusCode::OK => Ok(()),
+        Ok(answer) => Err(format!("GET {url} answered {}", answer.status)),
+        Err(GetError::Refused) => Err(format!("GET {url}: connection refused")),
+        Err(GetError::Timeout) => Err(format!("GET {url}: no answer within {timeout:?}")),
+        Err(GetError::Other(e)) => Err(format!("GET {url}: {e}")),
     }
 }
 

@@ -64,6 +64,11 @@ impl CrashTracker {
         }
     }
 
+    /// The policy it applies.
+    pub fn policy(&self) -> &RestartPolicy {
+        &self.policy
+    }
+
     /// Records a crash at `now` of a run that lasted `ran_for` and says what to do.
     pub fn record_crash(&mut self, now: Instant, ran_for: Duration) -> CrashVerdict {
         if ran_for >= self.policy.reset_backoff_after {

@@ -392,44 +392,6 @@ async fn a_backend_that_never_gets_healthy_fails_at_the_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_crash_loop_ends_in_error() {
-    let mut h = Harness::new(|config| {
-        config.restart = RestartPolicy {
-            initial_backoff: Duration::from_millis(50),
-            crash_loop_max_crashes: 2,
-            ..RestartPolicy::default()
-        };
-    });
-    h.supervisor
-        .ensure(h.spec(4, "crash-after-ready"))
-        .await
-        .unwrap();
-    for attempt in 1..=2 {
-        h.expect_start(4).await;
-        match h.next_state(4).await {
-            BackendState::Restarting {
-                attempt: got,
-                backoff,
-                reason,
-            } => {
-                assert_eq!(got, attempt);
-                assert_eq!(backoff, Duration::from_millis(50 << (attempt - 1)));
-                assert!(reason.contains("exited with status 1"), "{reason}");
-            }
-            other => panic!("expected Restarting, got {other:?}"),
-        }
-    }
-    h.expect_start(4).await;
-    let message = h.expect_error(4).await;
-    assert!(message.contains("crash loop: 3 crashes"), "{message}");
-    assert!(message.contains("crashing now"), "{message}");
-    assert!(h.supervisor.leased_ports().is_empty());
-    assert_eq!(h.supervisor.status(4).unwrap().restart_count, 2);
-    h.stop(4).await;
-    h.supervisor.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn a_backend_ignoring_sigterm_is_killed_after_the_grace_period() {
     let mut h = Harness::new(|config| config.stop_grace_period = Duration::from_secs(1));
     h.supervisor.ensure(h.spec(5, "ignore-term")).await.unwrap();
