@@ -5,16 +5,20 @@
 //! and then [`serve`] with its listener and a fallback router (the management API and
 //! the console), which answers every request that is not the gateway's.
 //!
-//! The gateway knows nothing of the server: it is given a [`GatewayConfig`], the store,
-//! the shared authenticator (`gantry-auth`), and the server's cancellation token and
-//! task tracker, which own every task it spawns. Its request path writes nothing to
-//! the database: usage is summed in memory and flushed by a task, and API-key
-//! last-used times are batched by the authenticator.
+//! The gateway knows nothing of the server: it is given a [`GatewayConfig`], the store
+//! (as a [`GatewayStore`]: what the gateway reads and writes in it), the shared
+//! authenticator (`gantry-auth`), and the server's cancellation token and task tracker,
+//! which own every task it spawns. Its request path writes nothing to the database:
+//! usage is summed in memory and flushed by a task, and API-key last-used times are
+//! batched by the authenticator.
 //!
 //! - `listener.rs`: the accept loop, TLS, and the hand-over from the front to hyper
 //!   and the routers; `core_loops.rs`: a connection loop per CPU for plain TCP;
 //! - `front.rs`: the hot routes served straight off the connection; `h1.rs`: HTTP/1.1
 //!   heads and bodies parsed in place;
+//! - `store.rs`: [`GatewayStore`], the part of the store the gateway uses, implemented by
+//!   `gantry_store::Store`; `testing.rs` (feature `testing`): `MemoryStore`, the
+//!   in-memory double the gateway's tests run on;
 //! - `routing/`: model name → running instances (`backend.rs` one instance, `table.rs`
 //!   the table and the pick, `tracker.rs` kept current from the store's change feed and
 //!   a periodic re-read);
@@ -41,8 +45,9 @@
 //! - `error.rs`: the OpenAI error shape.
 //!
 //! Architecture invariant: the crate's public face is what the server uses — [`start`],
-//! [`serve`], their configuration, [`providers`] (asking a provider for its models) and
-//! [`openapi`]; everything else is `pub(crate)`.
+//! [`serve`], their configuration, [`GatewayStore`], [`providers`] (asking a provider for
+//! its models) and [`openapi`]; everything else is `pub(crate)` (but `testing`, for
+//! tests only).
 
 mod balance;
 mod body;
@@ -60,11 +65,15 @@ pub mod providers;
 mod proxy;
 mod routing;
 mod shard;
+mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod upstream;
 mod usage;
 
 pub use eject::{EjectionPolicy, DEFAULT_EJECT_AFTER, DEFAULT_EJECT_COOLDOWN};
 pub use listener::{serve, ServeConfig};
+pub use store::{GatewayStore, StoreFuture};
 pub use usage::FLUSH_INTERVAL as USAGE_FLUSH_INTERVAL;
 
 use std::ops::Deref;
@@ -78,7 +87,7 @@ use axum::routing::{any, get};
 use axum::{Json, Router};
 use gantry_auth::sealed::Sealer;
 use gantry_auth::Authenticator;
-use gantry_store::{Store, StoreError};
+use gantry_store::StoreError;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -123,7 +132,9 @@ impl Default for GatewayConfig {
 /// What the hosting server lends the gateway.
 #[derive(Debug, Clone)]
 pub struct GatewayContext {
-    pub store: Store,
+    /// What the gateway reads and writes: the server's `gantry_store::Store`, or a test
+    /// double.
+    pub store: Arc<dyn GatewayStore>,
     /// Resolves callers; shared with the management API, so both see one cache.
     pub authenticator: Arc<Authenticator>,
     /// Cancelled at shutdown; the gateway's tasks end on it (usage is flushed once
@@ -145,7 +156,7 @@ pub struct Gateway(Arc<GatewayInner>);
 /// What [`Gateway`] holds.
 pub struct GatewayInner {
     pub(crate) config: GatewayConfig,
-    pub(crate) store: Store,
+    pub(crate) store: Arc<dyn GatewayStore>,
     pub(crate) authenticator: Arc<Authenticator>,
     pub(crate) routes: Arc<RoutingTable>,
     /// Defined model routes and the providers they use.

@@ -16,12 +16,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use gantry_store::{Change, ChangeKind, KeyLoad, Store, StoreError};
+use gantry_store::{Change, ChangeKind, KeyLoad, StoreError};
 use gantry_types::{ApiKey, ApiKeyLimits, Timestamp};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use crate::error::OpenAiError;
+use crate::store::GatewayStore;
 use crate::GatewayContext;
 
 /// The window the limits count over.
@@ -228,7 +229,7 @@ impl KeyLimiter {
     }
 
     /// Replaces the whole set with the store's limited keys.
-    async fn reload(&self, store: &Store) -> Result<(), StoreError> {
+    async fn reload(&self, store: &dyn GatewayStore) -> Result<(), StoreError> {
         let limited = store.limited_api_keys().await?;
         let ids: std::collections::HashSet<i64> = limited.iter().map(|k| k.id).collect();
         for key in &limited {
@@ -246,7 +247,7 @@ impl KeyLimiter {
     }
 
     /// Writes this server's counts and reads the others'.
-    async fn share(&self, store: &Store, server_id: &str, published_any: &mut bool) {
+    async fn share(&self, store: &dyn GatewayStore, server_id: &str, published_any: &mut bool) {
         let windows = self.windows();
         let loads: Vec<KeyLoad> = windows
             .iter()
@@ -286,8 +287,8 @@ impl KeyLimiter {
 /// Loads the limited keys, then keeps them current and shares counts until shutdown.
 pub async fn start(context: &GatewayContext, limiter: Arc<KeyLimiter>) -> Result<(), StoreError> {
     let mut changes = context.store.subscribe();
-    limiter.reload(&context.store).await?;
-    let store = context.store.clone();
+    limiter.reload(&*context.store).await?;
+    let store = Arc::clone(&context.store);
     let shutdown = context.shutdown.clone();
     let server_id = context.server_id.clone();
     context.tasks.spawn(async move {
@@ -307,15 +308,15 @@ pub async fn start(context: &GatewayContext, limiter: Arc<KeyLimiter>) -> Result
                         }
                     }
                     Err(RecvError::Lagged(_)) => {
-                        if let Err(e) = limiter.reload(&store).await {
+                        if let Err(e) = limiter.reload(&*store).await {
                             tracing::error!(error = %e, "reload API-key limits");
                         }
                     }
                     Err(RecvError::Closed) => break,
                 },
-                _ = share.tick() => limiter.share(&store, &server_id, &mut published_any).await,
+                _ = share.tick() => limiter.share(&*store, &server_id, &mut published_any).await,
                 _ = reload.tick() => {
-                    if let Err(e) = limiter.reload(&store).await {
+                    if let Err(e) = limiter.reload(&*store).await {
                         tracing::error!(error = %e, "reload API-key limits");
                     }
                 }

@@ -17,13 +17,14 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use axum::http::HeaderValue;
 use gantry_auth::sealed::Sealer;
-use gantry_store::{Change, Store, StoreError};
+use gantry_store::{Change, StoreError};
 use gantry_types::{ModelRoute as RouteDefinition, RouteTarget};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, ModelMetrics, TargetMetrics};
 use crate::routing::{Backend, RoutingTable, REFRESH_INTERVAL};
+use crate::store::GatewayStore;
 use crate::GatewayContext;
 
 /// The targets of a route a request has tried, bit `i` for target `i`.
@@ -254,7 +255,7 @@ impl RouteTable {
     }
 
     /// Rebuilds the table from the store.
-    pub async fn reload(&self, store: &Store) -> Result<(), StoreError> {
+    pub async fn reload(&self, store: &dyn GatewayStore) -> Result<(), StoreError> {
         let providers = store.list_providers().await?;
         let definitions = store.list_routes().await?;
         let mut by_name: HashMap<String, Arc<Backend>> = HashMap::new();
@@ -364,8 +365,8 @@ impl RouteTable {
 /// [`REFRESH_INTERVAL`] until shutdown.
 pub async fn start(context: &GatewayContext, table: Arc<RouteTable>) -> Result<(), StoreError> {
     let mut changes = context.store.subscribe();
-    table.reload(&context.store).await?;
-    let store = context.store.clone();
+    table.reload(&*context.store).await?;
+    let store = Arc::clone(&context.store);
     let shutdown = context.shutdown.clone();
     context.tasks.spawn(async move {
         let mut tick =
@@ -382,7 +383,7 @@ pub async fn start(context: &GatewayContext, table: Arc<RouteTable>) -> Result<(
                 _ = tick.tick() => true,
             };
             if reload {
-                if let Err(e) = table.reload(&store).await {
+                if let Err(e) = table.reload(&*store).await {
                     tracing::error!(error = %e, "reload the gateway's model routes");
                 }
                 // Idle connections to providers are swept here, as the routing task

@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_store::{usage_minute_of, Store, UsageIncrement, UsageSums};
+use gantry_store::{usage_minute_of, UsageIncrement, UsageSums};
 use gantry_types::Timestamp;
 use serde::Deserialize;
 
 use crate::shard::Sharded;
+use crate::store::GatewayStore;
 use crate::GatewayContext;
 
 /// How often pending usage is written to the store.
@@ -187,7 +188,7 @@ impl UsageAggregator {
     }
 
     /// Writes what is pending; on failure keeps it for the next try.
-    pub async fn flush(&self, store: &Store) {
+    pub async fn flush(&self, store: &dyn GatewayStore) {
         let batch = self.take();
         if batch.is_empty() {
             return;
@@ -220,7 +221,7 @@ impl UsageAggregator {
 
 /// Flushes usage every `interval` until shutdown, then once more.
 pub fn spawn_flusher(context: &GatewayContext, usage: Arc<UsageAggregator>, interval: Duration) {
-    let store = context.store.clone();
+    let store = Arc::clone(&context.store);
     let shutdown = context.shutdown.clone();
     context.tasks.spawn(async move {
         let mut tick = tokio::time::interval(interval);
@@ -228,10 +229,10 @@ pub fn spawn_flusher(context: &GatewayContext, usage: Arc<UsageAggregator>, inte
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                _ = tick.tick() => usage.flush(&store).await,
+                _ = tick.tick() => usage.flush(&*store).await,
             }
         }
-        usage.flush(&store).await;
+        usage.flush(&*store).await;
     });
 }
 

@@ -237,7 +237,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
             first_byte_timeout: state.config.gateway_first_byte_timeout,
         },
         GatewayContext {
-            store: state.store.clone(),
+            store: Arc::new(state.store.clone()),
             authenticator: Arc::clone(&state.authenticator),
             shutdown: state.shutdown.clone(),
             tasks: state.tasks.clone(),

@@ -96,7 +96,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use gantry_store::{Change, ChangeKind, Store, StoreConfig};
+    use gantry_store::{Change, ChangeKind};
     use gantry_types::{fixtures, InstanceState, ModelInstance};
     use tokio::time::Instant;
 
@@ -104,6 +104,7 @@ mod tests {
     use super::tracker::Tracker;
     use super::*;
     use crate::eject::EjectionPolicy;
+    use crate::testing::MemoryStore;
 
     use super::testing::running;
 
@@ -268,13 +269,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_table_signals_requests_when_an_instance_stops_running_or_moves() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&StoreConfig {
-            url: format!("sqlite://{}/gantry.db", dir.path().display()),
-            max_connections: 1,
-        })
-        .await
-        .unwrap();
+        let store = MemoryStore::new();
         let table = RoutingTable::default();
         let mut tracker = Tracker::default();
         let model = fixtures::model(1, "tiny");
@@ -377,5 +372,42 @@ mod tests {
         tracker.refresh(&store, &table).await.unwrap();
         assert!(table.get("tiny").is_none());
         assert!(routed.has_left_routing());
+    }
+
+    #[tokio::test]
+    async fn the_table_is_read_from_the_store_and_an_unseen_model_is_looked_up() {
+        let store = MemoryStore::new();
+        let mut model = fixtures::model(1, "tiny");
+        model.created_at = gantry_types::Timestamp::from_millis(1_700_000_000_000);
+        store.put_model(model.clone());
+        store.put_instance(running(1, &model, 9001));
+        let mut pending = running(2, &model, 9002);
+        pending.state = InstanceState::Starting;
+        store.put_instance(pending);
+        let table = RoutingTable::default();
+        let mut tracker = Tracker::default();
+
+        // The re-read routes the running instance only, and knows the model's age.
+        tracker.refresh(&store, &table).await.unwrap();
+        let route = table.get("tiny").unwrap();
+        assert_eq!(route.backends.len(), 1);
+        assert_eq!(route.backends[0].instance_id, 1);
+        assert_eq!(route.created, 1_700_000_000);
+        assert!(table.knows("tiny"));
+
+        // An instance of a model this tracker has not seen (created on another server):
+        // the model is read from the store for its creation time.
+        let mut other = fixtures::model(2, "other");
+        other.created_at = gantry_types::Timestamp::from_millis(1_600_000_000_000);
+        store.put_model(other.clone());
+        tracker
+            .apply(
+                &Change::Instance(ChangeKind::Updated, running(3, &other, 9003)),
+                &store,
+                &table,
+            )
+            .await;
+        assert_eq!(table.get("other").unwrap().created, 1_600_000_000);
+        assert!(table.knows("other"));
     }
 }

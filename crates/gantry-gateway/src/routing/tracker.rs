@@ -6,11 +6,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::http::HeaderValue;
-use gantry_store::{Change, ChangeKind, InstanceFilter, ModelFilter, Page, Store, StoreError};
+use gantry_store::{Change, ChangeKind, InstanceFilter, ModelFilter, Page, StoreError};
 use gantry_types::{InstanceState, Model, ModelInstance};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
+use crate::store::GatewayStore;
 use crate::GatewayContext;
 
 use super::backend::Backend;
@@ -94,7 +95,12 @@ impl Tracker {
         self.models.insert(model.id, known);
     }
 
-    pub(super) async fn apply(&mut self, change: &Change, store: &Store, table: &RoutingTable) {
+    pub(super) async fn apply(
+        &mut self,
+        change: &Change,
+        store: &dyn GatewayStore,
+        table: &RoutingTable,
+    ) {
         match change {
             Change::Instance(kind, instance) => {
                 let backend = match kind {
@@ -157,7 +163,7 @@ impl Tracker {
     /// Re-reads every model and running instance and replaces the whole table.
     pub(super) async fn refresh(
         &mut self,
-        store: &Store,
+        store: &dyn GatewayStore,
         table: &RoutingTable,
     ) -> Result<(), StoreError> {
         let mut models = HashMap::new();
@@ -237,8 +243,8 @@ pub async fn start(context: &GatewayContext, table: Arc<RoutingTable>) -> Result
     // Subscribe before the first read so that no change between the two is lost.
     let mut changes = context.store.subscribe();
     let mut tracker = Tracker::default();
-    tracker.refresh(&context.store, &table).await?;
-    let store = context.store.clone();
+    tracker.refresh(&*context.store, &table).await?;
+    let store = Arc::clone(&context.store);
     let shutdown = context.shutdown.clone();
     context.tasks.spawn(async move {
         let mut tick = tokio::time::interval_at(Instant::now() + REFRESH_INTERVAL, REFRESH_INTERVAL);
@@ -247,17 +253,17 @@ pub async fn start(context: &GatewayContext, table: Arc<RoutingTable>) -> Result
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 change = changes.recv() => match change {
-                    Ok(change) => tracker.apply(&change, &store, &table).await,
+                    Ok(change) => tracker.apply(&change, &*store, &table).await,
                     Err(RecvError::Lagged(missed)) => {
                         tracing::warn!(missed, "gateway routing fell behind the change feed; re-reading the store");
-                        if let Err(e) = tracker.refresh(&store, &table).await {
+                        if let Err(e) = tracker.refresh(&*store, &table).await {
                             tracing::error!(error = %e, "refresh the gateway routing table");
                         }
                     }
                     Err(RecvError::Closed) => return,
                 },
                 _ = tick.tick() => {
-                    if let Err(e) = tracker.refresh(&store, &table).await {
+                    if let Err(e) = tracker.refresh(&*store, &table).await {
                         tracing::error!(error = %e, "refresh the gateway routing table");
                     }
                     for route in table.all() {
