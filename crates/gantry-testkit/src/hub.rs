@@ -45,31 +45,25 @@
 //! (the hub's relative redirects). Directory `oid`s are stable identifiers, not real git tree
 //! ids, and the commit is derived from the contents, not a real git commit.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Query, State};
 use axum::http::header::{
-    ACCEPT_RANGES, AUTHORIZATION, CONTENT_DISPOSITION, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE,
-    ETAG, LOCATION, RANGE,
+    AUTHORIZATION, CONTENT_DISPOSITION, CONTENT_RANGE, CONTENT_TYPE, ETAG, LOCATION,
 };
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sha1::Digest as _;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::range::{parse_range, ByteRange};
+use crate::double::{
+    assert_commit, derived_commit, flag, header_value, listed_under, owner_and_name, quoted,
+    Contents, RangeNotSatisfiable, RepoFile, Running, Serving, Tree,
+};
 
 const X_REPO_COMMIT: HeaderName = HeaderName::from_static("x-repo-commit");
 const X_LINKED_ETAG: HeaderName = HeaderName::from_static("x-linked-etag");
@@ -81,41 +75,9 @@ const X_ERROR_MESSAGE: HeaderName = HeaderName::from_static("x-error-message");
 const MAIN_BRANCH: &str = "main";
 /// The date every repository claims for its creation and last change.
 const REPO_DATE: &str = "2024-01-01T00:00:00.000Z";
-/// Unthrottled file bodies go out in chunks of this size.
-const FULL_SPEED_CHUNK: usize = 64 * 1024;
-/// Throttled bodies go out in chunks of a tenth of a second's worth, within these bounds.
-const SMALLEST_THROTTLED_CHUNK: usize = 1024;
-const LARGEST_THROTTLED_CHUNK: usize = 64 * 1024;
-
-/// One file of a repository, as a test defines it.
-#[derive(Debug, Clone)]
-pub struct HubFile {
-    /// The path in the repository, `/`-separated, without a leading `/`.
-    pub path: String,
-    pub bytes: Bytes,
-    /// Stored with Git LFS: listed with its sha256 and served through the CDN redirect.
-    pub lfs: bool,
-}
-
-impl HubFile {
-    /// A file stored in git itself (a `config.json`, a README).
-    pub fn regular(path: impl Into<String>, bytes: impl Into<Bytes>) -> Self {
-        Self {
-            path: path.into(),
-            bytes: bytes.into(),
-            lfs: false,
-        }
-    }
-
-    /// A file stored with Git LFS (model weights).
-    pub fn lfs(path: impl Into<String>, bytes: impl Into<Bytes>) -> Self {
-        Self {
-            path: path.into(),
-            bytes: bytes.into(),
-            lfs: true,
-        }
-    }
-}
+/// One file of a repository, as a test defines it. An LFS file is listed with its sha256
+/// and served through the CDN redirect.
+pub type HubFile = RepoFile;
 
 /// One model repository with a single commit, which `main` points at.
 #[derive(Debug, Clone)]
@@ -136,21 +98,15 @@ impl HubRepo {
     /// client's cache, keyed by commit, then never mixes two tests' files up).
     pub fn new(id: impl Into<String>, files: Vec<HubFile>) -> Self {
         let id = id.into();
-        let mut hasher = sha1::Sha1::new();
-        hasher.update(b"gantry hub double commit\0");
-        hasher.update(id.as_bytes());
-        let mut sorted: Vec<&HubFile> = files.iter().collect();
-        sorted.sort_by(|a, b| a.path.cmp(&b.path));
-        for file in sorted {
-            hasher.update(b"\0");
-            hasher.update(file.path.as_bytes());
-            hasher.update(b"\0");
-            hasher.update(HubDouble::git_blob_oid(&file.bytes).as_bytes());
-            hasher.update(if file.lfs { b"\0lfs" } else { b"\0git" });
-        }
+        let commit = derived_commit(
+            b"gantry hub double commit\0",
+            &id,
+            &files,
+            HubDouble::git_blob_oid,
+        );
         Self {
             id,
-            commit: hex::encode(hasher.finalize()),
+            commit,
             files,
             token: None,
         }
@@ -170,7 +126,7 @@ pub struct HubDouble {
     endpoint: String,
     cdn_endpoint: String,
     hub: Arc<Hub>,
-    tasks: TaskTracker,
+    running: Running,
 }
 
 impl std::fmt::Debug for HubDouble {
@@ -187,32 +143,19 @@ impl HubDouble {
     /// `/`, a commit that is not 40 lowercase hex digits, two files at one path, a path with
     /// an empty segment) or when it cannot listen: it is a test fixture.
     pub async fn start(repos: Vec<HubRepo>) -> HubDouble {
-        let hub_listener = bind_loopback().await;
-        let cdn_listener = bind_loopback().await;
-        let endpoint = format!("http://{}", local_addr(&hub_listener));
-        let cdn_endpoint = format!("http://{}", local_addr(&cdn_listener));
-        let shutdown = CancellationToken::new();
-        let hub = Arc::new(Hub::new(repos, cdn_endpoint.clone(), shutdown.clone()));
-
-        let tasks = TaskTracker::new();
-        for (name, listener, router) in [
+        let serving = Serving::new("hub double");
+        let (hub_listener, endpoint) = serving.bind_loopback().await;
+        let (cdn_listener, cdn_endpoint) = serving.bind_loopback().await;
+        let hub = Arc::new(Hub::new(repos, cdn_endpoint.clone(), serving.clone()));
+        let running = serving.serve([
             ("hub", hub_listener, hub_router(hub.clone())),
             ("cdn", cdn_listener, cdn_router(hub.clone())),
-        ] {
-            let serve = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-            tasks.spawn(async move {
-                if let Err(e) = serve.await {
-                    eprintln!("hub double: the {name} listener failed: {e:#}");
-                }
-            });
-        }
-        tasks.close();
+        ]);
         HubDouble {
             endpoint,
             cdn_endpoint,
             hub,
-            tasks,
+            running,
         }
     }
 
@@ -231,16 +174,12 @@ impl HubDouble {
     /// counts what went out (which may exceed what the client read by what the connection and
     /// the sockets buffer). Panics on a file the double does not hold.
     pub fn bytes_served(&self, repo_id: &str, path: &str) -> u64 {
-        self.file(repo_id, path)
-            .bytes_served
-            .load(Ordering::Relaxed)
+        self.file(repo_id, path).contents.bytes_served()
     }
 
     /// The most bodies of the file that were being sent at the same time.
     pub fn most_concurrent(&self, repo_id: &str, path: &str) -> u64 {
-        self.file(repo_id, path)
-            .most_concurrent
-            .load(Ordering::Relaxed)
+        self.file(repo_id, path).contents.most_concurrent()
     }
 
     /// `false`: from now on `Range` headers are ignored and every file request gets the
@@ -254,57 +193,38 @@ impl HubDouble {
         self.hub
             .repos
             .get(repo_id)
-            .and_then(|repo| repo.files.get(path))
+            .and_then(|repo| repo.tree.files.get(path))
             .unwrap_or_else(|| panic!("the hub double holds no file {path:?} in {repo_id:?}"))
     }
 
     /// The file body bytes handed to client connections, over all files.
     pub fn total_bytes_served(&self) -> u64 {
-        self.hub.total_bytes_served.load(Ordering::Relaxed)
+        self.hub.serving.total_bytes_served()
     }
 
     /// Every request received so far, in order, by the hub and the CDN alike: the method, the
     /// path with its query as sent, and the `Range` header when there was one, e.g.
     /// `"GET /repos/org/model/<sha256>/model.gguf bytes=100-"`. CDN paths start `/repos/`.
     pub fn requests(&self) -> Vec<String> {
-        lock(&self.hub.requests).clone()
+        self.hub.serving.requests()
     }
 
     /// From the next chunk on, sends file bodies at about `bytes_per_second` (in chunks of a
     /// tenth of a second's worth, pausing between them); `None` sends at full speed.
     pub fn set_throttle(&self, bytes_per_second: Option<u64>) {
-        let value = bytes_per_second.map_or(0, |rate| {
-            assert!(
-                rate > 0,
-                "a throttle of 0 bytes per second would never finish"
-            );
-            rate
-        });
-        self.hub.throttle.store(value, Ordering::Relaxed);
+        self.hub.serving.set_throttle(bytes_per_second);
     }
 
     /// From now on serves different bytes of the same length for the file, while listings,
     /// `ETag`s and `X-Linked-Etag`s still name the original contents: what a broken disk or
     /// a truncated-then-padded upload would look like. Panics on an unknown or empty file.
     pub fn corrupt(&self, repo_id: &str, path: &str) {
-        let file = self
-            .hub
-            .repos
-            .get(repo_id)
-            .and_then(|repo| repo.files.get(path))
-            .unwrap_or_else(|| panic!("the hub double holds no file {path:?} in {repo_id:?}"));
-        assert!(
-            !file.listed.is_empty(),
-            "an empty file cannot be served with different bytes of the same length"
-        );
-        // Every byte changes, so any read of any range sees the corruption.
-        let corrupted: Vec<u8> = file.listed.iter().map(|byte| byte ^ 0x5a).collect();
-        *lock(&file.served) = Bytes::from(corrupted);
+        self.file(repo_id, path).contents.corrupt();
     }
 
     /// The lowercase hex sha256 of `bytes`: an LFS file's `X-Linked-Etag` and `lfs.oid`.
     pub fn sha256(bytes: &[u8]) -> String {
-        hex::encode(sha2::Sha256::digest(bytes))
+        crate::double::sha256(bytes)
     }
 
     /// The git blob id of `bytes` (sha1 of `blob <len>\0<bytes>`): a regular file's `ETag`
@@ -318,32 +238,8 @@ impl HubDouble {
 
     /// Stops both listeners and waits until every connection has closed.
     pub async fn shutdown(self) {
-        self.hub.shutdown.cancel();
-        self.tasks.wait().await;
+        self.running.shutdown().await;
     }
-}
-
-impl Drop for HubDouble {
-    fn drop(&mut self) {
-        self.hub.shutdown.cancel();
-    }
-}
-
-async fn bind_loopback() -> TcpListener {
-    TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .await
-        .expect("bind a loopback port for the hub double")
-}
-
-fn local_addr(listener: &TcpListener) -> SocketAddr {
-    listener
-        .local_addr()
-        .expect("a bound listener has a local address")
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The data behind these locks stays consistent whatever panicked while holding one.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the handlers share.
@@ -352,39 +248,25 @@ struct Hub {
     /// Every repository's token: a request presenting anything else is refused outright.
     known_tokens: HashSet<String>,
     cdn_endpoint: String,
-    /// Bytes per second for file bodies; 0 is full speed.
-    throttle: AtomicU64,
     /// Whether `Range` headers are ignored ([`HubDouble::set_ranges`]).
     ranges_ignored: AtomicBool,
-    total_bytes_served: AtomicU64,
-    requests: Mutex<Vec<String>>,
-    /// Cancelled when the double stops: listeners stop accepting, transfers end.
-    shutdown: CancellationToken,
+    serving: Arc<Serving>,
 }
 
 struct Repo {
     id: String,
     commit: String,
     token: Option<String>,
-    /// By path.
-    files: BTreeMap<String, Arc<File>>,
-    /// Every directory that holds a file, at any depth; the root is not listed.
-    directories: BTreeSet<String>,
+    tree: Tree<File>,
 }
 
 struct File {
     path: String,
-    /// The contents the listings and hashes describe.
-    listed: Bytes,
-    /// The contents sent: `listed` until [`HubDouble::corrupt`] replaces them.
-    served: Mutex<Bytes>,
+    /// What the listings and hashes describe, what is sent, and how much of it went out.
+    contents: Arc<Contents>,
     /// The git blob id of the contents (regular files) or of the LFS pointer (LFS files).
     git_oid: String,
     lfs: Option<LfsObject>,
-    bytes_served: AtomicU64,
-    /// Bodies being sent now, and the most at once.
-    concurrent: AtomicU64,
-    most_concurrent: AtomicU64,
 }
 
 struct LfsObject {
@@ -393,7 +275,7 @@ struct LfsObject {
 }
 
 impl Hub {
-    fn new(repos: Vec<HubRepo>, cdn_endpoint: String, shutdown: CancellationToken) -> Self {
+    fn new(repos: Vec<HubRepo>, cdn_endpoint: String, serving: Arc<Serving>) -> Self {
         let mut by_id = HashMap::new();
         let mut known_tokens = HashSet::new();
         for repo in repos {
@@ -411,18 +293,8 @@ impl Hub {
             repos: by_id,
             known_tokens,
             cdn_endpoint,
-            throttle: AtomicU64::new(0),
             ranges_ignored: AtomicBool::new(false),
-            total_bytes_served: AtomicU64::new(0),
-            requests: Mutex::new(Vec::new()),
-            shutdown,
-        }
-    }
-
-    fn throttle(&self) -> Option<u64> {
-        match self.throttle.load(Ordering::Relaxed) {
-            0 => None,
-            rate => Some(rate),
+            serving,
         }
     }
 
@@ -449,47 +321,19 @@ impl Hub {
         }
     }
 
-    /// The response carrying `file`'s served bytes (or the asked range of them), with
-    /// `headers` added; its body counts what it sends.
+    /// The response carrying `file`'s served bytes (or the asked range of them, unless
+    /// ranges are ignored), with `headers` added; its body counts what it sends.
     fn file_response(
-        self: &Arc<Self>,
+        &self,
         method: &Method,
         request_headers: &HeaderMap,
-        file: &Arc<File>,
-        mut headers: HeaderMap,
+        file: &File,
+        headers: HeaderMap,
     ) -> Result<Response, HubError> {
-        let bytes = lock(&file.served).clone();
-        let size = bytes.len() as u64;
-        let range = request_headers
-            .get(RANGE)
-            .and_then(|value| value.to_str().ok());
-        let range = if self.ranges_ignored.load(Ordering::Relaxed) {
-            None
-        } else {
-            headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-            range
-        };
-        let (status, body) = match parse_range(range, size) {
-            ByteRange::Whole => (StatusCode::OK, bytes),
-            ByteRange::Part { first, last } => {
-                headers.insert(
-                    CONTENT_RANGE,
-                    header_value(&format!("bytes {first}-{last}/{size}")),
-                );
-                (
-                    StatusCode::PARTIAL_CONTENT,
-                    bytes.slice(to_index(first)..=to_index(last)),
-                )
-            }
-            ByteRange::Unsatisfiable => return Err(HubError::RangeNotSatisfiable { size }),
-        };
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        let body = if method == Method::HEAD {
-            Body::empty()
-        } else {
-            Transfer::body(self.clone(), file.clone(), body)
-        };
-        Ok((status, headers, body).into_response())
+        let ranges = !self.ranges_ignored.load(Ordering::Relaxed);
+        self.serving
+            .file_response(method, request_headers, &file.contents, ranges, headers)
+            .map_err(|RangeNotSatisfiable { size }| HubError::RangeNotSatisfiable { size })
     }
 }
 
@@ -498,52 +342,17 @@ impl Repo {
         let HubRepo {
             id,
             commit,
-            files: hub_files,
+            files,
             token,
         } = repo;
-        assert!(
-            id.split('/').count() == 2 && id.split('/').all(|part| !part.is_empty()),
-            "a repository id is owner/name, not {id:?}"
-        );
-        assert!(
-            commit.len() == 40
-                && commit
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
-            "the commit of {id} is not 40 lowercase hex digits: {commit:?}"
-        );
-        let mut files = BTreeMap::new();
-        let mut directories = BTreeSet::new();
-        for file in hub_files {
-            assert!(
-                file.path.split('/').all(|segment| !segment.is_empty()),
-                "the path {:?} in {id} has an empty segment",
-                file.path
-            );
-            let mut parts: Vec<&str> = file.path.split('/').collect();
-            parts.pop();
-            for depth in 1..=parts.len() {
-                directories.insert(parts[..depth].join("/"));
-            }
-            let file = File::new(file);
-            let path = file.path.clone();
-            assert!(
-                files.insert(path.clone(), Arc::new(file)).is_none(),
-                "two files at {path:?} in {id}"
-            );
-        }
-        for directory in &directories {
-            assert!(
-                !files.contains_key(directory),
-                "{directory:?} in {id} is both a file and a directory"
-            );
-        }
+        owner_and_name(&id);
+        assert_commit(&id, &commit);
+        let tree = Tree::new(&id, files, File::new);
         Self {
             id,
             commit,
             token,
-            files,
-            directories,
+            tree,
         }
     }
 
@@ -558,16 +367,16 @@ impl Repo {
     }
 
     fn file(&self, path: &str) -> Result<&Arc<File>, HubError> {
-        self.files.get(path).ok_or_else(|| HubError::EntryNotFound {
-            commit: self.commit.clone(),
-        })
+        self.tree
+            .files
+            .get(path)
+            .ok_or_else(|| HubError::EntryNotFound {
+                commit: self.commit.clone(),
+            })
     }
 
     fn model_info(&self, with_blobs: bool) -> ModelInfo {
-        let (owner, _) = self
-            .id
-            .split_once('/')
-            .expect("checked when the repo was made");
+        let (owner, _) = owner_and_name(&self.id);
         ModelInfo {
             mongo_id: self.commit[..24].to_owned(),
             id: self.id.clone(),
@@ -581,18 +390,19 @@ impl Repo {
             created_at: REPO_DATE,
             tags: Vec::new(),
             siblings: self
+                .tree
                 .files
                 .values()
                 .map(|file| Sibling {
                     rfilename: file.path.clone(),
-                    size: with_blobs.then_some(file.listed.len() as u64),
+                    size: with_blobs.then_some(file.contents.listed.len() as u64),
                     blob_id: with_blobs.then(|| file.git_oid.clone()),
                     lfs: with_blobs
                         .then(|| file.lfs.as_ref())
                         .flatten()
                         .map(|lfs| SiblingLfs {
                             sha256: lfs.sha256.clone(),
-                            size: file.listed.len() as u64,
+                            size: file.contents.listed.len() as u64,
                             pointer_size: lfs.pointer_size,
                         }),
                 })
@@ -603,21 +413,14 @@ impl Repo {
     /// The entries under `directory` ("" for the root): its children, or with `recursive`
     /// everything below it, directories included as the hub includes them.
     fn tree(&self, directory: &str, recursive: bool) -> Result<Vec<TreeEntry>, HubError> {
-        if !directory.is_empty() && !self.directories.contains(directory) {
+        if !self.tree.has_directory(directory) {
             return Err(HubError::EntryNotFound {
                 commit: self.commit.clone(),
             });
         }
-        let prefix = if directory.is_empty() {
-            String::new()
-        } else {
-            format!("{directory}/")
-        };
-        let wanted = |path: &str| {
-            path.strip_prefix(&prefix)
-                .is_some_and(|rest| recursive || !rest.contains('/'))
-        };
+        let wanted = listed_under(directory, recursive);
         let mut entries: Vec<TreeEntry> = self
+            .tree
             .directories
             .iter()
             .filter(|path| wanted(path))
@@ -627,16 +430,17 @@ impl Repo {
                 path: path.clone(),
             })
             .chain(
-                self.files
+                self.tree
+                    .files
                     .values()
                     .filter(|file| wanted(&file.path))
                     .map(|file| TreeEntry::File {
                         oid: file.git_oid.clone(),
-                        size: file.listed.len() as u64,
+                        size: file.contents.listed.len() as u64,
                         path: file.path.clone(),
                         lfs: file.lfs.as_ref().map(|lfs| TreeLfs {
                             oid: lfs.sha256.clone(),
-                            size: file.listed.len() as u64,
+                            size: file.contents.listed.len() as u64,
                             pointer_size: lfs.pointer_size,
                         }),
                     }),
@@ -652,6 +456,7 @@ impl Repo {
         let mut hasher = sha1::Sha1::new();
         hasher.update(b"tree\0");
         for file in self
+            .tree
             .files
             .values()
             .filter(|file| file.path.starts_with(&prefix))
@@ -681,13 +486,9 @@ impl File {
         };
         Self {
             path: file.path,
-            served: Mutex::new(file.bytes.clone()),
-            listed: file.bytes,
+            contents: Contents::new(file.bytes),
             git_oid,
             lfs,
-            bytes_served: AtomicU64::new(0),
-            concurrent: AtomicU64::new(0),
-            most_concurrent: AtomicU64::new(0),
         }
     }
 }
@@ -706,18 +507,6 @@ fn bearer_token(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-fn header_value(text: &str) -> HeaderValue {
-    HeaderValue::from_str(text).expect("the double only builds visible-ASCII header values")
-}
-
-fn quoted(etag: &str) -> HeaderValue {
-    header_value(&format!("\"{etag}\""))
-}
-
-fn to_index(offset: u64) -> usize {
-    usize::try_from(offset).expect("a file held in memory has offsets that fit in usize")
-}
-
 /// Percent-encodes a repository path for a URL, keeping `/` (Python's `quote(path)`).
 fn encode_path(path: &str) -> String {
     let mut encoded = String::with_capacity(path.len());
@@ -729,82 +518,6 @@ fn encode_path(path: &str) -> String {
         }
     }
     encoded
-}
-
-/// A file body on its way out: sent chunk by chunk, each counted as it is handed to the
-/// connection, with pauses between chunks while a throttle is set.
-struct Transfer {
-    hub: Arc<Hub>,
-    file: Arc<File>,
-    remaining: Bytes,
-    pause: Option<Duration>,
-    _sending: Sending,
-}
-
-/// Counts a body of the file as being sent while it lives.
-struct Sending(Arc<File>);
-
-impl Sending {
-    fn new(file: Arc<File>) -> Self {
-        let now = file.concurrent.fetch_add(1, Ordering::AcqRel) + 1;
-        file.most_concurrent.fetch_max(now, Ordering::AcqRel);
-        Self(file)
-    }
-}
-
-impl Drop for Sending {
-    fn drop(&mut self) {
-        self.0.concurrent.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Transfer {
-    fn body(hub: Arc<Hub>, file: Arc<File>, bytes: Bytes) -> Body {
-        let transfer = Transfer {
-            hub,
-            _sending: Sending::new(file.clone()),
-            file,
-            remaining: bytes,
-            pause: None,
-        };
-        Body::from_stream(futures_util::stream::unfold(transfer, Transfer::next_chunk))
-    }
-
-    async fn next_chunk(mut self) -> Option<(std::io::Result<Bytes>, Self)> {
-        if self.remaining.is_empty() {
-            return None;
-        }
-        let shutdown = self.hub.shutdown.clone();
-        let stopped = match self.pause.take() {
-            Some(pause) => tokio::select! {
-                () = tokio::time::sleep(pause) => false,
-                () = shutdown.cancelled() => true,
-            },
-            None => shutdown.is_cancelled(),
-        };
-        if stopped {
-            self.remaining.clear();
-            let error = std::io::Error::other("the hub double stopped mid-transfer");
-            return Some((Err(error), self));
-        }
-        let throttle = self.hub.throttle();
-        let chunk_len = match throttle {
-            None => FULL_SPEED_CHUNK,
-            Some(rate) => usize::try_from(rate / 10)
-                .unwrap_or(usize::MAX)
-                .clamp(SMALLEST_THROTTLED_CHUNK, LARGEST_THROTTLED_CHUNK),
-        }
-        .min(self.remaining.len());
-        let chunk = self.remaining.split_to(chunk_len);
-        self.pause = throttle.map(|rate| Duration::from_secs_f64(chunk_len as f64 / rate as f64));
-        self.file
-            .bytes_served
-            .fetch_add(chunk_len as u64, Ordering::Relaxed);
-        self.hub
-            .total_bytes_served
-            .fetch_add(chunk_len as u64, Ordering::Relaxed);
-        Some((Ok(chunk), self))
-    }
 }
 
 /// Every way a request fails, and the one place that turns each into the hub's answer.
@@ -970,10 +683,6 @@ struct ListingQuery {
     blobs: Option<String>,
 }
 
-fn flag(value: Option<&String>) -> bool {
-    value.is_some_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
-}
-
 fn hub_router(hub: Arc<Hub>) -> Router {
     Router::new()
         .route("/api/models/{owner}/{name}", get(model_info_at_main))
@@ -991,7 +700,6 @@ fn hub_router(hub: Arc<Hub>) -> Router {
             get(resolve).head(resolve),
         )
         .fallback(no_such_route)
-        .layer(middleware::from_fn_with_state(hub.clone(), record_request))
         .with_state(hub)
 }
 
@@ -1002,22 +710,7 @@ fn cdn_router(hub: Arc<Hub>) -> Router {
             get(cdn_object).head(cdn_object),
         )
         .fallback(no_such_route)
-        .layer(middleware::from_fn_with_state(hub.clone(), record_request))
         .with_state(hub)
-}
-
-async fn record_request(State(hub): State<Arc<Hub>>, request: Request, next: Next) -> Response {
-    let target = request
-        .uri()
-        .path_and_query()
-        .map_or_else(|| request.uri().path().to_owned(), ToString::to_string);
-    let mut line = format!("{} {target}", request.method());
-    if let Some(range) = request.headers().get(RANGE).and_then(|v| v.to_str().ok()) {
-        line.push(' ');
-        line.push_str(range);
-    }
-    lock(&hub.requests).push(line);
-    next.run(request).await
 }
 
 async fn no_such_route() -> HubError {
@@ -1092,7 +785,7 @@ async fn resolve(
         encode_path(&file.path)
     );
     answer.insert(X_LINKED_ETAG, quoted(&lfs.sha256));
-    answer.insert(X_LINKED_SIZE, HeaderValue::from(file.listed.len()));
+    answer.insert(X_LINKED_SIZE, HeaderValue::from(file.contents.listed.len()));
     answer.insert(LOCATION, header_value(&location));
     answer.insert(
         CONTENT_TYPE,
@@ -1113,7 +806,7 @@ async fn cdn_object(
     let file = hub
         .repos
         .get(&format!("{owner}/{name}"))
-        .and_then(|repo| repo.files.get(&path))
+        .and_then(|repo| repo.tree.files.get(&path))
         .filter(|file| file.lfs.as_ref().is_some_and(|lfs| lfs.sha256 == sha256))
         .ok_or(HubError::NoSuchObject)?;
     let basename = encode_path(path.rsplit('/').next().unwrap_or(&path));

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests of several crates: a store on either engine,
 //! the macro that runs one test body against both, blocks of backend ports, and
 //! [`eventually`], the one loop that waits for something the system does a moment later;
-//! and [`hub`], a test double of the Hugging Face Hub to download models from;
+//! and [`hub`] and [`modelscope`], test doubles of the Hugging Face Hub and ModelScope to
+//! download models from (what they share, [`RepoFile`] and their serving, in `double.rs`);
 //! [`postgres::OwnPostgres`], a PostgreSQL server a test can stop and start; [`browser`],
 //! a page checked in a real chromium by a Playwright script.
 //!
@@ -16,11 +17,14 @@ use std::time::Duration;
 use gantry_store::{Store, StoreConfig};
 
 pub mod browser;
+mod double;
 pub mod hub;
 pub mod modelscope;
 pub mod postgres;
 mod range;
 pub mod s3;
+
+pub use double::RepoFile;
 
 /// The database engines every store-backed test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -49,29 +49,22 @@
 //! Commits are derived from the contents, not real git commits; the commit fields' texts and
 //! times are fixed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
-use axum::http::header::{
-    ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, ETAG, LOCATION, RANGE,
-};
+use axum::extract::{Path, Query, State};
+use axum::http::header::{CONTENT_RANGE, CONTENT_TYPE, ETAG, LOCATION};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use sha1::Digest as _;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::range::{parse_range, ByteRange};
+use crate::double::{
+    assert_commit, derived_commit, flag, header_value, listed_under, owner_and_name, quoted,
+    Contents, RangeNotSatisfiable, RepoFile, Running, Serving, Tree,
+};
 
 const X_LINKED_ETAG: HeaderName = HeaderName::from_static("x-linked-etag");
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -83,42 +76,14 @@ const MASTER_BRANCH: &str = "master";
 const REPO_TIME: i64 = 1_704_067_200;
 /// The name the double gives every commit's author, committer and branch creator.
 const COMMITTER: &str = "gantry-test";
-/// File bodies go out in chunks of this size.
-const CHUNK: usize = 64 * 1024;
 /// The hub's business codes, as measured on www.modelscope.cn.
 const CODE_OK: u64 = 200;
 const CODE_MODEL_NOT_FOUND: u64 = 10_010_205_001;
 const CODE_FILE_NOT_FOUND: u64 = 10_990_101_007;
 
-/// One file of a repository, as a test defines it.
-#[derive(Debug, Clone)]
-pub struct ModelscopeFile {
-    /// The path in the repository, `/`-separated, without a leading `/`.
-    pub path: String,
-    pub bytes: Bytes,
-    /// Stored with Git LFS: downloaded through the object store's redirect.
-    pub lfs: bool,
-}
-
-impl ModelscopeFile {
-    /// A file stored in git itself (a `config.json`, a README).
-    pub fn regular(path: impl Into<String>, bytes: impl Into<Bytes>) -> Self {
-        Self {
-            path: path.into(),
-            bytes: bytes.into(),
-            lfs: false,
-        }
-    }
-
-    /// A file stored with Git LFS (model weights).
-    pub fn lfs(path: impl Into<String>, bytes: impl Into<Bytes>) -> Self {
-        Self {
-            path: path.into(),
-            bytes: bytes.into(),
-            lfs: true,
-        }
-    }
-}
+/// One file of a repository, as a test defines it. An LFS file is downloaded through the
+/// object store's redirect.
+pub type ModelscopeFile = RepoFile;
 
 /// One model repository with a single commit, which `master` and every tag point at.
 #[derive(Debug, Clone)]
@@ -140,21 +105,15 @@ impl ModelscopeRepo {
     /// repository always has the same commit and different contents a different one.
     pub fn new(id: impl Into<String>, files: Vec<ModelscopeFile>) -> Self {
         let id = id.into();
-        let mut hasher = sha1::Sha1::new();
-        hasher.update(b"gantry modelscope double commit\0");
-        hasher.update(id.as_bytes());
-        let mut sorted: Vec<&ModelscopeFile> = files.iter().collect();
-        sorted.sort_by(|a, b| a.path.cmp(&b.path));
-        for file in sorted {
-            hasher.update(b"\0");
-            hasher.update(file.path.as_bytes());
-            hasher.update(b"\0");
-            hasher.update(ModelscopeDouble::sha256(&file.bytes).as_bytes());
-            hasher.update(if file.lfs { b"\0lfs" } else { b"\0git" });
-        }
+        let commit = derived_commit(
+            b"gantry modelscope double commit\0",
+            &id,
+            &files,
+            ModelscopeDouble::sha256,
+        );
         Self {
             id,
-            commit: hex::encode(hasher.finalize()),
+            commit,
             files,
             tags: Vec::new(),
             hide_commit_id: false,
@@ -182,7 +141,7 @@ pub struct ModelscopeDouble {
     endpoint: String,
     oss_endpoint: String,
     hub: Arc<Hub>,
-    tasks: TaskTracker,
+    running: Running,
 }
 
 impl std::fmt::Debug for ModelscopeDouble {
@@ -200,32 +159,19 @@ impl ModelscopeDouble {
     /// files at one path, a path with an empty segment) or when it cannot listen: it is a
     /// test fixture.
     pub async fn start(repos: Vec<ModelscopeRepo>) -> ModelscopeDouble {
-        let hub_listener = bind_loopback().await;
-        let oss_listener = bind_loopback().await;
-        let endpoint = format!("http://{}", local_addr(&hub_listener));
-        let oss_endpoint = format!("http://{}", local_addr(&oss_listener));
-        let shutdown = CancellationToken::new();
-        let hub = Arc::new(Hub::new(repos, oss_endpoint.clone(), shutdown.clone()));
-
-        let tasks = TaskTracker::new();
-        for (name, listener, router) in [
+        let serving = Serving::new("modelscope double");
+        let (hub_listener, endpoint) = serving.bind_loopback().await;
+        let (oss_listener, oss_endpoint) = serving.bind_loopback().await;
+        let hub = Arc::new(Hub::new(repos, oss_endpoint.clone(), serving.clone()));
+        let running = serving.serve([
             ("hub", hub_listener, hub_router(hub.clone())),
             ("object store", oss_listener, oss_router(hub.clone())),
-        ] {
-            let serve = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-            tasks.spawn(async move {
-                if let Err(e) = serve.await {
-                    eprintln!("modelscope double: the {name} listener failed: {e:#}");
-                }
-            });
-        }
-        tasks.close();
+        ]);
         ModelscopeDouble {
             endpoint,
             oss_endpoint,
             hub,
-            tasks,
+            running,
         }
     }
 
@@ -244,15 +190,12 @@ impl ModelscopeDouble {
     /// through the object store together; counted chunk by chunk as each is sent. Panics on
     /// a file the double does not hold.
     pub fn bytes_served(&self, repo_id: &str, path: &str) -> u64 {
-        self.hub
-            .file(repo_id, path)
-            .bytes_served
-            .load(Ordering::Relaxed)
+        self.hub.file(repo_id, path).contents.bytes_served()
     }
 
     /// The file body bytes handed to client connections, over all files.
     pub fn total_bytes_served(&self) -> u64 {
-        self.hub.total_bytes_served.load(Ordering::Relaxed)
+        self.hub.serving.total_bytes_served()
     }
 
     /// Every request received so far, in order, by the hub and the object store alike: the
@@ -260,68 +203,34 @@ impl ModelscopeDouble {
     /// e.g. `"GET /api/v1/models/org/model/repo?Revision=master&FilePath=model.gguf"` or
     /// `"GET /lfs/org/model/<sha256> bytes=100-"`.
     pub fn requests(&self) -> Vec<String> {
-        lock(&self.hub.requests).clone()
+        self.hub.serving.requests()
     }
 
     /// From now on serves different bytes of the same length for the file, while the
     /// listing and `X-Linked-ETag` still name the original contents. Panics on an unknown or
     /// empty file.
     pub fn corrupt(&self, repo_id: &str, path: &str) {
-        let file = self.hub.file(repo_id, path);
-        assert!(
-            !file.listed.is_empty(),
-            "an empty file cannot be served with different bytes of the same length"
-        );
-        // Every byte changes, so any read of any range sees the corruption.
-        let corrupted: Vec<u8> = file.listed.iter().map(|byte| byte ^ 0x5a).collect();
-        *lock(&file.served) = Bytes::from(corrupted);
+        self.hub.file(repo_id, path).contents.corrupt();
     }
 
     /// The lowercase hex SHA-256 of `bytes`: a file's `Sha256` in the listing.
     pub fn sha256(bytes: &[u8]) -> String {
-        hex::encode(sha2::Sha256::digest(bytes))
+        crate::double::sha256(bytes)
     }
 
     /// Stops both listeners and waits until every connection has closed.
     pub async fn shutdown(self) {
-        self.hub.shutdown.cancel();
-        self.tasks.wait().await;
+        self.running.shutdown().await;
     }
-}
-
-impl Drop for ModelscopeDouble {
-    fn drop(&mut self) {
-        self.hub.shutdown.cancel();
-    }
-}
-
-async fn bind_loopback() -> TcpListener {
-    TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .await
-        .expect("bind a loopback port for the modelscope double")
-}
-
-fn local_addr(listener: &TcpListener) -> SocketAddr {
-    listener
-        .local_addr()
-        .expect("a bound listener has a local address")
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The data behind these locks stays consistent whatever panicked while holding one.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the handlers share.
 struct Hub {
     repos: HashMap<String, Repo>,
     oss_endpoint: String,
-    total_bytes_served: AtomicU64,
-    requests: Mutex<Vec<String>>,
     /// Numbers the `RequestId`s of answers.
     next_request: AtomicU64,
-    /// Cancelled when the double stops: listeners stop accepting, transfers end.
-    shutdown: CancellationToken,
+    serving: Arc<Serving>,
 }
 
 struct Repo {
@@ -332,25 +241,19 @@ struct Repo {
     commit: String,
     tags: Vec<String>,
     hide_commit_id: bool,
-    /// By path.
-    files: BTreeMap<String, Arc<File>>,
-    /// Every directory that holds a file, at any depth; the top is not listed.
-    directories: BTreeSet<String>,
+    tree: Tree<File>,
 }
 
 struct File {
     path: String,
-    /// The contents the listing and hashes describe.
-    listed: Bytes,
-    /// The contents sent: `listed` until [`ModelscopeDouble::corrupt`] replaces them.
-    served: Mutex<Bytes>,
+    /// What the listing and hashes describe, what is sent, and how much of it went out.
+    contents: Arc<Contents>,
     sha256: String,
     lfs: bool,
-    bytes_served: AtomicU64,
 }
 
 impl Hub {
-    fn new(repos: Vec<ModelscopeRepo>, oss_endpoint: String, shutdown: CancellationToken) -> Self {
+    fn new(repos: Vec<ModelscopeRepo>, oss_endpoint: String, serving: Arc<Serving>) -> Self {
         let mut by_id = HashMap::new();
         for (number, repo) in (1_u64..).zip(repos) {
             let id = repo.id.clone();
@@ -362,17 +265,15 @@ impl Hub {
         Self {
             repos: by_id,
             oss_endpoint,
-            total_bytes_served: AtomicU64::new(0),
-            requests: Mutex::new(Vec::new()),
             next_request: AtomicU64::new(1),
-            shutdown,
+            serving,
         }
     }
 
     fn file(&self, repo_id: &str, path: &str) -> &Arc<File> {
         self.repos
             .get(repo_id)
-            .and_then(|repo| repo.files.get(path))
+            .and_then(|repo| repo.tree.files.get(path))
             .unwrap_or_else(|| {
                 panic!("the modelscope double holds no file {path:?} in {repo_id:?}")
             })
@@ -442,51 +343,24 @@ impl Hub {
     }
 
     /// The response carrying `file`'s served bytes, the range asked of them when `ranges`,
-    /// with `headers` added; its body counts what it sends.
+    /// with `headers` and the content type added; its body counts what it sends.
     fn file_response(
-        self: &Arc<Self>,
+        &self,
         method: &Method,
         request_headers: &HeaderMap,
-        file: &Arc<File>,
+        file: &File,
         ranges: bool,
         mut headers: HeaderMap,
     ) -> Response {
-        let bytes = lock(&file.served).clone();
-        let size = bytes.len() as u64;
-        let range = request_headers
-            .get(RANGE)
-            .and_then(|value| value.to_str().ok())
-            .filter(|_| ranges);
-        if ranges {
-            headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-        }
         headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),
         );
-        let (status, body) = match parse_range(range, size) {
-            ByteRange::Whole => (StatusCode::OK, bytes),
-            ByteRange::Part { first, last } => {
-                headers.insert(
-                    CONTENT_RANGE,
-                    header_value(&format!("bytes {first}-{last}/{size}")),
-                );
-                (
-                    StatusCode::PARTIAL_CONTENT,
-                    bytes.slice(to_index(first)..=to_index(last)),
-                )
-            }
-            ByteRange::Unsatisfiable => {
-                return self.error(ModelscopeError::RangeNotSatisfiable { size })
-            }
-        };
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        let body = if method == Method::HEAD {
-            Body::empty()
-        } else {
-            Transfer::body(self.clone(), file.clone(), body)
-        };
-        (status, headers, body).into_response()
+        self.serving
+            .file_response(method, request_headers, &file.contents, ranges, headers)
+            .unwrap_or_else(|RangeNotSatisfiable { size }| {
+                self.error(ModelscopeError::RangeNotSatisfiable { size })
+            })
     }
 }
 
@@ -499,55 +373,19 @@ impl Repo {
             tags,
             hide_commit_id,
         } = repo;
-        let (owner, name) = id
-            .split_once('/')
-            .filter(|(owner, name)| !owner.is_empty() && !name.is_empty() && !name.contains('/'))
-            .unwrap_or_else(|| panic!("a repository id is owner/name, not {id:?}"));
-        assert!(
-            commit.len() == 40
-                && commit
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
-            "the commit of {id} is not 40 lowercase hex digits: {commit:?}"
-        );
+        let (owner, name) = owner_and_name(&id);
+        assert_commit(&id, &commit);
         let distinct: BTreeSet<&String> = tags.iter().collect();
         assert!(
             distinct.len() == tags.len() && !tags.iter().any(|tag| tag == MASTER_BRANCH),
             "the tags of {id} repeat or name the master branch: {tags:?}"
         );
-        let mut files = BTreeMap::new();
-        let mut directories = BTreeSet::new();
-        for file in repo_files {
-            assert!(
-                file.path.split('/').all(|segment| !segment.is_empty()),
-                "the path {:?} in {id} has an empty segment",
-                file.path
-            );
-            let mut parts: Vec<&str> = file.path.split('/').collect();
-            parts.pop();
-            for depth in 1..=parts.len() {
-                directories.insert(parts[..depth].join("/"));
-            }
-            let path = file.path.clone();
-            let file = File {
-                sha256: ModelscopeDouble::sha256(&file.bytes),
-                served: Mutex::new(file.bytes.clone()),
-                listed: file.bytes,
-                path: file.path,
-                lfs: file.lfs,
-                bytes_served: AtomicU64::new(0),
-            };
-            assert!(
-                files.insert(path.clone(), Arc::new(file)).is_none(),
-                "two files at {path:?} in {id}"
-            );
-        }
-        for directory in &directories {
-            assert!(
-                !files.contains_key(directory),
-                "{directory:?} in {id} is both a file and a directory"
-            );
-        }
+        let tree = Tree::new(&id, repo_files, |file| File {
+            sha256: ModelscopeDouble::sha256(&file.bytes),
+            contents: Contents::new(file.bytes),
+            path: file.path,
+            lfs: file.lfs,
+        });
         Self {
             owner: owner.to_owned(),
             name: name.to_owned(),
@@ -555,8 +393,7 @@ impl Repo {
             commit,
             tags,
             hide_commit_id,
-            files,
-            directories,
+            tree,
         }
     }
 
@@ -606,22 +443,15 @@ impl Repo {
     /// The entries under `root` ("" for the top): its children, or with `recursive`
     /// everything below it, directories included.
     fn listing(&self, root: &str, recursive: bool) -> Result<Vec<ListingEntry>, ModelscopeError> {
-        if !root.is_empty() && !self.directories.contains(root) {
+        if !self.tree.has_directory(root) {
             return Err(ModelscopeError::DirectoryNotFound {
                 root: root.to_owned(),
             });
         }
-        let prefix = if root.is_empty() {
-            String::new()
-        } else {
-            format!("{root}/")
-        };
-        let wanted = |path: &str| {
-            path.strip_prefix(&prefix)
-                .is_some_and(|rest| recursive || !rest.contains('/'))
-        };
+        let wanted = listed_under(root, recursive);
         let base_name = |path: &str| path.rsplit('/').next().unwrap_or(path).to_owned();
         let mut entries: Vec<ListingEntry> = self
+            .tree
             .directories
             .iter()
             .filter(|path| wanted(path))
@@ -640,14 +470,15 @@ impl Repo {
                 in_check: false,
             })
             .chain(
-                self.files
+                self.tree
+                    .files
                     .values()
                     .filter(|file| wanted(&file.path))
                     .map(|file| ListingEntry {
                         name: base_name(&file.path),
                         path: file.path.clone(),
                         kind: "blob",
-                        size: file.listed.len() as u64,
+                        size: file.contents.listed.len() as u64,
                         sha256: file.sha256.clone(),
                         is_lfs: file.lfs,
                         mode: "100644",
@@ -801,10 +632,6 @@ struct RevisionsQuery {
     end_time: Option<i64>,
 }
 
-fn flag(value: Option<&String>) -> bool {
-    value.is_some_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
-}
-
 fn hub_router(hub: Arc<Hub>) -> Router {
     Router::new()
         .route("/api/v1/models/{owner}/{name}", get(model_info))
@@ -815,7 +642,6 @@ fn hub_router(hub: Arc<Hub>) -> Router {
             get(repo_file).head(repo_file),
         )
         .fallback(no_such_route)
-        .layer(middleware::from_fn_with_state(hub.clone(), record_request))
         .with_state(hub)
 }
 
@@ -826,22 +652,7 @@ fn oss_router(hub: Arc<Hub>) -> Router {
             get(oss_object).head(oss_object),
         )
         .fallback(no_such_route)
-        .layer(middleware::from_fn_with_state(hub.clone(), record_request))
         .with_state(hub)
-}
-
-async fn record_request(State(hub): State<Arc<Hub>>, request: Request, next: Next) -> Response {
-    let target = request
-        .uri()
-        .path_and_query()
-        .map_or_else(|| request.uri().path().to_owned(), ToString::to_string);
-    let mut line = format!("{} {target}", request.method());
-    if let Some(range) = request.headers().get(RANGE).and_then(|v| v.to_str().ok()) {
-        line.push(' ');
-        line.push_str(range);
-    }
-    lock(&hub.requests).push(line);
-    next.run(request).await
 }
 
 async fn no_such_route(State(hub): State<Arc<Hub>>) -> Response {
@@ -935,7 +746,7 @@ async fn repo_file(
         .file_path
         .as_deref()
         .map(|path| path.trim_start_matches('/'))
-        .and_then(|path| repo.files.get(path))
+        .and_then(|path| repo.tree.files.get(path))
         .filter(|_| repo.has_revision(revision));
     let Some(file) = file else {
         return hub.error(ModelscopeError::FileNotFound);
@@ -957,7 +768,8 @@ async fn oss_object(
     headers: HeaderMap,
 ) -> Response {
     let file = hub.repos.get(&format!("{owner}/{name}")).and_then(|repo| {
-        repo.files
+        repo.tree
+            .files
             .values()
             .find(|file| file.lfs && file.sha256 == sha256)
     });
@@ -968,55 +780,6 @@ async fn oss_object(
     answer.insert(ETAG, quoted(&file.sha256));
     answer.insert(X_LINKED_ETAG, quoted(&file.sha256));
     hub.file_response(&method, &headers, file, true, answer)
-}
-
-fn header_value(text: &str) -> HeaderValue {
-    HeaderValue::from_str(text).expect("the double only builds visible-ASCII header values")
-}
-
-fn quoted(etag: &str) -> HeaderValue {
-    header_value(&format!("\"{etag}\""))
-}
-
-fn to_index(offset: u64) -> usize {
-    usize::try_from(offset).expect("a file held in memory has offsets that fit in usize")
-}
-
-/// A file body on its way out: sent chunk by chunk, each counted as it is handed to the
-/// connection; cut short when the double stops.
-struct Transfer {
-    hub: Arc<Hub>,
-    file: Arc<File>,
-    remaining: Bytes,
-}
-
-impl Transfer {
-    fn body(hub: Arc<Hub>, file: Arc<File>, bytes: Bytes) -> Body {
-        let transfer = Transfer {
-            hub,
-            file,
-            remaining: bytes,
-        };
-        Body::from_stream(futures_util::stream::unfold(transfer, Transfer::next_chunk))
-    }
-
-    async fn next_chunk(mut self) -> Option<(std::io::Result<Bytes>, Self)> {
-        if self.remaining.is_empty() {
-            return None;
-        }
-        if self.hub.shutdown.is_cancelled() {
-            self.remaining.clear();
-            let error = std::io::Error::other("the modelscope double stopped mid-transfer");
-            return Some((Err(error), self));
-        }
-        let chunk = self.remaining.split_to(CHUNK.min(self.remaining.len()));
-        let len = chunk.len() as u64;
-        self.file.bytes_served.fetch_add(len, Ordering::Relaxed);
-        self.hub
-            .total_bytes_served
-            .fetch_add(len, Ordering::Relaxed);
-        Some((Ok(chunk), self))
-    }
 }
 
 #[cfg(test)]

@@ -7,31 +7,22 @@
 //! Needs `GANTRY_PYTHON`, a python with `huggingface_hub` (scripts/python-env.sh prints it;
 //! scripts/test.sh sets it). Without it the client tests fail saying so; they never skip.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use gantry_testkit::hub::{HubDouble, HubFile, HubRepo};
-use reqwest::header::{HeaderMap, CONTENT_LENGTH, CONTENT_RANGE, ETAG, LOCATION, RANGE};
+use reqwest::header::{CONTENT_LENGTH, ETAG, LOCATION, RANGE};
 use reqwest::StatusCode;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use crate::common::{
+    assert_ranges_answered, contents, get_bytes, get_json, header, no_redirects, pseudo_random,
+    read, run_client_driver, ClientOutcome, CONFIG,
+};
 
 const REPO: &str = "gantry-test/tiny-gguf";
 const PRIVATE_REPO: &str = "gantry-test/private-gguf";
 const PRIVATE_TOKEN: &str = "hf_gantry_private_token";
-const CONFIG: &[u8] = br#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#;
-
-/// Deterministic bytes that look like weights (no runs a cache or transport could shrink).
-fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()[0]
-        })
-        .collect()
-}
 
 fn model_repo() -> HubRepo {
     HubRepo::new(
@@ -54,15 +45,6 @@ fn private_repo() -> HubRepo {
         ],
     )
     .with_token(PRIVATE_TOKEN)
-}
-
-fn contents<'a>(repo: &'a HubRepo, path: &str) -> &'a [u8] {
-    &repo
-        .files
-        .iter()
-        .find(|file| file.path == path)
-        .unwrap_or_else(|| panic!("the fixture has no {path}"))
-        .bytes
 }
 
 // ---------------------------------------------------------------------------------------
@@ -119,47 +101,6 @@ fn download<'a>(repo_id: &'a str, filename: &'a str, token: Option<&'a str>) -> 
     }
 }
 
-/// What one call came to: the local path, or the exception's class name and message.
-#[derive(Debug, Deserialize)]
-struct ClientOutcome {
-    path: Option<PathBuf>,
-    error: Option<String>,
-    message: Option<String>,
-}
-
-impl ClientOutcome {
-    fn path(&self) -> &Path {
-        self.path.as_deref().unwrap_or_else(|| {
-            panic!(
-                "the client raised {:?}: {}",
-                self.error,
-                self.message.as_deref().unwrap_or_default()
-            )
-        })
-    }
-
-    fn error(&self) -> (&str, &str) {
-        match (&self.error, &self.message) {
-            (Some(error), Some(message)) => (error, message),
-            _ => panic!(
-                "the client succeeded ({:?}), an error was expected",
-                self.path
-            ),
-        }
-    }
-}
-
-fn python() -> PathBuf {
-    match std::env::var_os("GANTRY_PYTHON") {
-        Some(python) => PathBuf::from(python),
-        None => panic!(
-            "GANTRY_PYTHON is not set. These tests run the official huggingface_hub Python \
-             client: run the tests with scripts/test.sh, or set \
-             GANTRY_PYTHON=$(scripts/python-env.sh | tail -1)."
-        ),
-    }
-}
-
 /// Runs `calls` through the official client against `hub`, with its cache and home in
 /// `dir`, no token of the machine's and no telemetry.
 async fn run_official_client(
@@ -167,45 +108,19 @@ async fn run_official_client(
     dir: &Path,
     calls: &[ClientCall<'_>],
 ) -> Vec<ClientOutcome> {
-    let python = python();
-    let mut command = tokio::process::Command::new(&python);
-    command
-        .arg("-c")
-        .arg(CLIENT_DRIVER)
-        .arg(serde_json::to_string(calls).unwrap())
-        .env("HF_ENDPOINT", hub.endpoint())
-        .env("HF_HOME", dir.join("hf-home"))
-        .env("HF_HUB_CACHE", dir.join("hub-cache"))
-        .env("HF_HUB_DISABLE_TELEMETRY", "1")
-        .env("HF_HUB_ENABLE_HF_TRANSFER", "0")
-        .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env_remove("HF_TOKEN")
-        .env_remove("HUGGING_FACE_HUB_TOKEN")
-        .env_remove("HF_HUB_OFFLINE")
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(180), command.output())
-        .await
-        .expect("the huggingface_hub client finishes within 3 minutes")
-        .unwrap_or_else(|e| panic!("run {python:?}: {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the client driver failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
-    let last_line = stdout.lines().rev().find(|line| !line.trim().is_empty());
-    let outcomes: Vec<ClientOutcome> = serde_json::from_str(last_line.unwrap_or_default())
-        .unwrap_or_else(|e| {
-            panic!("read the driver's outcomes ({e}):\n{stdout}\nstderr:\n{stderr}")
-        });
-    assert_eq!(outcomes.len(), calls.len(), "one outcome per call");
-    outcomes
-}
-
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+    run_client_driver("huggingface_hub", CLIENT_DRIVER, calls, |command| {
+        command
+            .env("HF_ENDPOINT", hub.endpoint())
+            .env("HF_HOME", dir.join("hf-home"))
+            .env("HF_HUB_CACHE", dir.join("hub-cache"))
+            .env("HF_HUB_DISABLE_TELEMETRY", "1")
+            .env("HF_HUB_ENABLE_HF_TRANSFER", "0")
+            .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+            .env_remove("HF_TOKEN")
+            .env_remove("HUGGING_FACE_HUB_TOKEN")
+            .env_remove("HF_HUB_OFFLINE");
+    })
+    .await
 }
 
 /// The name of the cache blob a snapshot path links to: the client names blobs by ETag.
@@ -240,8 +155,8 @@ async fn the_official_client_downloads_regular_and_lfs_files() {
 
     let config = outcomes[0].path();
     let weights = outcomes[1].path();
-    assert_eq!(read(config), contents(&repo, "config.json"));
-    assert_eq!(read(weights), contents(&repo, "model-Q4_K_M.gguf"));
+    assert_eq!(read(config), contents(&repo.files, "config.json"));
+    assert_eq!(read(weights), contents(&repo.files, "model-Q4_K_M.gguf"));
     // The client filed both under the commit from X-Repo-Commit, in blobs named by the
     // ETag: the git blob id for a regular file, X-Linked-Etag's sha256 for an LFS file.
     assert!(config.ends_with(format!("snapshots/{}/config.json", repo.commit)));
@@ -249,21 +164,21 @@ async fn the_official_client_downloads_regular_and_lfs_files() {
     assert_eq!(blob_name(config), HubDouble::git_blob_oid(CONFIG));
     assert_eq!(
         blob_name(weights),
-        HubDouble::sha256(contents(&repo, "model-Q4_K_M.gguf"))
+        HubDouble::sha256(contents(&repo.files, "model-Q4_K_M.gguf"))
     );
 
     assert_eq!(outcomes[2].error().0, "RemoteEntryNotFoundError");
     assert_eq!(outcomes[3].error().0, "RevisionNotFoundError");
     assert_eq!(outcomes[4].error().0, "RepositoryNotFoundError");
 
-    let weights_len = contents(&repo, "model-Q4_K_M.gguf").len() as u64;
+    let weights_len = contents(&repo.files, "model-Q4_K_M.gguf").len() as u64;
     assert_eq!(hub.bytes_served(REPO, "config.json"), CONFIG.len() as u64);
     assert_eq!(hub.bytes_served(REPO, "model-Q4_K_M.gguf"), weights_len);
     assert_eq!(hub.total_bytes_served(), CONFIG.len() as u64 + weights_len);
 
     // The LFS file went HEAD on the hub, then GET on the CDN the redirect named.
     let requests = hub.requests();
-    let sha256 = HubDouble::sha256(contents(&repo, "model-Q4_K_M.gguf"));
+    let sha256 = HubDouble::sha256(contents(&repo.files, "model-Q4_K_M.gguf"));
     for expected in [
         format!("HEAD /{REPO}/resolve/main/model-Q4_K_M.gguf"),
         format!("GET /repos/{REPO}/{sha256}/model-Q4_K_M.gguf"),
@@ -306,10 +221,14 @@ async fn snapshot_download_fetches_only_the_matching_files() {
         ["model-00001-of-00002.gguf", "model-00002-of-00002.gguf"]
     );
     for name in &names {
-        assert_eq!(read(&folder.join(name)), contents(&repo, name), "{name}");
+        assert_eq!(
+            read(&folder.join(name)),
+            contents(&repo.files, name),
+            "{name}"
+        );
         assert_eq!(
             hub.bytes_served(REPO, name),
-            contents(&repo, name).len() as u64,
+            contents(&repo.files, name).len() as u64,
             "{name}"
         );
     }
@@ -365,7 +284,7 @@ async fn a_private_repository_needs_its_token() {
 
     assert_eq!(
         read(outcomes[2].path()),
-        contents(&private, "model-Q8_0.gguf")
+        contents(&private.files, "model-Q8_0.gguf")
     );
     let snapshot = outcomes[3].path();
     assert_eq!(read(&snapshot.join("config.json")), CONFIG);
@@ -374,7 +293,7 @@ async fn a_private_repository_needs_its_token() {
     // `*.json`, did not fetch them again.
     assert_eq!(
         hub.bytes_served(PRIVATE_REPO, "model-Q8_0.gguf"),
-        contents(&private, "model-Q8_0.gguf").len() as u64
+        contents(&private.files, "model-Q8_0.gguf").len() as u64
     );
     assert_eq!(
         hub.bytes_served(PRIVATE_REPO, "config.json"),
@@ -385,21 +304,6 @@ async fn a_private_repository_needs_its_token() {
 // ---------------------------------------------------------------------------------------
 // The wire, with reqwest.
 // ---------------------------------------------------------------------------------------
-
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
-    headers
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name} header among {headers:#?}"))
-        .to_str()
-        .unwrap()
-}
 
 /// The CDN link the hub redirects an LFS file to.
 async fn cdn_link(hub: &HubDouble, repo_id: &str, path: &str) -> String {
@@ -417,7 +321,7 @@ async fn resolve_and_the_api_answer_with_the_hubs_headers_and_shapes() {
     let repo = model_repo();
     let hub = HubDouble::start(vec![repo.clone(), private_repo()]).await;
     let client = no_redirects();
-    let weights = contents(&repo, "model-Q4_K_M.gguf");
+    let weights = contents(&repo.files, "model-Q4_K_M.gguf");
     let sha256 = HubDouble::sha256(weights);
 
     let regular = client
@@ -508,14 +412,11 @@ async fn resolve_and_the_api_answer_with_the_hubs_headers_and_shapes() {
     assert_eq!(header(missing.headers(), "x-repo-commit"), repo.commit);
 
     // The model info and the tree listing.
-    let info: serde_json::Value = client
-        .get(format!("{}/api/models/{REPO}?blobs=true", hub.endpoint()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, info) = get_json(
+        &client,
+        &format!("{}/api/models/{REPO}?blobs=true", hub.endpoint()),
+    )
+    .await;
     assert_eq!(info["id"], REPO);
     assert_eq!(info["sha"], repo.commit.as_str());
     assert_eq!(info["private"], false);
@@ -528,17 +429,15 @@ async fn resolve_and_the_api_answer_with_the_hubs_headers_and_shapes() {
     assert_eq!(sibling["lfs"]["sha256"], sha256.as_str());
     assert_eq!(sibling["size"], weights.len());
 
-    let tree: Vec<serde_json::Value> = client
-        .get(format!(
+    let (_, tree) = get_json(
+        &client,
+        &format!(
             "{}/api/models/{REPO}/tree/main?recursive=true",
             hub.endpoint()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        ),
+    )
+    .await;
+    let tree = tree.as_array().unwrap();
     assert_eq!(tree.len(), repo.files.len());
     let config_entry = tree
         .iter()
@@ -572,43 +471,10 @@ async fn ranges_are_answered_206_and_unsatisfiable_ones_416() {
     let repo = model_repo();
     let hub = HubDouble::start(vec![repo.clone()]).await;
     let client = reqwest::Client::new();
-    let weights = contents(&repo, "model-Q4_K_M.gguf");
-    let size = weights.len();
+    let weights = contents(&repo.files, "model-Q4_K_M.gguf");
     let link = cdn_link(&hub, REPO, "model-Q4_K_M.gguf").await;
 
-    let part = client
-        .get(&link)
-        .header(RANGE, "bytes=1000-1999")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(part.status(), StatusCode::PARTIAL_CONTENT);
-    assert_eq!(
-        header(part.headers(), CONTENT_RANGE.as_str()),
-        format!("bytes 1000-1999/{size}")
-    );
-    assert_eq!(part.bytes().await.unwrap(), weights[1000..2000]);
-
-    let tail = client
-        .get(&link)
-        .header(RANGE, format!("bytes={}-", size - 10))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(tail.status(), StatusCode::PARTIAL_CONTENT);
-    assert_eq!(tail.bytes().await.unwrap(), weights[size - 10..]);
-
-    let past_the_end = client
-        .get(&link)
-        .header(RANGE, format!("bytes={size}-"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(past_the_end.status(), StatusCode::RANGE_NOT_SATISFIABLE);
-    assert_eq!(
-        header(past_the_end.headers(), CONTENT_RANGE.as_str()),
-        format!("bytes */{size}")
-    );
+    assert_ranges_answered(&client, &link, weights).await;
 
     // A regular file is served in place by the hub, ranges included.
     let suffix = client
@@ -644,14 +510,7 @@ async fn the_throttle_slows_file_bodies_down() {
 
     hub.set_throttle(Some(100_000));
     let started = tokio::time::Instant::now();
-    let body = client
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let body = get_bytes(&client, &url).await;
     let throttled = started.elapsed();
     assert_eq!(body, weights);
     // 200 kB at 100 kB/s: about two seconds; loose bounds, this is no benchmark.
@@ -662,14 +521,7 @@ async fn the_throttle_slows_file_bodies_down() {
 
     hub.set_throttle(None);
     let started = tokio::time::Instant::now();
-    let body = client
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let body = get_bytes(&client, &url).await;
     assert_eq!(body, weights);
     assert!(
         started.elapsed() < throttled,
@@ -683,20 +535,13 @@ async fn corrupt_serves_other_bytes_than_the_listing_names() {
     let repo = model_repo();
     let hub = HubDouble::start(vec![repo.clone()]).await;
     let client = reqwest::Client::new();
-    let weights = contents(&repo, "model-Q4_K_M.gguf");
+    let weights = contents(&repo.files, "model-Q4_K_M.gguf");
     let url = format!("{}/{REPO}/resolve/main/model-Q4_K_M.gguf", hub.endpoint());
 
     hub.corrupt(REPO, "model-Q4_K_M.gguf");
     hub.corrupt(REPO, "config.json");
 
-    let served = client
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let served = get_bytes(&client, &url).await;
     assert_eq!(served.len(), weights.len());
     assert_ne!(served, weights);
     assert_ne!(HubDouble::sha256(&served), HubDouble::sha256(weights));
@@ -727,18 +572,15 @@ async fn corrupt_serves_other_bytes_than_the_listing_names() {
     );
 
     // Other files are untouched.
-    let split = client
-        .get(format!(
+    let split = get_bytes(
+        &client,
+        &format!(
             "{}/{REPO}/resolve/main/model-00001-of-00002.gguf",
             hub.endpoint()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    assert_eq!(split, contents(&repo, "model-00001-of-00002.gguf"));
+        ),
+    )
+    .await;
+    assert_eq!(split, contents(&repo.files, "model-00001-of-00002.gguf"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,5 +3,6 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
 mod hub;
 mod modelscope;

@@ -7,31 +7,21 @@
 //! Needs `GANTRY_PYTHON`, a python with `modelscope` (scripts/python-env.sh prints it;
 //! scripts/test.sh sets it). Without it the client tests fail saying so; they never skip.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use gantry_testkit::modelscope::{ModelscopeDouble, ModelscopeFile, ModelscopeRepo};
-use reqwest::header::{HeaderMap, CONTENT_LENGTH, CONTENT_RANGE, LOCATION, RANGE};
+use reqwest::header::{CONTENT_LENGTH, LOCATION, RANGE};
 use reqwest::StatusCode;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use crate::common::{
+    assert_ranges_answered, contents, get_bytes, get_json, header, no_redirects, pseudo_random,
+    read, run_client_driver, ClientOutcome, CONFIG,
+};
 
 const REPO: &str = "gantry-test/tiny-gguf";
 const TAG: &str = "v1.0";
-const CONFIG: &[u8] = br#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#;
 const TOKENIZER: &[u8] = br#"{"version": "1.0", "model": {"type": "BPE"}}"#;
-
-/// Deterministic bytes that look like weights (no runs a cache or transport could shrink).
-fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()[0]
-        })
-        .collect()
-}
 
 fn model_repo() -> ModelscopeRepo {
     ModelscopeRepo::new(
@@ -45,15 +35,6 @@ fn model_repo() -> ModelscopeRepo {
         ],
     )
     .with_tag(TAG)
-}
-
-fn contents<'a>(repo: &'a ModelscopeRepo, path: &str) -> &'a [u8] {
-    &repo
-        .files
-        .iter()
-        .find(|file| file.path == path)
-        .unwrap_or_else(|| panic!("the fixture has no {path}"))
-        .bytes
 }
 
 // ---------------------------------------------------------------------------------------
@@ -108,47 +89,6 @@ fn download<'a>(model_id: &'a str, file_path: &'a str) -> ClientCall<'a> {
     }
 }
 
-/// What one call came to: the local path, or the exception's class name and message.
-#[derive(Debug, Deserialize)]
-struct ClientOutcome {
-    path: Option<PathBuf>,
-    error: Option<String>,
-    message: Option<String>,
-}
-
-impl ClientOutcome {
-    fn path(&self) -> &Path {
-        self.path.as_deref().unwrap_or_else(|| {
-            panic!(
-                "the client raised {:?}: {}",
-                self.error,
-                self.message.as_deref().unwrap_or_default()
-            )
-        })
-    }
-
-    fn error(&self) -> (&str, &str) {
-        match (&self.error, &self.message) {
-            (Some(error), Some(message)) => (error, message),
-            _ => panic!(
-                "the client succeeded ({:?}), an error was expected",
-                self.path
-            ),
-        }
-    }
-}
-
-fn python() -> PathBuf {
-    match std::env::var_os("GANTRY_PYTHON") {
-        Some(python) => PathBuf::from(python),
-        None => panic!(
-            "GANTRY_PYTHON is not set. These tests run the official modelscope Python client: \
-             run the tests with scripts/test.sh, or set \
-             GANTRY_PYTHON=$(scripts/python-env.sh | tail -1)."
-        ),
-    }
-}
-
 /// Runs `calls` through the official client against `hub`, with its cache and home in
 /// `dir` and no token of the machine's.
 async fn run_official_client(
@@ -156,45 +96,19 @@ async fn run_official_client(
     dir: &Path,
     calls: &[ClientCall<'_>],
 ) -> Vec<ClientOutcome> {
-    let python = python();
-    let mut command = tokio::process::Command::new(&python);
-    command
-        .arg("-c")
-        .arg(CLIENT_DRIVER)
-        .arg(serde_json::to_string(calls).unwrap())
-        .env("MODELSCOPE_ENDPOINT", hub.endpoint())
-        .env("MODELSCOPE_CACHE", dir.join("cache"))
-        .env("MODELSCOPE_HOME", dir.join("home"))
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("TQDM_DISABLE", "1")
-        .env_remove("MODELSCOPE_API_TOKEN")
-        .env_remove("MODELSCOPE_DOMAIN")
-        .env_remove("MODELSCOPE_SDK_DEBUG")
-        .env_remove("MODELSCOPE_INTER_CLOUD_REGIONS")
-        .env_remove("INTER_CLOUD_ACCELERATION_REGIONS")
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(180), command.output())
-        .await
-        .expect("the modelscope client finishes within 3 minutes")
-        .unwrap_or_else(|e| panic!("run {python:?}: {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the client driver failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
-    let last_line = stdout.lines().rev().find(|line| !line.trim().is_empty());
-    let outcomes: Vec<ClientOutcome> = serde_json::from_str(last_line.unwrap_or_default())
-        .unwrap_or_else(|e| {
-            panic!("read the driver's outcomes ({e}):\n{stdout}\nstderr:\n{stderr}")
-        });
-    assert_eq!(outcomes.len(), calls.len(), "one outcome per call");
-    outcomes
-}
-
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+    run_client_driver("modelscope", CLIENT_DRIVER, calls, |command| {
+        command
+            .env("MODELSCOPE_ENDPOINT", hub.endpoint())
+            .env("MODELSCOPE_CACHE", dir.join("cache"))
+            .env("MODELSCOPE_HOME", dir.join("home"))
+            .env("TQDM_DISABLE", "1")
+            .env_remove("MODELSCOPE_API_TOKEN")
+            .env_remove("MODELSCOPE_DOMAIN")
+            .env_remove("MODELSCOPE_SDK_DEBUG")
+            .env_remove("MODELSCOPE_INTER_CLOUD_REGIONS")
+            .env_remove("INTER_CLOUD_ACCELERATION_REGIONS");
+    })
+    .await
 }
 
 /// The files below `dir`, as sorted `/`-separated relative paths.
@@ -242,7 +156,7 @@ async fn the_official_client_downloads_regular_and_lfs_files() {
     let config = outcomes[0].path();
     let weights = outcomes[1].path();
     assert_eq!(read(config), CONFIG);
-    assert_eq!(read(weights), contents(&repo, "model-Q4_K_M.gguf"));
+    assert_eq!(read(weights), contents(&repo.files, "model-Q4_K_M.gguf"));
     // Without a revision the client takes the newest tag from `revisions` (made before its
     // own release) and files the download under it.
     let snapshot = format!("models/gantry-test--tiny-gguf/snapshots/{TAG}");
@@ -263,7 +177,7 @@ async fn the_official_client_downloads_regular_and_lfs_files() {
     let (_, message) = outcomes[2].error();
     assert!(message.contains("获取模型文件失败"), "{message}");
 
-    let weights_len = contents(&repo, "model-Q4_K_M.gguf").len() as u64;
+    let weights_len = contents(&repo.files, "model-Q4_K_M.gguf").len() as u64;
     assert_eq!(hub.bytes_served(REPO, "config.json"), CONFIG.len() as u64);
     assert_eq!(hub.bytes_served(REPO, "model-Q4_K_M.gguf"), weights_len);
     assert_eq!(hub.total_bytes_served(), CONFIG.len() as u64 + weights_len);
@@ -271,7 +185,7 @@ async fn the_official_client_downloads_regular_and_lfs_files() {
     // The weights went through the redirect to the object store; the config was answered
     // in place.
     let requests = hub.requests();
-    let sha256 = ModelscopeDouble::sha256(contents(&repo, "model-Q4_K_M.gguf"));
+    let sha256 = ModelscopeDouble::sha256(contents(&repo.files, "model-Q4_K_M.gguf"));
     for expected in [
         format!("GET /api/v1/models/{REPO}/revisions"),
         format!("GET /api/v1/models/{REPO}/repo?Revision={TAG}&FilePath=config.json"),
@@ -327,10 +241,14 @@ async fn snapshot_download_fetches_only_the_matching_files() {
         ["model-00001-of-00002.gguf", "model-00002-of-00002.gguf"]
     );
     for name in &names {
-        assert_eq!(read(&parts.join(name)), contents(&repo, name), "{name}");
+        assert_eq!(
+            read(&parts.join(name)),
+            contents(&repo.files, name),
+            "{name}"
+        );
         assert_eq!(
             hub.bytes_served(REPO, name),
-            contents(&repo, name).len() as u64,
+            contents(&repo.files, name).len() as u64,
             "{name}"
         );
     }
@@ -396,27 +314,6 @@ async fn the_official_client_refuses_bytes_that_do_not_match_the_listing() {
 // The wire, with reqwest.
 // ---------------------------------------------------------------------------------------
 
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
-    headers
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name} header among {headers:#?}"))
-        .to_str()
-        .unwrap()
-}
-
-async fn get_json(client: &reqwest::Client, url: &str) -> (StatusCode, serde_json::Value) {
-    let response = client.get(url).send().await.unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_answers_in_the_hubs_envelope() {
     let repo = model_repo();
@@ -459,10 +356,13 @@ async fn the_api_answers_in_the_hubs_envelope() {
         .unwrap();
     assert_eq!(weights["Type"], "blob");
     assert_eq!(weights["IsLFS"], true);
-    assert_eq!(weights["Size"], contents(&repo, "model-Q4_K_M.gguf").len());
+    assert_eq!(
+        weights["Size"],
+        contents(&repo.files, "model-Q4_K_M.gguf").len()
+    );
     assert_eq!(
         weights["Sha256"],
-        ModelscopeDouble::sha256(contents(&repo, "model-Q4_K_M.gguf")).as_str()
+        ModelscopeDouble::sha256(contents(&repo.files, "model-Q4_K_M.gguf")).as_str()
     );
     let directory = files
         .iter()
@@ -545,7 +445,7 @@ async fn the_api_answers_in_the_hubs_envelope() {
         .await
         .unwrap();
     assert_eq!(lfs.status(), StatusCode::FOUND);
-    let sha256 = ModelscopeDouble::sha256(contents(&repo, "model-Q4_K_M.gguf"));
+    let sha256 = ModelscopeDouble::sha256(contents(&repo.files, "model-Q4_K_M.gguf"));
     assert_eq!(
         header(lfs.headers(), LOCATION.as_str()),
         format!("{}/lfs/{REPO}/{sha256}", hub.oss_endpoint())
@@ -574,44 +474,11 @@ async fn ranges_are_answered_by_the_object_store_and_ignored_in_place() {
     let hub = ModelscopeDouble::start(vec![repo.clone()]).await;
     let client = reqwest::Client::new();
     let api = format!("{}/api/v1/models/{REPO}", hub.endpoint());
-    let weights = contents(&repo, "model-Q4_K_M.gguf");
-    let size = weights.len();
+    let weights = contents(&repo.files, "model-Q4_K_M.gguf");
     // reqwest follows the redirect and keeps the Range header.
     let url = format!("{api}/repo?Revision=master&FilePath=model-Q4_K_M.gguf");
 
-    let part = client
-        .get(&url)
-        .header(RANGE, "bytes=1000-1999")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(part.status(), StatusCode::PARTIAL_CONTENT);
-    assert_eq!(
-        header(part.headers(), CONTENT_RANGE.as_str()),
-        format!("bytes 1000-1999/{size}")
-    );
-    assert_eq!(part.bytes().await.unwrap(), weights[1000..2000]);
-
-    let tail = client
-        .get(&url)
-        .header(RANGE, format!("bytes={}-", size - 10))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(tail.status(), StatusCode::PARTIAL_CONTENT);
-    assert_eq!(tail.bytes().await.unwrap(), weights[size - 10..]);
-
-    let past_the_end = client
-        .get(&url)
-        .header(RANGE, format!("bytes={size}-"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(past_the_end.status(), StatusCode::RANGE_NOT_SATISFIABLE);
-    assert_eq!(
-        header(past_the_end.headers(), CONTENT_RANGE.as_str()),
-        format!("bytes */{size}")
-    );
+    assert_ranges_answered(&client, &url, weights).await;
 
     // A file served in place ignores the range and sends everything.
     let config = client
@@ -637,19 +504,14 @@ async fn corrupt_serves_other_bytes_than_the_listing_names() {
     let hub = ModelscopeDouble::start(vec![repo.clone()]).await;
     let client = reqwest::Client::new();
     let api = format!("{}/api/v1/models/{REPO}", hub.endpoint());
-    let weights = contents(&repo, "model-Q4_K_M.gguf");
+    let weights = contents(&repo.files, "model-Q4_K_M.gguf");
     hub.corrupt(REPO, "model-Q4_K_M.gguf");
 
-    let served = client
-        .get(format!(
-            "{api}/repo?Revision=master&FilePath=model-Q4_K_M.gguf"
-        ))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let served = get_bytes(
+        &client,
+        &format!("{api}/repo?Revision=master&FilePath=model-Q4_K_M.gguf"),
+    )
+    .await;
     assert_eq!(served.len(), weights.len());
     assert_ne!(
         ModelscopeDouble::sha256(&served),
@@ -671,13 +533,10 @@ async fn corrupt_serves_other_bytes_than_the_listing_names() {
     assert_eq!(entry["Sha256"], ModelscopeDouble::sha256(weights).as_str());
 
     // Other files are untouched.
-    let config = client
-        .get(format!("{api}/repo?Revision=master&FilePath=config.json"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let config = get_bytes(
+        &client,
+        &format!("{api}/repo?Revision=master&FilePath=config.json"),
+    )
+    .await;
     assert_eq!(config, CONFIG);
 }
