@@ -1,6 +1,7 @@
 //! The real server in-process on a loopback port, on SQLite and PostgreSQL: the management
-//! API, the agent API, the coordinator, the scheduler and its leader, the gateway and the
-//! console's assets. One test binary, so the stack is linked once; each module is one area.
+//! API, the agent API, the coordinator, the scheduler and its leader, the gateway as part
+//! of the server (its own behaviour is tested in `gantry-gateway`) and the console's
+//! assets. One test binary, so the stack is linked once; each module is one area.
 
 #![allow(clippy::unwrap_used)]
 
