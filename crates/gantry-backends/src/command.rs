@@ -41,6 +41,10 @@ pub struct LaunchSpec {
     pub custom_command: Option<String>,
     /// The health path to poll, starting with `/`; the backend's default when `None`.
     pub health_path: Option<String>,
+    /// The name clients ask for: llama.cpp, vLLM and SGLang are told it (`--alias`,
+    /// `--served-model-name`) unless the arguments name one, so their answers carry it
+    /// instead of the model's file path (and vLLM accepts requests that name it).
+    pub served_name: Option<String>,
 }
 
 /// How backends are launched on one worker.
@@ -226,11 +230,14 @@ pub(crate) fn path_str(path: &Path) -> Result<&str, BackendError> {
 
 /// `<prefix> <model flag…> <path> --host <host> --port <port>`: the shape every built-in
 /// backend's command line takes.
+/// `<prefix> <model flag> <path> --host <bind> --port <port>`, then the served name after
+/// the first of `name_flags` unless the spec's arguments give any of them.
 pub(crate) fn serve_argv(
     settings: &BackendSettings,
     spec: &LaunchSpec,
     target: &LaunchTarget<'_>,
     model_flag: &[&str],
+    name_flags: &[&str],
 ) -> Result<Vec<String>, BackendError> {
     let mut argv = settings.prefix(spec.backend)?;
     argv.extend(model_flag.iter().map(|flag| (*flag).to_owned()));
@@ -241,6 +248,11 @@ pub(crate) fn serve_argv(
         "--port".to_owned(),
         target.port.to_string(),
     ]);
+    if let (Some(name), Some(flag)) = (&spec.served_name, name_flags.first()) {
+        if crate::args::flag_value(&spec.args, name_flags).is_none() {
+            argv.extend([(*flag).to_owned(), name.clone()]);
+        }
+    }
     Ok(argv)
 }
 
@@ -260,6 +272,7 @@ pub(crate) mod tests {
             data_parallel_size: None,
             custom_command: None,
             health_path: None,
+            served_name: None,
         }
     }
 

@@ -19,6 +19,8 @@ pub struct Engine {
     pub program: fn() -> Vec<String>,
     /// What comes before the model path on the command line.
     pub model_flag: &'static [&'static str],
+    /// The flag that names the model in the engine's answers (the served name).
+    pub name_flags: &'static [&'static str],
     pub flags: EngineFlags,
     /// Where the engine tells its load.
     pub load: LoadProbe,
@@ -46,7 +48,7 @@ impl Backend for Engine {
         spec: &LaunchSpec,
         target: &LaunchTarget<'_>,
     ) -> Result<Vec<String>, BackendError> {
-        serve_argv(settings, spec, target, self.model_flag)
+        serve_argv(settings, spec, target, self.model_flag, self.name_flags)
     }
 
     fn load_probe(&self) -> Option<LoadProbe> {

@@ -1,5 +1,5 @@
-//! llama.cpp's `llama-server`: `llama-server -m <file> --host <bind> --port <port> <args…>`,
-//! healthy when `/health` answers 200.
+//! llama.cpp's `llama-server`: `llama-server -m <file> --host <bind> --port <port>
+//! [--alias <served name>] <args…>`, healthy when `/health` answers 200.
 //!
 //! The estimate reads `--ctx-size`/`-c`, `--batch-size`/`-b`, `--ubatch-size`/`-ub`,
 //! `--n-gpu-layers`/`-ngl`/`--gpu-layers`, `--cache-type-k`/`-ctk`, `--cache-type-v`/`-ctv`
@@ -51,7 +51,7 @@ impl Backend for LlamaCpp {
         spec: &LaunchSpec,
         target: &LaunchTarget<'_>,
     ) -> Result<Vec<String>, BackendError> {
-        serve_argv(settings, spec, target, &["-m"])
+        serve_argv(settings, spec, target, &["-m"], &["--alias", "-a"])
     }
 
     fn load_probe(&self) -> Option<LoadProbe> {
@@ -205,6 +205,20 @@ mod tests {
         );
         assert_eq!(command.health_path, "/health");
         assert_eq!(command.env[crate::CUDA_VISIBLE_DEVICES], "0,1");
+    }
+
+    #[test]
+    fn the_served_name_is_the_alias_unless_the_arguments_give_one() {
+        let mut spec = spec(BackendKind::LlamaCpp, "/models/tiny.gguf");
+        spec.served_name = Some("tiny".into());
+        let settings = BackendSettings::default();
+        let command = backend_command(&spec, &settings, &target(&[])).unwrap();
+        assert_eq!(argv(&command)[7..], ["--alias", "tiny"]);
+        for given in [["-a", "mine"], ["--alias", "mine"]] {
+            spec.args = args(&given);
+            let command = backend_command(&spec, &settings, &target(&[])).unwrap();
+            assert_eq!(argv(&command)[7..], given, "the user's alias stays alone");
+        }
     }
 
     #[test]

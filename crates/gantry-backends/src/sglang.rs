@@ -1,5 +1,5 @@
 //! SGLang: `python3 -m sglang.launch_server --model-path <path> --host <bind> --port <port>
-//! <args…>`, healthy when `/health` answers 200.
+//! [--served-model-name <name>] <args…>`, healthy when `/health` answers 200.
 //!
 //! The estimate reads `--mem-fraction-static`, `--context-length`, `--kv-cache-dtype`,
 //! `--tp-size`/`--tensor-parallel-size`/`--tp` and `--dp-size`/`--data-parallel-size`/`--dp`
@@ -29,6 +29,7 @@ pub const SGLANG: Engine = Engine {
     kind: BackendKind::Sglang,
     program: || program_with(PYTHON),
     model_flag: &["--model-path"],
+    name_flags: &["--served-model-name"],
     flags: EngineFlags {
         engine: ServingEngine::Sglang,
         memory_fraction: &["--mem-fraction-static"],

@@ -1,5 +1,5 @@
-//! vLLM: `vllm serve <path> --host <bind> --port <port> <args…>`, healthy when `/health`
-//! answers 200.
+//! vLLM: `vllm serve <path> --host <bind> --port <port> [--served-model-name <name>]
+//! <args…>`, healthy when `/health` answers 200.
 //!
 //! The estimate reads `--gpu-memory-utilization`, `--max-model-len`, `--kv-cache-dtype`,
 //! `--tensor-parallel-size`/`-tp` and `--data-parallel-size`/`-dp` ([`estimate_options`]). A
@@ -20,6 +20,7 @@ pub const VLLM: Engine = Engine {
     kind: BackendKind::Vllm,
     program: || vec![PROGRAM.to_owned()],
     model_flag: &["serve"],
+    name_flags: &["--served-model-name"],
     flags: EngineFlags {
         engine: ServingEngine::Vllm,
         memory_fraction: &["--gpu-memory-utilization"],
@@ -68,6 +69,18 @@ mod tests {
         );
         assert_eq!(command.health_path, "/health");
         assert_eq!(command.env["HF_HOME"], "/cache");
+    }
+
+    #[test]
+    fn the_served_name_is_passed_unless_the_arguments_give_one() {
+        let mut spec = spec(BackendKind::Vllm, "/models/qwen");
+        spec.served_name = Some("qwen".into());
+        let settings = BackendSettings::default();
+        let command = backend_command(&spec, &settings, &target(&[])).unwrap();
+        assert_eq!(argv(&command)[7..], ["--served-model-name", "qwen"]);
+        spec.args = args(&["--served-model-name", "mine"]);
+        let command = backend_command(&spec, &settings, &target(&[])).unwrap();
+        assert_eq!(argv(&command)[7..], ["--served-model-name", "mine"]);
     }
 
     #[test]

@@ -198,6 +198,7 @@ fn spec_for(shared: &Shared, instance: &ModelInstance) -> Result<InstanceSpec, S
             data_parallel_size: launch.data_parallel_size,
             custom_command: launch.custom_command.clone(),
             health_path: None,
+            served_name: Some(instance.model_name.clone()),
         },
         remote,
         ready_deadline: None,

@@ -61,6 +61,7 @@ impl Harness {
                     "fake-backend --host {host} --port {port} --model {model_path}".to_owned(),
                 ),
                 health_path: None,
+                served_name: None,
             },
             remote: None,
             ready_deadline: None,

@@ -104,6 +104,7 @@ impl Harness {
                 data_parallel_size: None,
                 custom_command: None,
                 health_path: None,
+                served_name: Some("tiny-llama".to_owned()),
             },
             remote: None,
             ready_deadline: Some(Duration::from_secs(20)),
@@ -166,6 +167,8 @@ async fn the_tiny_model_runs_under_llama_cpp_and_answers_chat_completions() {
     assert_eq!(response.status(), reqwest::StatusCode::OK);
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["object"], "chat.completion", "{body}");
+    // Answered with the name clients know it by, not the model file's path.
+    assert_eq!(body["model"], "tiny-llama", "{body}");
     assert!(
         body["choices"][0]["message"]["content"].is_string(),
         "{body}"

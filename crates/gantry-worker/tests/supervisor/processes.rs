@@ -142,6 +142,7 @@ impl Harness {
                     self.script.display()
                 )),
                 health_path: None,
+                served_name: None,
             },
             remote: None,
             ready_deadline: None,

@@ -100,8 +100,10 @@ client = openai.OpenAI(base_url="{base}/v1", api_key="{api_key}")
 reply = client.chat.completions.create(model="tiny", messages=[{{"role": "user", "content": "hi"}}], max_tokens=8)
 assert reply.choices[0].message is not None, reply
 assert reply.usage.completion_tokens > 0, reply
+assert reply.model == "tiny", reply.model
 chunks = list(client.chat.completions.create(model="tiny", messages=[{{"role": "user", "content": "hi"}}], max_tokens=8, stream=True, temperature=0))
 assert len(chunks) >= 2, chunks
+assert all(c.model == "tiny" for c in chunks), [c.model for c in chunks]
 assert any(c.choices and c.choices[0].delta.content for c in chunks), chunks
 models = [m.id for m in client.models.list()]
 assert models == ["tiny"], models
@@ -147,12 +149,25 @@ print("openai client ok")
     );
     let reply: Value = serde_json::from_slice(&plain.stdout).unwrap();
     assert!(reply["choices"][0]["message"].is_object(), "{reply}");
+    // The answer names the model as the client did, never the file's path on the server.
+    assert_eq!(reply["model"], "tiny", "{reply}");
     let stream = curl(
         json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": true}),
     );
     let text = String::from_utf8_lossy(&stream.stdout).to_string();
     assert!(
         text.contains("data: ") && text.trim_end().ends_with("data: [DONE]"),
+        "{text}"
+    );
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    assert!(!events.is_empty(), "{text}");
+    assert!(
+        events.iter().all(|event| event["model"] == "tiny"),
         "{text}"
     );
 
