@@ -295,99 +295,33 @@ async fn coordinator_bad_input_answers_4xx_naming_the_field(engine: TestEngine) 
     }
 
     // A field whose value is not acceptable → 422 naming it.
+    const ACQUIRE: &str = "/api/v1/coordinator/locks/acquire";
+    const RELEASE: &str = "/api/v1/coordinator/locks/release";
+    const REGISTER: &str = "/api/v1/coordinator/servers/register";
+    const HEARTBEAT: &str = "/api/v1/coordinator/heartbeat";
+    // One row per case: the path, the body, the field the 422 names.
+    #[rustfmt::skip]
     let cases = [
-        (
-            "/api/v1/coordinator/locks/acquire",
-            json!({"name": "", "owner": "tool"}),
-            "name",
-        ),
-        (
-            "/api/v1/coordinator/locks/acquire",
-            json!({"name": "a b", "owner": "tool"}),
-            "name",
-        ),
-        (
-            "/api/v1/coordinator/locks/acquire",
-            json!({"name": "x", "owner": ""}),
-            "owner",
-        ),
-        (
-            "/api/v1/coordinator/locks/acquire",
-            json!({"name": "x", "owner": "tool", "timeout_ms": 0}),
-            "timeout_ms",
-        ),
-        (
-            "/api/v1/coordinator/locks/acquire",
-            json!({"name": "x", "owner": "tool", "timeout_ms": 3_600_001}),
-            "timeout_ms",
-        ),
-        (
-            "/api/v1/coordinator/locks/acquire",
-            json!({"name": "x", "owner": "tool", "timeout_ms": "soon"}),
-            "timeout_ms",
-        ),
-        (
-            "/api/v1/coordinator/locks/acquire",
-            json!({"name": "x", "owner": "tool", "colour": "red"}),
-            "colour",
-        ),
-        (
-            "/api/v1/coordinator/locks/acquire",
-            json!({"name": "x"}),
-            "owner",
-        ),
-        (
-            "/api/v1/coordinator/locks/release",
-            json!({"name": "", "owner": "tool"}),
-            "name",
-        ),
-        (
-            "/api/v1/coordinator/locks/release",
-            json!({"name": "x", "owner": "t\tab"}),
-            "owner",
-        ),
-        (
-            "/api/v1/coordinator/servers/register",
-            json!({"server_id": "s1", "url": "ftp://10.0.0.1"}),
-            "url",
-        ),
-        (
-            "/api/v1/coordinator/servers/register",
-            json!({"server_id": "s1", "url": "10.0.0.1:80"}),
-            "url",
-        ),
-        (
-            "/api/v1/coordinator/servers/register",
-            json!({"server_id": "bad id", "url": "http://10.0.0.1"}),
-            "server_id",
-        ),
-        (
-            "/api/v1/coordinator/servers/register",
-            json!({"server_id": "", "url": "http://10.0.0.1"}),
-            "server_id",
-        ),
-        (
-            "/api/v1/coordinator/servers/register",
-            json!({"server_id": "s1", "url": "http://10.0.0.1", "version": "v".repeat(65)}),
-            "version",
-        ),
-        (
-            "/api/v1/coordinator/heartbeat",
-            json!({"server_id": ""}),
-            "server_id",
-        ),
-        (
-            "/api/v1/coordinator/heartbeat",
-            json!({"server_id": "s/1"}),
-            "server_id",
-        ),
-        (
-            "/api/v1/coordinator/heartbeat",
-            json!({"server_id": SERVER_ID, "load": {"inflight_requests": -1, "connected_workers": 0}}),
-            "inflight_requests",
-        ),
+        (ACQUIRE,   "name",              json!({"name": "", "owner": "tool"})),
+        (ACQUIRE,   "name",              json!({"name": "a b", "owner": "tool"})),
+        (ACQUIRE,   "owner",             json!({"name": "x", "owner": ""})),
+        (ACQUIRE,   "timeout_ms",        json!({"name": "x", "owner": "tool", "timeout_ms": 0})),
+        (ACQUIRE,   "timeout_ms",        json!({"name": "x", "owner": "tool", "timeout_ms": 3_600_001})),
+        (ACQUIRE,   "timeout_ms",        json!({"name": "x", "owner": "tool", "timeout_ms": "soon"})),
+        (ACQUIRE,   "colour",            json!({"name": "x", "owner": "tool", "colour": "red"})),
+        (ACQUIRE,   "owner",             json!({"name": "x"})),
+        (RELEASE,   "name",              json!({"name": "", "owner": "tool"})),
+        (RELEASE,   "owner",             json!({"name": "x", "owner": "t\tab"})),
+        (REGISTER,  "url",               json!({"server_id": "s1", "url": "ftp://10.0.0.1"})),
+        (REGISTER,  "url",               json!({"server_id": "s1", "url": "10.0.0.1:80"})),
+        (REGISTER,  "server_id",         json!({"server_id": "bad id", "url": "http://10.0.0.1"})),
+        (REGISTER,  "server_id",         json!({"server_id": "", "url": "http://10.0.0.1"})),
+        (REGISTER,  "version",           json!({"server_id": "s1", "url": "http://10.0.0.1", "version": "v".repeat(65)})),
+        (HEARTBEAT, "server_id",         json!({"server_id": ""})),
+        (HEARTBEAT, "server_id",         json!({"server_id": "s/1"})),
+        (HEARTBEAT, "inflight_requests", json!({"server_id": SERVER_ID, "load": {"inflight_requests": -1, "connected_workers": 0}})),
     ];
-    for (path, body, field) in cases {
+    for (path, field, body) in cases {
         let (status, answer) = server
             .raw(Method::POST, path, token, Some(body.clone()))
             .await;
