@@ -5,18 +5,9 @@ use std::time::Duration;
 
 use gantry_store::{Fence, NewPlacement, StoreError};
 use gantry_testkit::{TestDatabase, TestEngine};
-use gantry_types::ModelCreate;
 use sqlx::Connection;
 
-fn model_create(name: &str) -> ModelCreate {
-    serde_json::from_value(serde_json::json!({
-        "name": name,
-        "source": {"type": "local_path", "path": "/models/tiny.gguf"},
-        "backend": "llama.cpp",
-        "replicas": 1,
-    }))
-    .unwrap()
-}
+use crate::model_create;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -96,7 +87,7 @@ async fn a_replaced_leaders_writes_are_refused() {
         .await
         .unwrap()
         .unwrap();
-    let model = store.create_model(&model_create("m")).await.unwrap();
+    let model = store.create_model(&model_create("m", 1)).await.unwrap();
     let created = store
         .create_instances(&model, &[0], &Fence::Leader(old))
         .await
@@ -171,7 +162,7 @@ async fn a_fenced_write_waits_for_a_takeover_in_progress_and_then_fails() {
     let store = db.open().await;
     let mut a = store.leader_session().await.unwrap();
     let old = a.acquire("a", TTL, false).await.unwrap().unwrap();
-    let model = store.create_model(&model_create("m")).await.unwrap();
+    let model = store.create_model(&model_create("m", 1)).await.unwrap();
 
     let mut takeover = takeover_in_progress(&db.url).await;
     let writer = {
@@ -215,7 +206,7 @@ async fn a_batch_of_placements_from_a_replaced_leader_waits_for_the_takeover_and
     let store = db.open().await;
     let mut a = store.leader_session().await.unwrap();
     let old = a.acquire("a", TTL, false).await.unwrap().unwrap();
-    let model = store.create_model(&model_create("m")).await.unwrap();
+    let model = store.create_model(&model_create("m", 1)).await.unwrap();
     let created = store
         .create_instances(&model, &[0, 1], &Fence::Leader(old))
         .await

@@ -12,3 +12,17 @@ mod routes;
 mod store;
 mod usage;
 mod vacuum;
+
+use gantry_types::ModelCreate;
+
+/// A request for a model of `replicas` replicas of a local GGUF on llama.cpp: what the
+/// store tests create models from.
+fn model_create(name: &str, replicas: u32) -> ModelCreate {
+    serde_json::from_value(serde_json::json!({
+        "name": name,
+        "source": {"type": "local_path", "path": "/models/tiny.gguf"},
+        "backend": "llama.cpp",
+        "replicas": replicas,
+    }))
+    .expect("valid model create")
+}

@@ -5,18 +5,10 @@ use std::time::Duration;
 
 use gantry_store::{Change, ChangeKind, Fence};
 use gantry_testkit::{TestDatabase, TestEngine};
-use gantry_types::{ModelCreate, ModelUpdate};
+use gantry_types::ModelUpdate;
 use tokio::sync::broadcast;
 
-fn model(name: &str) -> ModelCreate {
-    serde_json::from_value(serde_json::json!({
-        "name": name,
-        "source": {"type": "local_path", "path": "/models/tiny.gguf"},
-        "backend": "llama.cpp",
-        "replicas": 1,
-    }))
-    .unwrap()
-}
+use crate::model_create;
 
 async fn next(changes: &mut broadcast::Receiver<Arc<Change>>) -> Arc<Change> {
     tokio::time::timeout(Duration::from_secs(10), changes.recv())
@@ -33,7 +25,7 @@ async fn changes_made_through_one_store_reach_the_other() {
     let mut seen_by_b = b.subscribe();
     let mut seen_by_a = a.subscribe();
 
-    let created = a.create_model(&model("tiny")).await.unwrap();
+    let created = a.create_model(&model_create("tiny", 1)).await.unwrap();
     a.create_instances(&created, &[0], &Fence::Unfenced)
         .await
         .unwrap();
@@ -88,7 +80,7 @@ async fn a_burst_of_changes_reaches_the_other_store_whole_and_in_order() {
     let mut seen_by_b = b.subscribe();
 
     // 300 instances in one write: 300 changes queued at once, sent in batches.
-    let created = a.create_model(&model("burst")).await.unwrap();
+    let created = a.create_model(&model_create("burst", 1)).await.unwrap();
     let replicas: Vec<u32> = (0..300).collect();
     let instances = a
         .create_instances(&created, &replicas, &Fence::Unfenced)

@@ -10,8 +10,10 @@ use gantry_store::{
 use gantry_store::{Fence, Listed, UploadDone};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
 use gantry_types::fixtures::worker_status;
+
+use crate::model_create;
 use gantry_types::{
-    BackendKind, InstanceState, InstanceStateReport, ModelCreate, Role, UploadCreate, UploadState,
+    BackendKind, InstanceState, InstanceStateReport, Role, UploadCreate, UploadState,
 };
 
 fn new_user(name: &str, role: Role) -> NewUser {
@@ -22,16 +24,6 @@ fn new_user(name: &str, role: Role) -> NewUser {
         full_name: String::new(),
         require_password_change: false,
     }
-}
-
-fn model_create(name: &str, replicas: u32) -> ModelCreate {
-    serde_json::from_value(serde_json::json!({
-        "name": name,
-        "source": {"type": "local_path", "path": "/models/tiny.gguf"},
-        "backend": "llama.cpp",
-        "replicas": replicas,
-    }))
-    .expect("valid model create")
 }
 
 const ALL: Page = Page {
@@ -203,16 +195,7 @@ async fn instances_are_created_pending_and_a_taken_replica_is_skipped(engine: Te
 async fn an_instance_is_deleted_only_as_it_was_read(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
-    let worker = store
-        .create_worker(
-            "w1",
-            &BTreeMap::new(),
-            "127.0.0.1:1",
-            &worker_status("w", 2),
-            "cred",
-        )
-        .await
-        .unwrap();
+    let worker = simulated_worker(&store, "w1", 2).await;
     let (_, instances) = model_with_instances(&store, "tiny", 2).await;
     // Placed since it was read: the decision to delete it was taken from a stale view.
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -250,16 +233,7 @@ async fn deleting_a_model_deletes_its_instances(engine: TestEngine) {
 async fn a_placement_by_hand_records_the_launch_and_a_deleted_worker_unplaces(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
     let store = db.open().await;
-    let worker = store
-        .create_worker(
-            "w1",
-            &BTreeMap::new(),
-            "127.0.0.1:1",
-            &worker_status("w", 2),
-            "cred",
-        )
-        .await
-        .unwrap();
+    let worker = simulated_worker(&store, "w1", 2).await;
     let (_, instances) = model_with_instances(&store, "tiny", 1).await;
     let id = instances[0].id;
 
@@ -561,16 +535,7 @@ async fn lists_and_watches_read_a_filter_the_same_way(engine: TestEngine) {
             .unwrap();
     }
     for name in ["w1", "w2"] {
-        store
-            .create_worker(
-                name,
-                &BTreeMap::new(),
-                "127.0.0.1:1",
-                &worker_status(name, 1),
-                name,
-            )
-            .await
-            .unwrap();
+        simulated_worker(&store, name, 1).await;
     }
     agree(
         &store,
@@ -880,6 +845,24 @@ async fn place_by_hand(
                 state_message: "placed by hand",
                 record: &record,
             }),
+        )
+        .await
+        .unwrap()
+}
+
+/// A worker named `name` with `gpus` simulated GPUs, its name also its credential.
+async fn simulated_worker(
+    store: &gantry_store::Store,
+    name: &str,
+    gpus: u32,
+) -> gantry_types::Worker {
+    store
+        .create_worker(
+            name,
+            &BTreeMap::new(),
+            "127.0.0.1:1",
+            &worker_status(name, gpus),
+            name,
         )
         .await
         .unwrap()

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use gantry_store::Fence;
 use gantry_testkit::{TestDatabase, TestEngine};
-use gantry_types::ModelCreate;
 use sqlx::{Connection, Row};
+
+use crate::model_create;
 
 const INSTANCES: u32 = 300;
 
@@ -21,14 +22,10 @@ async fn a_burst_of_instance_writes_is_vacuumed_within_seconds() {
         .execute(&outside)
         .await
         .unwrap();
-    let create: ModelCreate = serde_json::from_value(serde_json::json!({
-        "name": "burst",
-        "source": {"type": "local_path", "path": "/models/tiny.gguf"},
-        "backend": "llama.cpp",
-        "replicas": INSTANCES,
-    }))
-    .unwrap();
-    let model = store.create_model(&create).await.unwrap();
+    let model = store
+        .create_model(&model_create("burst", INSTANCES))
+        .await
+        .unwrap();
     let numbers: Vec<u32> = (0..INSTANCES).collect();
     store
         .create_instances(&model, &numbers, &Fence::Unfenced)
