@@ -754,81 +754,28 @@ mod tests {
         for source in valid {
             assert_eq!(source_error(source.clone()), None, "{source}");
         }
+        #[rustfmt::skip]
         let invalid = [
-            (
-                json!({"type": "local_path", "path": "m/tiny.gguf"}),
-                "source.path",
-            ),
-            (
-                json!({"type": "local_path", "path": "/m/../etc"}),
-                "source.path",
-            ),
-            (
-                json!({"type": "huggingface", "repo_id": "no-owner"}),
-                "source.repo_id",
-            ),
-            (
-                json!({"type": "modelscope", "repo_id": "a/b/c"}),
-                "source.repo_id",
-            ),
-            (
-                json!({"type": "huggingface", "repo_id": "../b"}),
-                "source.repo_id",
-            ),
-            (
-                json!({"type": "modelscope", "repo_id": "a/.."}),
-                "source.repo_id",
-            ),
-            (
-                json!({"type": "huggingface", "repo_id": "a/b", "revision": "x/./y"}),
-                "source.revision",
-            ),
-            (
-                json!({"type": "huggingface", "repo_id": "a/b", "revision": ".."}),
-                "source.revision",
-            ),
-            (
-                json!({"type": "modelscope", "repo_id": "a/b", "file": "../x"}),
-                "source.file",
-            ),
-            (
-                json!({"type": "huggingface", "repo_id": "a/b", "revision": "a b"}),
-                "source.revision",
-            ),
-            (
-                json!({"type": "s3", "bucket": "Models", "key": "x"}),
-                "source.bucket",
-            ),
-            (
-                json!({"type": "s3", "bucket": "ab", "key": "x"}),
-                "source.bucket",
-            ),
-            (
-                json!({"type": "s3", "bucket": "-models", "key": "x"}),
-                "source.bucket",
-            ),
-            (
-                json!({"type": "s3", "bucket": "models", "key": ""}),
-                "source.key",
-            ),
-            (
-                json!({"type": "s3", "bucket": "models", "key": "/abs"}),
-                "source.key",
-            ),
-            (
-                json!({"type": "s3", "bucket": "models", "key": "a/../b"}),
-                "source.key",
-            ),
-            (
-                json!({"type": "url", "url": "ftp://x/a.gguf"}),
-                "source.url",
-            ),
-            (
-                json!({"type": "url", "url": "https://x/a", "sha256": ["00"]}),
-                "source.sha256",
-            ),
+            ("source.path",     json!({"type": "local_path", "path": "m/tiny.gguf"})),
+            ("source.path",     json!({"type": "local_path", "path": "/m/../etc"})),
+            ("source.repo_id",  json!({"type": "huggingface", "repo_id": "no-owner"})),
+            ("source.repo_id",  json!({"type": "modelscope", "repo_id": "a/b/c"})),
+            ("source.repo_id",  json!({"type": "huggingface", "repo_id": "../b"})),
+            ("source.repo_id",  json!({"type": "modelscope", "repo_id": "a/.."})),
+            ("source.revision", json!({"type": "huggingface", "repo_id": "a/b", "revision": "x/./y"})),
+            ("source.revision", json!({"type": "huggingface", "repo_id": "a/b", "revision": ".."})),
+            ("source.file",     json!({"type": "modelscope", "repo_id": "a/b", "file": "../x"})),
+            ("source.revision", json!({"type": "huggingface", "repo_id": "a/b", "revision": "a b"})),
+            ("source.bucket",   json!({"type": "s3", "bucket": "Models", "key": "x"})),
+            ("source.bucket",   json!({"type": "s3", "bucket": "ab", "key": "x"})),
+            ("source.bucket",   json!({"type": "s3", "bucket": "-models", "key": "x"})),
+            ("source.key",      json!({"type": "s3", "bucket": "models", "key": ""})),
+            ("source.key",      json!({"type": "s3", "bucket": "models", "key": "/abs"})),
+            ("source.key",      json!({"type": "s3", "bucket": "models", "key": "a/../b"})),
+            ("source.url",      json!({"type": "url", "url": "ftp://x/a.gguf"})),
+            ("source.sha256",   json!({"type": "url", "url": "https://x/a", "sha256": ["00"]})),
         ];
-        for (source, field) in invalid {
+        for (field, source) in invalid {
             assert_eq!(
                 source_error(source.clone()).as_deref(),
                 Some(field),
