@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{llama_pids_on, llama_server, tiny_model, Cluster};
 use gantry_types::{InstanceQuery, InstanceState, ModelCreate, WatchEvent};
+use reqwest::Method;
 use serde_json::{json, Value};
 
 /// Gateway traffic in the background: `loops` clients each sending one short chat after
@@ -88,12 +89,10 @@ impl Load {
     }
 }
 
-async fn api(
-    cluster: &Cluster,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
+/// The cluster-wide inference backends.
+const BACKENDS: &str = "/api/v1/inference-backends";
+
+async fn api(cluster: &Cluster, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
     let mut request = cluster
         .http
         .request(method, format!("{}{path}", cluster.base))
@@ -265,7 +264,7 @@ async fn a_worker_without_llama_server_installs_it_on_demand_once() {
     );
     let (status, listed) = api(
         &cluster,
-        reqwest::Method::GET,
+        Method::GET,
         "/api/v1/inference-backends/llama.cpp",
         None,
     )
@@ -389,45 +388,21 @@ async fn a_custom_backend_runs_a_model_refuses_deletion_in_use_and_rolls_version
     // Bad input is refused and names the field; nothing is stored.
     let mut bad = definition.clone();
     bad["versions"] = json!([]);
-    let (status, body) = api(
-        &cluster,
-        reqwest::Method::POST,
-        "/api/v1/inference-backends",
-        Some(bad),
-    )
-    .await;
+    let (status, body) = api(&cluster, Method::POST, BACKENDS, Some(bad)).await;
     assert_eq!(status, 422, "{body}");
     assert!(body.to_string().contains("versions"), "{body}");
     let mut builtin = definition.clone();
     builtin["name"] = json!("vllm");
-    let (status, _) = api(
-        &cluster,
-        reqwest::Method::POST,
-        "/api/v1/inference-backends",
-        Some(builtin),
-    )
-    .await;
+    let (status, _) = api(&cluster, Method::POST, BACKENDS, Some(builtin)).await;
     assert_eq!(status, 422);
-    let (status, body) = api(
-        &cluster,
-        reqwest::Method::POST,
-        "/api/v1/inference-backends",
-        Some(definition.clone()),
-    )
-    .await;
+    let (status, body) = api(&cluster, Method::POST, BACKENDS, Some(definition.clone())).await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["default_version"], "2");
-    let (status, _) = api(
-        &cluster,
-        reqwest::Method::POST,
-        "/api/v1/inference-backends",
-        Some(definition),
-    )
-    .await;
+    let (status, _) = api(&cluster, Method::POST, BACKENDS, Some(definition)).await;
     assert_eq!(status, 409);
     let (status, _) = api(
         &cluster,
-        reqwest::Method::DELETE,
+        Method::DELETE,
         "/api/v1/inference-backends/llama.cpp",
         None,
     )
@@ -462,7 +437,7 @@ async fn a_custom_backend_runs_a_model_refuses_deletion_in_use_and_rolls_version
 
     let (status, body) = api(
         &cluster,
-        reqwest::Method::DELETE,
+        Method::DELETE,
         "/api/v1/inference-backends/tiny-runner",
         None,
     )
@@ -479,7 +454,7 @@ async fn a_custom_backend_runs_a_model_refuses_deletion_in_use_and_rolls_version
     let rolled_at = Instant::now();
     let (status, body) = api(
         &cluster,
-        reqwest::Method::PATCH,
+        Method::PATCH,
         &format!("/api/v1/models/{model_id}"),
         Some(json!({"backend_version": "2"})),
     )
@@ -539,7 +514,7 @@ async fn a_custom_backend_runs_a_model_refuses_deletion_in_use_and_rolls_version
     cluster.client().delete_model(model_id).await.unwrap();
     let (status, body) = api(
         &cluster,
-        reqwest::Method::DELETE,
+        Method::DELETE,
         "/api/v1/inference-backends/tiny-runner",
         None,
     )
@@ -557,7 +532,7 @@ async fn wait_backends(
     let path = format!("/api/v1/workers/{worker_id}/backends");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let (status, body) = api(cluster, reqwest::Method::GET, &path, None).await;
+        let (status, body) = api(cluster, Method::GET, &path, None).await;
         assert_eq!(status, 200, "{body}");
         let list = body.as_array().unwrap().clone();
         if done(&list) {
@@ -574,7 +549,7 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
     let default = gantry_install::DEFAULT_LLAMA_CPP_VERSION;
     let (worker, worker_id) = bare_worker(&cluster).await;
     let backends = format!("/api/v1/workers/{worker_id}/backends");
-    let (status, body) = api(&cluster, reqwest::Method::GET, &backends, None).await;
+    let (status, body) = api(&cluster, Method::GET, &backends, None).await;
     assert_eq!((status, body.clone()), (200, json!([])), "{body}");
 
     // Bad input is refused naming what is wrong; nothing is installed.
@@ -587,13 +562,7 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
         (json!({"name": "no-such-backend"}), "no-such-backend"),
         (json!({"name": "llama.cpp", "colour": "red"}), "colour"),
     ] {
-        let (status, body) = api(
-            &cluster,
-            reqwest::Method::POST,
-            &backends,
-            Some(request.clone()),
-        )
-        .await;
+        let (status, body) = api(&cluster, Method::POST, &backends, Some(request.clone())).await;
         assert!(
             status == 400 || status == 422,
             "{request} answered {status}: {body}"
@@ -602,7 +571,7 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
     }
     let (status, _) = api(
         &cluster,
-        reqwest::Method::POST,
+        Method::POST,
         "/api/v1/workers/999999/backends",
         Some(json!({"name": "llama.cpp"})),
     )
@@ -620,7 +589,7 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
     // Installed ahead of need: 202 while it runs, then listed as installed and reported.
     let (status, body) = api(
         &cluster,
-        reqwest::Method::POST,
+        Method::POST,
         &backends,
         Some(json!({"name": "llama.cpp"})),
     )
@@ -637,7 +606,7 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
     assert_eq!(listed[0]["message"], "cpu");
     let (status, body) = api(
         &cluster,
-        reqwest::Method::POST,
+        Method::POST,
         &backends,
         Some(json!({"name": "llama.cpp", "version": default})),
     )
@@ -681,12 +650,12 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
 
     // In use: refused, naming the instance; nothing removed.
     let remove = format!("{backends}/llama.cpp/{default}");
-    let (status, body) = api(&cluster, reqwest::Method::DELETE, &remove, None).await;
+    let (status, body) = api(&cluster, Method::DELETE, &remove, None).await;
     assert_eq!(status, 409, "{body}");
     assert!(body.to_string().contains(&running[0].name), "{body}");
     let (status, body) = api(
         &cluster,
-        reqwest::Method::DELETE,
+        Method::DELETE,
         &format!("{backends}/llama.cpp/bad%20version"),
         None,
     )
@@ -704,9 +673,9 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
         list.iter().all(|b| b["used_by"].is_null())
     })
     .await;
-    let (status, body) = api(&cluster, reqwest::Method::DELETE, &remove, None).await;
+    let (status, body) = api(&cluster, Method::DELETE, &remove, None).await;
     assert_eq!(status, 204, "{body}");
-    let (status, body) = api(&cluster, reqwest::Method::GET, &backends, None).await;
+    let (status, body) = api(&cluster, Method::GET, &backends, None).await;
     assert_eq!((status, body.clone()), (200, json!([])), "{body}");
     cluster
         .wait_worker(
@@ -716,15 +685,15 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
             |w| w.status.installed_backends.is_empty(),
         )
         .await;
-    let (status, body) = api(&cluster, reqwest::Method::DELETE, &remove, None).await;
+    let (status, body) = api(&cluster, Method::DELETE, &remove, None).await;
     assert_eq!(status, 404, "{body}");
 
     // A defined backend's requirements that cannot be installed: the install fails with
     // pip's own words, and the failure can be cleared.
     let (status, body) = api(
         &cluster,
-        reqwest::Method::POST,
-        "/api/v1/inference-backends",
+        Method::POST,
+        BACKENDS,
         Some(json!({
             "name": "unobtainable",
             "command": "true {model_path} {port}",
@@ -737,7 +706,7 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
     assert_eq!(status, 201, "{body}");
     let (status, body) = api(
         &cluster,
-        reqwest::Method::POST,
+        Method::POST,
         &backends,
         Some(json!({"name": "unobtainable"})),
     )
@@ -754,12 +723,12 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
     );
     let (status, body) = api(
         &cluster,
-        reqwest::Method::DELETE,
+        Method::DELETE,
         &format!("{backends}/unobtainable/1"),
         None,
     )
     .await;
     assert_eq!(status, 204, "{body}");
-    let (status, body) = api(&cluster, reqwest::Method::GET, &backends, None).await;
+    let (status, body) = api(&cluster, Method::GET, &backends, None).await;
     assert_eq!((status, body.clone()), (200, json!([])), "{body}");
 }

@@ -33,7 +33,7 @@ use crate::common::{tail, Cluster, Process};
 use gantry_gguf::tiny_llama::XorShift64;
 use gantry_gguf::{GgufFile, GgufWriter};
 use gantry_testkit::hub::{HubDouble, HubFile, HubRepo};
-use gantry_types::{InstanceState, LogQuery, ModelCreate, ModelInstance, ModelMemory};
+use gantry_types::{InstanceState, LogQuery, ModelCreate, ModelMemory};
 use serde_json::json;
 
 const REPO: &str = "gantry-test/Tiny-GGUF";
@@ -101,21 +101,17 @@ async fn a_hugging_face_model_is_placed_from_its_header_downloaded_resumed_and_s
         .unwrap();
     // Placed from the header alone, then downloading with progress.
     let downloading = cluster
-        .wait_for(
+        .wait_for_first_instance(
+            model.id,
             "the instance to download a third of the file",
             Duration::from_secs(60),
-            || async {
-                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
-            },
+            &[&worker],
             |i| {
-                i.as_ref().is_some_and(|i| {
-                    i.state == InstanceState::Downloading
-                        && i.download.is_some_and(|d| d.bytes_done * 3 >= size)
-                })
+                i.state == InstanceState::Downloading
+                    && i.download.is_some_and(|d| d.bytes_done * 3 >= size)
             },
         )
-        .await
-        .unwrap();
+        .await;
     let progress = downloading.download.unwrap();
     println!(
         "downloading: {progress:?}, message {:?}",
@@ -143,19 +139,14 @@ async fn a_hugging_face_model_is_placed_from_its_header_downloaded_resumed_and_s
     hub.set_throttle(None);
     let worker = start_worker(&cluster, &hub);
     let running = cluster
-        .wait_for(
+        .wait_for_first_instance(
+            model.id,
             "the instance to run after the resumed download",
             Duration::from_secs(90),
-            || async {
-                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
-            },
-            |i| {
-                i.as_ref()
-                    .is_some_and(|i| i.state == InstanceState::Running)
-            },
+            &[&worker],
+            |i| i.state == InstanceState::Running,
         )
-        .await
-        .unwrap();
+        .await;
     // What the worker fetched: every byte of the file once, plus what was in flight when
     // it died; the server's header read (the first bytes) is counted too.
     let served = hub.bytes_served(REPO, FILE);
@@ -206,36 +197,26 @@ async fn wrong_bytes_end_in_error_naming_both_digests_and_leave_nothing_cached()
         .await
         .unwrap();
     cluster
-        .wait_for(
+        .wait_for_first_instance(
+            model.id,
             "the model to be analysed and wait for a worker",
             Duration::from_secs(60),
-            || async {
-                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
-            },
-            |i| {
-                i.as_ref().is_some_and(|i| {
-                    i.state == InstanceState::Pending && i.state_message.contains("worker")
-                })
-            },
+            &[],
+            |i| i.state == InstanceState::Pending && i.state_message.contains("worker"),
         )
         .await;
     hub.corrupt(REPO, FILE);
     let worker = start_worker(&cluster, &hub);
     cluster.worker_id("w1", &worker).await;
     let failed = cluster
-        .wait_for(
+        .wait_for_first_instance(
+            model.id,
             "the instance to fail on the wrong bytes",
             Duration::from_secs(90),
-            || async {
-                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
-            },
-            |i| {
-                i.as_ref()
-                    .is_some_and(|i| i.state_message.contains("SHA-256"))
-            },
+            &[&worker],
+            |i| i.state_message.contains("SHA-256"),
         )
-        .await
-        .unwrap();
+        .await;
     println!("{}: {}", failed.state.as_str(), failed.state_message);
     assert_eq!(failed.state, InstanceState::Error);
     let expected = HubDouble::sha256(&bytes);
@@ -363,10 +344,15 @@ async fn a_split_gguf_from_the_hub_is_downloaded_in_all_its_parts_and_served() {
     }))
     .unwrap();
     let model = cluster.client().create_model(&create).await.unwrap();
-    let running = poll_instance(&cluster, &worker, model.id, "the split model to run", |i| {
-        i.state == InstanceState::Running
-    })
-    .await;
+    let running = cluster
+        .wait_for_first_instance(
+            model.id,
+            "the split model to run",
+            Duration::from_secs(90),
+            &[&worker],
+            |i| i.state == InstanceState::Running,
+        )
+        .await;
     let reservation = running
         .placement
         .as_ref()
@@ -457,26 +443,6 @@ async fn a_split_gguf_from_the_hub_is_downloaded_in_all_its_parts_and_served() {
     let answer = cluster.chat_via_gateway("tiny-split").await;
     assert!(answer["choices"][0]["message"].is_object(), "{answer}");
     drop(worker);
-}
-
-/// Polls the model's (only) instance until `check` holds, with the worker's and the
-/// server's logs on failure.
-async fn poll_instance(
-    cluster: &Cluster,
-    worker: &Process,
-    model_id: i64,
-    what: &str,
-    check: impl Fn(&ModelInstance) -> bool,
-) -> ModelInstance {
-    common::poll(
-        what,
-        Duration::from_secs(90),
-        &[worker, &cluster.server],
-        || async { Ok(cluster.first_instance(model_id).await) },
-        |i: &Option<ModelInstance>| i.as_ref().is_some_and(&check),
-    )
-    .await
-    .unwrap()
 }
 
 const ENGINE_REPO: &str = "gantry-test/Tiny-Llama-HF";
@@ -672,20 +638,14 @@ async fn a_safetensors_model_is_placed_from_its_headers_and_only_its_vllm_files_
     .unwrap();
     let model = cluster.client().create_model(&create).await.unwrap();
     let waiting = cluster
-        .wait_for(
+        .wait_for_first_instance(
+            model.id,
             "the model to be analysed and wait for a worker",
             Duration::from_secs(60),
-            || async {
-                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
-            },
-            |i| {
-                i.as_ref().is_some_and(|i| {
-                    i.state == InstanceState::Pending && i.state_message.contains("no ready worker")
-                })
-            },
+            &[],
+            |i| i.state == InstanceState::Pending && i.state_message.contains("no ready worker"),
         )
-        .await
-        .unwrap();
+        .await;
     let shards_total: u64 = shards.iter().map(|s| s.len() as u64).sum();
     let read_before_placement = hub.total_bytes_served();
     println!(
@@ -730,14 +690,15 @@ async fn a_safetensors_model_is_placed_from_its_headers_and_only_its_vllm_files_
             &stand_in.display().to_string(),
         ],
     );
-    let placed = poll_instance(
-        &cluster,
-        &worker,
-        model.id,
-        "the instance to be placed",
-        |i| i.placement.is_some(),
-    )
-    .await;
+    let placed = cluster
+        .wait_for_first_instance(
+            model.id,
+            "the instance to be placed",
+            Duration::from_secs(90),
+            &[&worker],
+            |i| i.placement.is_some(),
+        )
+        .await;
     println!(
         "placed: {} ({})",
         placed.state.as_str(),

@@ -52,19 +52,14 @@ async fn a_model_from_s3_is_placed_downloaded_verified_and_served() {
     .unwrap();
     let model = cluster.client().create_model(&create).await.unwrap();
     let running = cluster
-        .wait_for(
+        .wait_for_first_instance(
+            model.id,
             "the instance from S3 to run",
             Duration::from_secs(120),
-            || async {
-                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
-            },
-            |i| {
-                i.as_ref()
-                    .is_some_and(|i| i.state == InstanceState::Running)
-            },
+            &[&worker],
+            |i| i.state == InstanceState::Running,
         )
-        .await
-        .unwrap();
+        .await;
     let record = running.placement.as_ref().unwrap();
     assert!(record.reservation.is_some(), "placed from an estimate");
 

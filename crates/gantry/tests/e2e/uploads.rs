@@ -22,7 +22,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use crate::common::{tail, Cluster, Process};
+use crate::common::{Cluster, Process};
 use gantry_testkit::s3::S3Server;
 use gantry_types::{InstanceState, ModelCreate, Upload, UploadState};
 use serde_json::json;
@@ -104,19 +104,14 @@ async fn deploy_and_chat(cluster: &Cluster, worker: &Process, name: &str, upload
         .await
         .unwrap();
     let running = cluster
-        .wait_for(
+        .wait_for_first_instance(
+            model.id,
             "the instance of the uploaded model to run",
             Duration::from_secs(120),
-            || async {
-                Ok::<_, gantry_client::ClientError>(cluster.first_instance(model.id).await)
-            },
-            |i| {
-                i.as_ref()
-                    .is_some_and(|i| i.state == InstanceState::Running)
-            },
+            &[worker],
+            |i| i.state == InstanceState::Running,
         )
-        .await
-        .unwrap_or_else(|| panic!("worker log:\n{}", tail(&worker.log_text(), 30)));
+        .await;
     assert!(
         running.placement.as_ref().unwrap().reservation.is_some(),
         "placed from an estimate"

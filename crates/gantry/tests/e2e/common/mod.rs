@@ -589,6 +589,28 @@ impl Cluster {
         .await
     }
 
+    /// Waits until the model's first instance satisfies `check` and returns it; fails
+    /// after `within` naming `what`, with the log tails of `workers` and the server.
+    pub async fn wait_for_first_instance(
+        &self,
+        model_id: i64,
+        what: &str,
+        within: Duration,
+        workers: &[&Process],
+        check: impl Fn(&ModelInstance) -> bool,
+    ) -> ModelInstance {
+        let logs: Vec<&Process> = workers.iter().copied().chain([&self.server]).collect();
+        poll(
+            what,
+            within,
+            &logs,
+            || async { Ok(self.first_instance(model_id).await) },
+            |instance: &Option<ModelInstance>| instance.as_ref().is_some_and(&check),
+        )
+        .await
+        .expect("the check holds only for an instance")
+    }
+
     /// The model's first instance, when the list answers and has one.
     pub async fn first_instance(&self, model_id: i64) -> Option<ModelInstance> {
         let query = InstanceQuery {
