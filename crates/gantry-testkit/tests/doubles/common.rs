@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gantry_testkit::hub::HubDouble;
+use gantry_testkit::modelscope::ModelscopeDouble;
 use gantry_testkit::RepoFile;
 use reqwest::header::{HeaderMap, CONTENT_RANGE, RANGE};
 use reqwest::StatusCode;
@@ -32,6 +34,61 @@ pub fn contents<'a>(files: &'a [RepoFile], path: &str) -> &'a [u8] {
         .find(|file| file.path == path)
         .unwrap_or_else(|| panic!("the fixture has no {path}"))
         .bytes
+}
+
+/// What a test reads back from either double: the bytes each file's bodies sent and the
+/// request log.
+pub trait Served {
+    fn bytes_served(&self, repo_id: &str, path: &str) -> u64;
+    fn requests(&self) -> Vec<String>;
+}
+
+impl Served for HubDouble {
+    fn bytes_served(&self, repo_id: &str, path: &str) -> u64 {
+        HubDouble::bytes_served(self, repo_id, path)
+    }
+    fn requests(&self) -> Vec<String> {
+        HubDouble::requests(self)
+    }
+}
+
+impl Served for ModelscopeDouble {
+    fn bytes_served(&self, repo_id: &str, path: &str) -> u64 {
+        ModelscopeDouble::bytes_served(self, repo_id, path)
+    }
+    fn requests(&self) -> Vec<String> {
+        ModelscopeDouble::requests(self)
+    }
+}
+
+/// Asserts that each of `paths` (files of the fixture `files` in `repo_id`) was sent
+/// exactly once, whole, and that `others` were not sent at all.
+pub fn assert_sent_once(
+    double: &impl Served,
+    repo_id: &str,
+    files: &[RepoFile],
+    paths: &[impl AsRef<str>],
+    others: &[&str],
+) {
+    for path in paths {
+        let path = path.as_ref();
+        let size = contents(files, path).len() as u64;
+        assert_eq!(double.bytes_served(repo_id, path), size, "{path}");
+    }
+    for path in others {
+        assert_eq!(double.bytes_served(repo_id, path), 0, "{path}");
+    }
+}
+
+/// Asserts that every one of `expected` is among the requests the double received.
+pub fn assert_requested(double: &impl Served, expected: impl IntoIterator<Item = String>) {
+    let requests = double.requests();
+    for expected in expected {
+        assert!(
+            requests.contains(&expected),
+            "no {expected:?} among {requests:#?}"
+        );
+    }
 }
 
 pub fn read(path: &Path) -> Vec<u8> {

@@ -16,8 +16,8 @@ use reqwest::StatusCode;
 use serde::Serialize;
 
 use crate::common::{
-    assert_ranges_answered, contents, get_bytes, get_json, header, no_redirects, pseudo_random,
-    read, run_client_driver, ClientOutcome, CONFIG,
+    assert_ranges_answered, assert_requested, assert_sent_once, contents, get_bytes, get_json,
+    header, no_redirects, pseudo_random, read, run_client_driver, ClientOutcome, CONFIG,
 };
 
 const REPO: &str = "gantry-test/tiny-gguf";
@@ -172,24 +172,26 @@ async fn the_official_client_downloads_regular_and_lfs_files() {
     assert_eq!(outcomes[4].error().0, "RepositoryNotFoundError");
 
     let weights_len = contents(&repo.files, "model-Q4_K_M.gguf").len() as u64;
-    assert_eq!(hub.bytes_served(REPO, "config.json"), CONFIG.len() as u64);
-    assert_eq!(hub.bytes_served(REPO, "model-Q4_K_M.gguf"), weights_len);
+    assert_sent_once(
+        &hub,
+        REPO,
+        &repo.files,
+        &["config.json", "model-Q4_K_M.gguf"],
+        &[],
+    );
     assert_eq!(hub.total_bytes_served(), CONFIG.len() as u64 + weights_len);
 
     // The LFS file went HEAD on the hub, then GET on the CDN the redirect named.
-    let requests = hub.requests();
     let sha256 = HubDouble::sha256(contents(&repo.files, "model-Q4_K_M.gguf"));
-    for expected in [
-        format!("HEAD /{REPO}/resolve/main/model-Q4_K_M.gguf"),
-        format!("GET /repos/{REPO}/{sha256}/model-Q4_K_M.gguf"),
-        format!("HEAD /{REPO}/resolve/main/config.json"),
-        format!("GET /{REPO}/resolve/main/config.json"),
-    ] {
-        assert!(
-            requests.contains(&expected),
-            "no {expected:?} among {requests:#?}"
-        );
-    }
+    assert_requested(
+        &hub,
+        [
+            format!("HEAD /{REPO}/resolve/main/model-Q4_K_M.gguf"),
+            format!("GET /repos/{REPO}/{sha256}/model-Q4_K_M.gguf"),
+            format!("HEAD /{REPO}/resolve/main/config.json"),
+            format!("GET /{REPO}/resolve/main/config.json"),
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,14 +228,9 @@ async fn snapshot_download_fetches_only_the_matching_files() {
             contents(&repo.files, name),
             "{name}"
         );
-        assert_eq!(
-            hub.bytes_served(REPO, name),
-            contents(&repo.files, name).len() as u64,
-            "{name}"
-        );
     }
-    assert_eq!(hub.bytes_served(REPO, "model-Q4_K_M.gguf"), 0);
-    assert_eq!(hub.bytes_served(REPO, "config.json"), 0);
+    let others = ["model-Q4_K_M.gguf", "config.json"];
+    assert_sent_once(&hub, REPO, &repo.files, &names, &others);
 
     // The client resolved main through the model info, then listed the commit's tree.
     let requests = hub.requests();

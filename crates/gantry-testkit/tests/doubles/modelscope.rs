@@ -15,8 +15,8 @@ use reqwest::StatusCode;
 use serde::Serialize;
 
 use crate::common::{
-    assert_ranges_answered, contents, get_bytes, get_json, header, no_redirects, pseudo_random,
-    read, run_client_driver, ClientOutcome, CONFIG,
+    assert_ranges_answered, assert_requested, assert_sent_once, contents, get_bytes, get_json,
+    header, no_redirects, pseudo_random, read, run_client_driver, ClientOutcome, CONFIG,
 };
 
 const REPO: &str = "gantry-test/tiny-gguf";
@@ -178,25 +178,27 @@ async fn the_official_client_downloads_regular_and_lfs_files() {
     assert!(message.contains("获取模型文件失败"), "{message}");
 
     let weights_len = contents(&repo.files, "model-Q4_K_M.gguf").len() as u64;
-    assert_eq!(hub.bytes_served(REPO, "config.json"), CONFIG.len() as u64);
-    assert_eq!(hub.bytes_served(REPO, "model-Q4_K_M.gguf"), weights_len);
+    assert_sent_once(
+        &hub,
+        REPO,
+        &repo.files,
+        &["config.json", "model-Q4_K_M.gguf"],
+        &[],
+    );
     assert_eq!(hub.total_bytes_served(), CONFIG.len() as u64 + weights_len);
 
     // The weights went through the redirect to the object store; the config was answered
     // in place.
-    let requests = hub.requests();
     let sha256 = ModelscopeDouble::sha256(contents(&repo.files, "model-Q4_K_M.gguf"));
-    for expected in [
-        format!("GET /api/v1/models/{REPO}/revisions"),
-        format!("GET /api/v1/models/{REPO}/repo?Revision={TAG}&FilePath=config.json"),
-        format!("GET /api/v1/models/{REPO}/repo?Revision={TAG}&FilePath=model-Q4_K_M.gguf"),
-        format!("GET /lfs/{REPO}/{sha256}"),
-    ] {
-        assert!(
-            requests.contains(&expected),
-            "no {expected:?} among {requests:#?}"
-        );
-    }
+    assert_requested(
+        &hub,
+        [
+            format!("GET /api/v1/models/{REPO}/revisions"),
+            format!("GET /api/v1/models/{REPO}/repo?Revision={TAG}&FilePath=config.json"),
+            format!("GET /api/v1/models/{REPO}/repo?Revision={TAG}&FilePath=model-Q4_K_M.gguf"),
+            format!("GET /lfs/{REPO}/{sha256}"),
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,14 +248,9 @@ async fn snapshot_download_fetches_only_the_matching_files() {
             contents(&repo.files, name),
             "{name}"
         );
-        assert_eq!(
-            hub.bytes_served(REPO, name),
-            contents(&repo.files, name).len() as u64,
-            "{name}"
-        );
     }
-    assert_eq!(hub.bytes_served(REPO, "model-Q4_K_M.gguf"), 0);
-    assert_eq!(hub.bytes_served(REPO, "config.json"), 0);
+    let others = ["model-Q4_K_M.gguf", "config.json"];
+    assert_sent_once(&hub, REPO, &repo.files, &names, &others);
 
     let tokenizer = outcomes[1].path();
     assert!(tokenizer.ends_with("snapshots/master"), "{tokenizer:?}");
@@ -265,22 +262,19 @@ async fn snapshot_download_fetches_only_the_matching_files() {
 
     // The client listed the commit's tree; for a literal directory it listed only that
     // directory (`Root`).
-    let requests = hub.requests();
-    for expected in [
-        format!(
-            "GET /api/v1/models/{REPO}/repo/files?Revision={}&Recursive=True",
-            repo.commit
-        ),
-        format!(
-            "GET /api/v1/models/{REPO}/repo/files?Revision=master&Recursive=True&Root=tokenizer"
-        ),
-        format!("GET /api/v1/models/{REPO}/repo/files?Revision=no-such-branch&Recursive=True"),
-    ] {
-        assert!(
-            requests.contains(&expected),
-            "no {expected:?} among {requests:#?}"
-        );
-    }
+    assert_requested(
+        &hub,
+        [
+            format!(
+                "GET /api/v1/models/{REPO}/repo/files?Revision={}&Recursive=True",
+                repo.commit
+            ),
+            format!(
+                "GET /api/v1/models/{REPO}/repo/files?Revision=master&Recursive=True&Root=tokenizer"
+            ),
+            format!("GET /api/v1/models/{REPO}/repo/files?Revision=no-such-branch&Recursive=True"),
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
