@@ -7,12 +7,11 @@
 
 use crate::common;
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{llama_pids_on, llama_server, tiny_model, Cluster};
+use crate::common::{llama_pids_on, llama_server, tiny_model, tiny_model_create, Cluster};
 use gantry_types::{InstanceQuery, InstanceState, ModelCreate, WatchEvent};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -136,20 +135,6 @@ async fn bare_worker(cluster: &Cluster) -> (common::Process, i64) {
     (worker, worker_id)
 }
 
-fn tiny_args() -> Vec<&'static str> {
-    vec!["-c", "256", "-t", "1", "-tb", "1", "-np", "1"]
-}
-
-/// `replicas` replicas of the tiny GGUF at `path` on llama.cpp, named `name`.
-fn tiny_llama_model(path: &Path, name: &str, replicas: u32) -> ModelCreate {
-    serde_json::from_value(json!({
-        "name": name, "backend": "llama.cpp", "replicas": replicas,
-        "source": {"type": "local_path", "path": path.display().to_string()},
-        "backend_args": tiny_args(),
-    }))
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_without_llama_server_installs_it_on_demand_once() {
     let cluster = Cluster::start(&[]).await;
@@ -171,7 +156,7 @@ async fn a_worker_without_llama_server_installs_it_on_demand_once() {
         .watch_instances(&InstanceQuery::default())
         .await
         .unwrap();
-    let mut create = tiny_llama_model(&path, "first", 1);
+    let mut create = tiny_model_create("first", &path, 1);
     let started = Instant::now();
     cluster.client().create_model(&create).await.unwrap();
     // Every state the instance passes through, from the watch stream.
@@ -297,7 +282,7 @@ async fn a_frozen_backend_is_found_unhealthy_taken_out_of_routing_and_restarted(
     cluster.worker_id("w1", &worker).await;
     let dir = tempfile::tempdir().unwrap();
     let path = tiny_model(dir.path());
-    let create = tiny_llama_model(&path, "pair", 2);
+    let create = tiny_model_create("pair", &path, 2);
     let (model_id, _) = cluster.create_model(&create).await;
     let running = cluster
         .wait_instances(model_id, "running", Duration::from_secs(60), |i| {
@@ -625,7 +610,7 @@ async fn backends_are_installed_ahead_of_need_and_removed_when_unused_through_th
     // A model then starts without installing anything.
     let dir = tempfile::tempdir().unwrap();
     let path = tiny_model(dir.path());
-    let create = tiny_llama_model(&path, "ahead", 1);
+    let create = tiny_model_create("ahead", &path, 1);
     let (model_id, _) = cluster.create_model(&create).await;
     let running = cluster
         .wait_instances(model_id, "running", Duration::from_secs(60), |i| {
