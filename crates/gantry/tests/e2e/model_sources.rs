@@ -58,14 +58,8 @@ fn repo(bytes: &[u8]) -> HubRepo {
 }
 
 fn hf_model(name: &str) -> ModelCreate {
-    serde_json::from_value(json!({
-        "name": name,
-        "source": {"type": "huggingface", "repo_id": REPO, "file": "*Q4_K_M.gguf"},
-        "backend": "llama.cpp",
-        "replicas": 1,
-        "backend_args": ["-c", "256", "-t", "1", "-tb", "1", "-np", "1"],
-    }))
-    .unwrap()
+    let source = json!({"type": "huggingface", "repo_id": REPO, "file": "*Q4_K_M.gguf"});
+    common::tiny_model_create_from(name, source, 1)
 }
 
 fn start_worker(cluster: &Cluster, hub: &HubDouble) -> Process {

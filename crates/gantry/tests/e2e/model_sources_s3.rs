@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::common::{tail, Cluster};
 use gantry_testkit::s3::S3Server;
-use gantry_types::{InstanceState, ModelCreate};
+use gantry_types::InstanceState;
 use serde_json::json;
 
 const BUCKET: &str = "models";
@@ -42,14 +42,8 @@ async fn a_model_from_s3_is_placed_downloaded_verified_and_served() {
     let worker = cluster.worker("w1", &worker_flags);
     cluster.worker_id("w1", &worker).await;
 
-    let create: ModelCreate = serde_json::from_value(json!({
-        "name": "tiny-s3",
-        "source": {"type": "s3", "bucket": BUCKET, "key": KEY},
-        "backend": "llama.cpp",
-        "replicas": 1,
-        "backend_args": ["-c", "256", "-t", "1", "-tb", "1", "-np", "1"],
-    }))
-    .unwrap();
+    let source = json!({"type": "s3", "bucket": BUCKET, "key": KEY});
+    let create = common::tiny_model_create_from("tiny-s3", source, 1);
     let model = cluster.client().create_model(&create).await.unwrap();
     let running = cluster
         .wait_for_first_instance(

@@ -86,14 +86,7 @@ async fn upload_whole(cluster: &Cluster, name: &str, bytes: &[u8]) -> Upload {
 }
 
 fn model(name: &str, upload_id: i64) -> ModelCreate {
-    serde_json::from_value(json!({
-        "name": name,
-        "source": {"type": "upload", "id": upload_id},
-        "backend": "llama.cpp",
-        "replicas": 1,
-        "backend_args": ["-c", "256", "-t", "1", "-tb", "1", "-np", "1"],
-    }))
-    .unwrap()
+    common::tiny_model_create_from(name, json!({"type": "upload", "id": upload_id}), 1)
 }
 
 /// Deploys `upload` and waits until its instance runs and answers through the gateway.

@@ -697,9 +697,15 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
 /// A model body for the tiny GGUF on llama.cpp, tuned for a small shared CPU, that the
 /// scheduler places on its own.
 pub fn tiny_model_body(name: &str, path: &Path, replicas: u32) -> Value {
+    let source = json!({"type": "local_path", "path": path.display().to_string()});
+    tiny_model_body_from(name, source, replicas)
+}
+
+/// Like [`tiny_model_body`], for a tiny GGUF from any `source` (a hub, S3, an upload).
+pub fn tiny_model_body_from(name: &str, source: Value, replicas: u32) -> Value {
     json!({
         "name": name,
-        "source": {"type": "local_path", "path": path.display().to_string()},
+        "source": source,
         "backend": "llama.cpp",
         "replicas": replicas,
         "backend_args": ["-c", "256", "-t", "1", "-tb", "1", "-np", "1"],
@@ -717,6 +723,11 @@ pub fn manual_model_body(name: &str, path: &Path, replicas: u32) -> Value {
 /// [`tiny_model_body`] as the typed request (the API's defaults for the rest).
 pub fn tiny_model_create(name: &str, path: &Path, replicas: u32) -> ModelCreate {
     serde_json::from_value(tiny_model_body(name, path, replicas)).unwrap()
+}
+
+/// [`tiny_model_body_from`] as the typed request.
+pub fn tiny_model_create_from(name: &str, source: Value, replicas: u32) -> ModelCreate {
+    serde_json::from_value(tiny_model_body_from(name, source, replicas)).unwrap()
 }
 
 /// [`manual_model_body`] as the typed request.
