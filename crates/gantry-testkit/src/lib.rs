@@ -4,7 +4,8 @@
 //! and [`hub`] and [`modelscope`], test doubles of the Hugging Face Hub and ModelScope to
 //! download models from (what they share, [`RepoFile`] and their serving, in `double.rs`);
 //! [`postgres::OwnPostgres`], a PostgreSQL server a test can stop and start; [`browser`],
-//! a page checked in a real chromium by a Playwright script.
+//! a page checked in a real chromium by a Playwright script; [`gateway`], what the tests of
+//! the OpenAI-compatible gateway share, alone or inside the server.
 //!
 //! PostgreSQL tests need `GANTRY_TEST_POSTGRES_URL`, which `scripts/with-postgres.sh`
 //! (and so `scripts/test.sh`) sets. Without it they fail with a message saying so:
@@ -18,6 +19,7 @@ use gantry_store::{Store, StoreConfig};
 
 pub mod browser;
 mod double;
+pub mod gateway;
 pub mod hub;
 pub mod modelscope;
 pub mod postgres;
@@ -128,6 +130,15 @@ pub fn reserve_ports(count: u16) -> std::ops::RangeInclusive<u16> {
         }
     }
     panic!("all 600 test port blocks are taken");
+}
+
+/// A loopback port nothing listens on now (the kernel's choice for `bind(0)`, released
+/// at once): for a server that must be told its port, or an address nobody answers at.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("bind a loopback port")
+        .port()
 }
 
 /// Asks `probe` every `every` until its answer satisfies `done`, and returns that answer:

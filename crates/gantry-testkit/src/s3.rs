@@ -18,7 +18,7 @@
 //! of refused credentials is one of requests signed in the `Authorization` header
 //! (listing a prefix).
 
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -56,7 +56,7 @@ impl S3Server {
              scripts/python-env.sh makes (it installs moto[s3,server])",
             script.display()
         );
-        let port = free_port();
+        let port = crate::free_port();
         let log = tempfile::NamedTempFile::new().expect("create the moto_server log file");
         // The script is run by the venv's python rather than executed: python-env.sh
         // builds the environment elsewhere and moves it, so the scripts' `#!` lines name
@@ -295,14 +295,6 @@ fn unchecked_authorization(service: &str) -> String {
         "AWS4-HMAC-SHA256 Credential=gantry-test/20260101/{REGION}/{service}/aws4_request, \
          SignedHeaders=host, Signature=0"
     )
-}
-
-/// A port nothing listens on now (the kernel's choice for `bind(0)`).
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("bind a loopback port")
-        .port()
 }
 
 fn object_path(key: &str) -> ObjectPath {

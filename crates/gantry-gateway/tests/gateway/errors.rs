@@ -3,10 +3,10 @@
 //! models without a running instance, backends nobody listens at, unknown paths and
 //! methods; and a deleted API key stops working at once.
 
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+
+use gantry_testkit::gateway::assert_scheduler_queue_is_the_waiting_instances;
 
 use crate::common::{assert_openai_error, free_port, metric, TestGateway};
 
@@ -35,23 +35,10 @@ async fn gateway_errors_have_the_openai_shape() {
     assert_openai_error(status, &body, 403, "permission_error", "forbidden");
     // The console's session cookie is a credential too (its playground sends it); a
     // wrong one is refused like a wrong key.
-    let session = gateway.session.clone();
-    for (cookie, expected) in [
-        (
-            format!("theme=dark; gantry_session={session}"),
-            StatusCode::OK,
-        ),
-        ("gantry_session=nope".to_owned(), StatusCode::UNAUTHORIZED),
-    ] {
-        let response = gateway
-            .http
-            .get(format!("{}/v1/models", gateway.base))
-            .header(reqwest::header::COOKIE, cookie)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), expected);
-    }
+    gateway
+        .client()
+        .assert_session_cookie_is_a_credential(&gateway.session)
+        .await;
     let response = gateway
         .http
         .get(format!("{}/v1/models", gateway.base))
@@ -149,44 +136,14 @@ async fn gateway_errors_have_the_openai_shape() {
     assert!(list["data"][0]["created"].as_i64().unwrap() > 1_600_000_000);
 
     // A deleted API key stops working at once (the gateway remembers accepted keys
-    // for a moment, and forgets them on the change).
+    // for a moment, and forgets them on the change), also on a kept connection.
     let (second_id, second_key) = gateway.create_key(gateway.admin_id, "short-lived").await;
-    let models = |key: String| {
-        let request = gateway
-            .http
-            .get(format!("{}/v1/models", gateway.base))
-            .bearer_auth(key);
-        async move { request.send().await.unwrap().status() }
-    };
-    assert_eq!(models(second_key.clone()).await, StatusCode::OK);
-    // The hot routes too, where a keep-alive connection keeps its last key for its
-    // next requests (authenticated, the request gets as far as the model: 503).
-    let chat = |key: String| {
-        let request = gateway
-            .http
-            .post(format!("{}/v1/chat/completions", gateway.base))
-            .bearer_auth(key)
-            .json(&json!({"model": "idle", "messages": []}));
-        async move { request.send().await.unwrap().status() }
-    };
-    for _ in 0..3 {
-        assert_eq!(
-            chat(second_key.clone()).await,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-    }
-    gateway.db.delete_api_key(second_id).await.unwrap();
-    gantry_testkit::eventually(
-        "the gateway to refuse the deleted key",
-        Duration::from_secs(1),
-        Duration::from_millis(20),
-        || async { Ok::<_, std::convert::Infallible>(models(second_key.clone()).await) },
-        |status| *status == StatusCode::UNAUTHORIZED,
-        String::new,
-    )
-    .await;
-    // At once on the connection that kept it: the deletion ended its grant.
-    assert_eq!(chat(second_key.clone()).await, StatusCode::UNAUTHORIZED);
+    gateway
+        .client()
+        .assert_deleted_key_refused(&second_key, "idle", async {
+            gateway.db.delete_api_key(second_id).await.unwrap();
+        })
+        .await;
 
     // Unknown gateway paths and wrong methods keep the shape too.
     let (status, _, body) = gateway
@@ -251,11 +208,6 @@ async fn gateway_errors_have_the_openai_shape() {
     );
     // The scheduler queue is the pending and analyzing instances (the idle model's
     // replica, unless a scheduler has placed it meanwhile).
-    assert_eq!(
-        metric(&text, "gantry_scheduler_queue_length"),
-        metric(&text, "gantry_instances{state=\"pending\"}")
-            + metric(&text, "gantry_instances{state=\"analyzing\"}"),
-        "{text}"
-    );
+    assert_scheduler_queue_is_the_waiting_instances(&text);
     gateway.shutdown().await;
 }

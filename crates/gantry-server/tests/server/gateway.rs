@@ -20,6 +20,10 @@ use crate::common::{
 };
 use gantry_client::Client;
 use gantry_server::ServerConfig;
+use gantry_testkit::gateway::{
+    assert_openai_error, assert_scheduler_queue_is_the_waiting_instances, fixed_answer_backend,
+    metric, GatewayClient,
+};
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::usage::{UsageBucket, UsageQuery, UsageReport};
 use gantry_types::{
@@ -36,8 +40,6 @@ const COMPLETION_TOKENS: u64 = 3;
 /// A stand-in backend (a test double, not a model server) that answers every request
 /// with the same chat completion and its usage.
 async fn answering_backend() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
     let body = json!({
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
@@ -49,33 +51,7 @@ async fn answering_backend() -> String {
         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buffer = [0u8; 4096];
-                loop {
-                    match socket.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buffer[..n]),
-                    }
-                    // Good enough for the gateway's requests: headers, then a body of
-                    // the declared length arrives at once.
-                    if request.windows(4).any(|w| w == b"\r\n\r\n") {
-                        request.clear();
-                        if socket.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    address
+    fixed_answer_backend(answer).await
 }
 
 /// A server with an admin, an API key and a registered (simulated-GPU) worker.
@@ -130,6 +106,11 @@ impl Cluster {
         }
     }
 
+    /// A client of the gateway's wire.
+    fn gateway(&self) -> GatewayClient<'_> {
+        GatewayClient::new(&self.server.http, &self.server.base)
+    }
+
     fn admin(&self) -> &Client {
         self.server.client()
     }
@@ -182,75 +163,26 @@ impl Cluster {
         self.worker.report_state(id, &report).await.unwrap();
     }
 
-    /// Waits until the gateway routes to `count` instances of the model (the routing
-    /// table follows the store's change feed asynchronously).
+    /// Waits until the gateway routes to `count` instances of the model.
     async fn wait_routable(&self, model: &str, count: usize) {
-        let want = format!("gantry_gateway_routable_instances{{model=\"{model}\"}} {count}");
-        self.metrics_until(&format!("routes to {count} instances of {model}"), |text| {
-            text.lines().any(|l| l == want)
-        })
-        .await;
-    }
-
-    /// The metrics once `done` holds for them (within 5 s): for what the gateway does
-    /// asynchronously, such as following the change feed or ending a request.
-    async fn metrics_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
-        gantry_testkit::eventually(
-            &format!("the metrics to show that the gateway {what}"),
-            Duration::from_secs(5),
-            Duration::from_millis(25),
-            || async { Ok::<_, std::convert::Infallible>(self.metrics().await) },
-            |text: &String| done(text),
-            String::new,
-        )
-        .await
+        self.gateway().wait_routable(model, count).await;
     }
 
     async fn metrics(&self) -> String {
-        let response = self
-            .server
-            .http
-            .get(format!("{}/metrics", self.server.base))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        response.text().await.unwrap()
+        self.gateway().metrics().await
     }
 
-    /// POSTs to a gateway endpoint; returns status, `x-gantry-instance` and the JSON.
     async fn post(
         &self,
         path: &str,
         key: Option<&str>,
         body: Value,
     ) -> (StatusCode, Option<String>, Value) {
-        let mut request = self
-            .server
-            .http
-            .post(format!("{}{path}", self.server.base))
-            .json(&body);
-        if let Some(key) = key {
-            request = request.bearer_auth(key);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let instance = response
-            .headers()
-            .get("x-gantry-instance")
-            .map(|v| v.to_str().unwrap().to_string());
-        let text = response.text().await.unwrap();
-        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, instance, value)
+        self.gateway().post(path, key, body).await
     }
 
     async fn chat(&self, model: &str) -> (StatusCode, Option<String>, Value) {
-        self.post(
-            "/v1/chat/completions",
-            Some(&self.key),
-            json!({"model": model, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}),
-        )
-        .await
+        self.gateway().chat(&self.key, model).await
     }
 
     /// The usage report `client` may see, polled until `done` holds (usage is flushed
@@ -265,36 +197,6 @@ impl Cluster {
             .wait_for("the usage report", || client.usage(query), done)
             .await
     }
-}
-
-/// The sample value of a metric line, 0 when absent.
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Asserts the OpenAI error shape and returns the error object.
-fn assert_openai_error(
-    status: StatusCode,
-    body: &Value,
-    want: u16,
-    kind: &str,
-    code: &str,
-) -> Value {
-    assert_eq!(status.as_u16(), want, "{body}");
-    let error = &body["error"];
-    assert_eq!(error["type"], kind, "{body}");
-    assert_eq!(error["code"], code, "{body}");
-    assert!(
-        error["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{body}"
-    );
-    assert!(
-        error.get("param").is_some(),
-        "param must be present (null allowed): {body}"
-    );
-    error.clone()
 }
 
 async fn usage_the_gateway_records_is_reported_by_the_management_api(engine: TestEngine) {
@@ -485,23 +387,10 @@ async fn the_gateway_follows_what_the_management_api_and_workers_write(engine: T
     assert_openai_error(status, &body, 403, "permission_error", "forbidden");
     // The session of a login is a credential, also as the console's cookie.
     let session = cluster.admin().token().unwrap().to_owned();
-    for (cookie, expected) in [
-        (
-            format!("theme=dark; gantry_session={session}"),
-            StatusCode::OK,
-        ),
-        ("gantry_session=nope".to_owned(), StatusCode::UNAUTHORIZED),
-    ] {
-        let response = cluster
-            .server
-            .http
-            .get(format!("{}/v1/models", cluster.server.base))
-            .header(reqwest::header::COOKIE, cookie)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), expected);
-    }
+    cluster
+        .gateway()
+        .assert_session_cookie_is_a_credential(&session)
+        .await;
 
     // A model created through the API, with no instance running: 503.
     cluster.deploy("idle", &[]).await;
@@ -541,6 +430,7 @@ async fn the_gateway_follows_what_the_management_api_and_workers_write(engine: T
         .report(ids[0], InstanceState::Unhealthy, &backend)
         .await;
     cluster
+        .gateway()
         .metrics_until("no longer routes to tiny-0", |text| {
             metric(text, "gantry_gateway_routable_instances{model=\"tiny\"}") == 0.0
         })
@@ -549,65 +439,26 @@ async fn the_gateway_follows_what_the_management_api_and_workers_write(engine: T
     assert_openai_error(status, &body, 503, "server_error", "model_not_ready");
 
     // A deleted API key stops working at once (the gateway remembers accepted keys
-    // for a moment, and forgets them on the change).
+    // for a moment, and forgets them on the change), also on a kept connection.
     let second = cluster
         .admin()
         .create_api_key(&api_key("short-lived"))
         .await
         .unwrap();
-    let second_key = second.key.clone();
-    let models = |key: String| {
-        let request = cluster
-            .server
-            .http
-            .get(format!("{}/v1/models", cluster.server.base))
-            .bearer_auth(key);
-        async move { request.send().await.unwrap().status() }
-    };
-    assert_eq!(models(second_key.clone()).await, StatusCode::OK);
-    // The hot routes too, where a keep-alive connection keeps its last key for its
-    // next requests (authenticated, the request gets as far as the model: 503).
-    let chat = |key: String| {
-        let request = cluster
-            .server
-            .http
-            .post(format!("{}/v1/chat/completions", cluster.server.base))
-            .bearer_auth(key)
-            .json(&json!({"model": "idle", "messages": []}));
-        async move { request.send().await.unwrap().status() }
-    };
-    for _ in 0..3 {
-        assert_eq!(
-            chat(second_key.clone()).await,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-    }
     cluster
-        .admin()
-        .delete_api_key(second.api_key.id)
-        .await
-        .unwrap();
-    gantry_testkit::eventually(
-        "the gateway to refuse the deleted key",
-        Duration::from_secs(1),
-        Duration::from_millis(20),
-        || async { Ok::<_, std::convert::Infallible>(models(second_key.clone()).await) },
-        |status| *status == StatusCode::UNAUTHORIZED,
-        String::new,
-    )
-    .await;
-    // At once on the connection that kept it: the deletion ended its grant.
-    assert_eq!(chat(second_key.clone()).await, StatusCode::UNAUTHORIZED);
+        .gateway()
+        .assert_deleted_key_refused(&second.key, "idle", async {
+            cluster
+                .admin()
+                .delete_api_key(second.api_key.id)
+                .await
+                .unwrap();
+        })
+        .await;
 
     // The scheduler queue is the pending and analyzing instances (the idle model's
     // replica, unless a scheduler has placed it meanwhile).
-    let text = cluster.metrics().await;
-    assert_eq!(
-        metric(&text, "gantry_scheduler_queue_length"),
-        metric(&text, "gantry_instances{state=\"pending\"}")
-            + metric(&text, "gantry_instances{state=\"analyzing\"}"),
-        "{text}"
-    );
+    assert_scheduler_queue_is_the_waiting_instances(&cluster.metrics().await);
 
     // While the server drains, an answer on a kept connection closes it (the client
     // moves to another server).

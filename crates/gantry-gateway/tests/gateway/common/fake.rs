@@ -6,35 +6,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A stand-in backend (a test double, not a model server) that answers every request
 /// with 503, as llama-server does while it loads a model.
 pub async fn unavailable_backend() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buffer = [0u8; 4096];
-                loop {
-                    match socket.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buffer[..n]),
-                    }
-                    // Good enough for the gateway's requests: headers, then a body of
-                    // the declared length arrives at once.
-                    if request.windows(4).any(|w| w == b"\r\n\r\n") {
-                        request.clear();
-                        let answer = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 37\r\n\r\n{\"error\":{\"message\":\"Loading model\"}}";
-                        if socket.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    address
+    let body = "{\"error\":{\"message\":\"Loading model\"}}";
+    gantry_testkit::gateway::fixed_answer_backend(format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ))
+    .await
 }
 
 /// A stand-in backend for the cancellation test (a test double, not a model server):

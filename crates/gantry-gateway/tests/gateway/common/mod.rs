@@ -25,9 +25,12 @@ use gantry_auth::{password, AuthConfig, Authenticator};
 use gantry_gateway::testing::MemoryStore;
 use gantry_gateway::{GatewayConfig, GatewayContext, ServeConfig};
 use gantry_store::{NewApiKey, NewUser, Store, StoreConfig};
+pub use gantry_testkit::free_port;
+use gantry_testkit::gateway::{answer_of, chat_request, GatewayClient};
+pub use gantry_testkit::gateway::{assert_openai_error, metric};
 use gantry_types::{fixtures, ApiKeyLimits, InstanceState, ModelInstance, Role};
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -160,6 +163,11 @@ impl TestGateway {
         self.base.trim_start_matches("http://")
     }
 
+    /// A client of the gateway's wire.
+    pub fn client(&self) -> GatewayClient<'_> {
+        GatewayClient::new(&self.http, &self.base)
+    }
+
     /// A temporary directory of the test's own.
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
@@ -276,25 +284,13 @@ impl TestGateway {
     /// Waits until the gateway routes to `count` instances of the model (the routing
     /// table follows the store's change feed asynchronously).
     pub async fn wait_routable(&self, model: &str, count: usize) {
-        let want = format!("gantry_gateway_routable_instances{{model=\"{model}\"}} {count}");
-        self.metrics_until(&format!("routes to {count} instances of {model}"), |text| {
-            text.lines().any(|l| l == want)
-        })
-        .await;
+        self.client().wait_routable(model, count).await;
     }
 
     /// The metrics once `done` holds for them (within 5 s): for what the gateway does
     /// asynchronously, such as following the change feed or ending a request.
     pub async fn metrics_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
-        gantry_testkit::eventually(
-            &format!("the metrics to show that the gateway {what}"),
-            Duration::from_secs(5),
-            Duration::from_millis(25),
-            || async { Ok::<_, std::convert::Infallible>(self.metrics().await) },
-            |text: &String| done(text),
-            String::new,
-        )
-        .await
+        self.client().metrics_until(what, done).await
     }
 
     /// Waits until no request is in flight, and asserts that none is on `instance` of
@@ -313,14 +309,7 @@ impl TestGateway {
     }
 
     pub async fn metrics(&self) -> String {
-        let response = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        response.text().await.unwrap()
+        self.client().metrics().await
     }
 
     /// POSTs to a gateway endpoint; returns status, `x-gantry-instance` and the JSON.
@@ -330,11 +319,7 @@ impl TestGateway {
         key: Option<&str>,
         body: Value,
     ) -> (StatusCode, Option<String>, Value) {
-        let mut request = self.http.post(format!("{}{path}", self.base)).json(&body);
-        if let Some(key) = key {
-            request = request.bearer_auth(key);
-        }
-        answer_of(request.send().await.unwrap()).await
+        self.client().post(path, key, body).await
     }
 
     /// POSTs raw bytes with a bearer key; returns status and the JSON.
@@ -358,12 +343,7 @@ impl TestGateway {
     }
 
     pub async fn chat(&self, model: &str) -> (StatusCode, Option<String>, Value) {
-        self.post(
-            "/v1/chat/completions",
-            Some(&self.key),
-            json!({"model": model, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}),
-        )
-        .await
+        self.client().chat(&self.key, model).await
     }
 
     /// What [`TestGateway::chat`] needs, to send chats from spawned tasks.
@@ -409,18 +389,6 @@ impl TestGateway {
     }
 }
 
-/// Status, `x-gantry-instance` and the JSON (or the text, as a JSON string) of an answer.
-async fn answer_of(response: reqwest::Response) -> (StatusCode, Option<String>, Value) {
-    let status = response.status();
-    let instance = response
-        .headers()
-        .get("x-gantry-instance")
-        .map(|v| v.to_str().unwrap().to_string());
-    let text = response.text().await.unwrap();
-    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, instance, value)
-}
-
 /// The usage sums of the increments that `select` picks.
 pub fn sum_usage(
     usage: &[gantry_store::UsageIncrement],
@@ -451,50 +419,11 @@ impl Chatter {
             .post(format!("{}/v1/chat/completions", self.base))
             .timeout(Duration::from_secs(60))
             .bearer_auth(&self.key)
-            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}))
+            .json(&chat_request(model))
             .send()
             .await
             .unwrap();
         let (status, instance, value) = answer_of(response).await;
         (status, instance, value, started.elapsed())
     }
-}
-
-/// The sample value of a metric line, 0 when absent.
-pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Asserts the OpenAI error shape and returns the error object.
-pub fn assert_openai_error(
-    status: StatusCode,
-    body: &Value,
-    want: u16,
-    kind: &str,
-    code: &str,
-) -> Value {
-    assert_eq!(status.as_u16(), want, "{body}");
-    let error = &body["error"];
-    assert_eq!(error["type"], kind, "{body}");
-    assert_eq!(error["code"], code, "{body}");
-    assert!(
-        error["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{body}"
-    );
-    assert!(
-        error.get("param").is_some(),
-        "param must be present (null allowed): {body}"
-    );
-    error.clone()
-}
-
-/// A loopback port nothing listens on a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
