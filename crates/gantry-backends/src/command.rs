@@ -47,6 +47,24 @@ pub struct LaunchSpec {
     pub served_name: Option<String>,
 }
 
+impl LaunchSpec {
+    /// `backend` serving `model_path`, and nothing else: no arguments, environment, GPUs
+    /// or served name, the backend's own command template and health path.
+    pub fn new(backend: BackendKind, model_path: impl Into<PathBuf>) -> Self {
+        Self {
+            backend,
+            model_path: model_path.into(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            gpu_indexes: Vec::new(),
+            data_parallel_size: None,
+            custom_command: None,
+            health_path: None,
+            served_name: None,
+        }
+    }
+}
+
 /// How backends are launched on one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendSettings {
@@ -263,17 +281,7 @@ pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn spec(backend: BackendKind, model_path: &str) -> LaunchSpec {
-        LaunchSpec {
-            backend,
-            model_path: PathBuf::from(model_path),
-            args: Vec::new(),
-            env: BTreeMap::new(),
-            gpu_indexes: Vec::new(),
-            data_parallel_size: None,
-            custom_command: None,
-            health_path: None,
-            served_name: None,
-        }
+        LaunchSpec::new(backend, model_path)
     }
 
     pub(crate) fn target(gpus: &[u32]) -> LaunchTarget<'_> {
@@ -293,6 +301,28 @@ pub(crate) mod tests {
         std::iter::once(command.program.as_str())
             .chain(command.args.iter().map(String::as_str))
             .collect()
+    }
+
+    /// With a served name `name`, the command ends in `flag name` (after its first seven
+    /// words: the program, its subcommand or model flag, the path, host and port) unless
+    /// the arguments name one in one of the `given` forms, which then stand alone.
+    pub(crate) fn assert_served_name_unless_given(
+        backend: BackendKind,
+        model_path: &str,
+        name: &str,
+        flag: &str,
+        given: &[[&str; 2]],
+    ) {
+        let mut spec = spec(backend, model_path);
+        spec.served_name = Some(name.into());
+        let settings = BackendSettings::default();
+        let command = backend_command(&spec, &settings, &target(&[])).unwrap();
+        assert_eq!(argv(&command)[7..], [flag, name]);
+        for given in given {
+            spec.args = args(given);
+            let command = backend_command(&spec, &settings, &target(&[])).unwrap();
+            assert_eq!(argv(&command)[7..], *given, "the user's name stays alone");
+        }
     }
 
     #[test]

@@ -181,7 +181,7 @@ mod tests {
 
     use super::*;
     use crate::command::backend_command;
-    use crate::command::tests::{args, argv, spec, target};
+    use crate::command::tests::{args, argv, assert_served_name_unless_given, spec, target};
 
     #[test]
     fn command_line() {
@@ -209,16 +209,13 @@ mod tests {
 
     #[test]
     fn the_served_name_is_the_alias_unless_the_arguments_give_one() {
-        let mut spec = spec(BackendKind::LlamaCpp, "/models/tiny.gguf");
-        spec.served_name = Some("tiny".into());
-        let settings = BackendSettings::default();
-        let command = backend_command(&spec, &settings, &target(&[])).unwrap();
-        assert_eq!(argv(&command)[7..], ["--alias", "tiny"]);
-        for given in [["-a", "mine"], ["--alias", "mine"]] {
-            spec.args = args(&given);
-            let command = backend_command(&spec, &settings, &target(&[])).unwrap();
-            assert_eq!(argv(&command)[7..], given, "the user's alias stays alone");
-        }
+        assert_served_name_unless_given(
+            BackendKind::LlamaCpp,
+            "/models/tiny.gguf",
+            "tiny",
+            "--alias",
+            &[["-a", "mine"], ["--alias", "mine"]],
+        );
     }
 
     #[test]

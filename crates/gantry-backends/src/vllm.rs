@@ -43,7 +43,7 @@ mod tests {
 
     use super::*;
     use crate::command::backend_command;
-    use crate::command::tests::{args, argv, spec, target};
+    use crate::command::tests::{args, argv, assert_served_name_unless_given, spec, target};
     use crate::{Backend, BackendSettings};
 
     #[test]
@@ -73,14 +73,13 @@ mod tests {
 
     #[test]
     fn the_served_name_is_passed_unless_the_arguments_give_one() {
-        let mut spec = spec(BackendKind::Vllm, "/models/qwen");
-        spec.served_name = Some("qwen".into());
-        let settings = BackendSettings::default();
-        let command = backend_command(&spec, &settings, &target(&[])).unwrap();
-        assert_eq!(argv(&command)[7..], ["--served-model-name", "qwen"]);
-        spec.args = args(&["--served-model-name", "mine"]);
-        let command = backend_command(&spec, &settings, &target(&[])).unwrap();
-        assert_eq!(argv(&command)[7..], ["--served-model-name", "mine"]);
+        assert_served_name_unless_given(
+            BackendKind::Vllm,
+            "/models/qwen",
+            "qwen",
+            "--served-model-name",
+            &[["--served-model-name", "mine"]],
+        );
     }
 
     #[test]
