@@ -103,6 +103,23 @@ pub struct InstanceSpec {
     pub backend_version: Option<String>,
 }
 
+impl InstanceSpec {
+    /// Instance `instance_id`, named `key`, running `launch` from a model already on local
+    /// disk, with the program the worker's configuration names and the default ready
+    /// deadline.
+    pub fn new(instance_id: i64, key: impl Into<String>, launch: LaunchSpec) -> Self {
+        Self {
+            instance_id,
+            key: key.into(),
+            launch,
+            remote: None,
+            ready_deadline: None,
+            install: None,
+            backend_version: None,
+        }
+    }
+}
+
 /// Ports for backend processes unless configured otherwise.
 pub const DEFAULT_PORT_RANGE: RangeInclusive<u16> = 40000..=40999;
 /// How long a backend has to stop by default (see [`SupervisorConfig::stop_grace_period`]).

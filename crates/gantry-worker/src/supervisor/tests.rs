@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,27 +46,13 @@ impl Harness {
     }
 
     fn spec(instance_id: i64) -> InstanceSpec {
-        InstanceSpec {
-            instance_id,
-            key: format!("fake-model#{instance_id}"),
-            launch: LaunchSpec {
-                backend: BackendKind::Custom,
-                model_path: "/models/fake.gguf".into(),
-                args: Vec::new(),
-                env: BTreeMap::new(),
-                gpu_indexes: Vec::new(),
-                data_parallel_size: None,
-                custom_command: Some(
-                    "fake-backend --host {host} --port {port} --model {model_path}".to_owned(),
-                ),
-                health_path: None,
-                served_name: None,
-            },
-            remote: None,
-            ready_deadline: None,
-            install: None,
-            backend_version: None,
-        }
+        let launch = LaunchSpec {
+            custom_command: Some(
+                "fake-backend --host {host} --port {port} --model {model_path}".to_owned(),
+            ),
+            ..LaunchSpec::new(BackendKind::Custom, "/models/fake.gguf")
+        };
+        InstanceSpec::new(instance_id, format!("fake-model#{instance_id}"), launch)
     }
 
     /// The next state of instance 1, and when it came. An hour of (paused) time without

@@ -12,7 +12,6 @@
 //! ```
 //!
 //! Without the variable these tests fail; they never skip.
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -79,37 +78,27 @@ impl Harness {
     }
 
     fn spec(&self, instance_id: i64, model_path: PathBuf) -> InstanceSpec {
+        let launch = LaunchSpec {
+            // One slot over the model's whole context, one thread: on a small shared
+            // machine spinning OpenMP threads make every token far slower.
+            args: [
+                "--ctx-size",
+                "256",
+                "--parallel",
+                "1",
+                "--threads",
+                "1",
+                "--threads-batch",
+                "1",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            served_name: Some("tiny-llama".to_owned()),
+            ..LaunchSpec::new(BackendKind::LlamaCpp, model_path)
+        };
         InstanceSpec {
-            instance_id,
-            key: format!("tiny-llama#{instance_id}"),
-            launch: LaunchSpec {
-                backend: BackendKind::LlamaCpp,
-                model_path,
-                // One slot over the model's whole context, one thread: on a small shared
-                // machine spinning OpenMP threads make every token far slower.
-                args: [
-                    "--ctx-size",
-                    "256",
-                    "--parallel",
-                    "1",
-                    "--threads",
-                    "1",
-                    "--threads-batch",
-                    "1",
-                ]
-                .map(str::to_owned)
-                .to_vec(),
-                env: BTreeMap::new(),
-                gpu_indexes: Vec::new(),
-                data_parallel_size: None,
-                custom_command: None,
-                health_path: None,
-                served_name: Some("tiny-llama".to_owned()),
-            },
-            remote: None,
             ready_deadline: Some(Duration::from_secs(20)),
-            install: None,
-            backend_version: None,
+            ..InstanceSpec::new(instance_id, format!("tiny-llama#{instance_id}"), launch)
         }
     }
 

@@ -127,28 +127,15 @@ impl Harness {
 
     /// A custom-backend spec running the test server in `mode`.
     fn spec(&self, instance_id: i64, mode: &str) -> InstanceSpec {
-        InstanceSpec {
-            instance_id,
-            key: format!("test-model#{instance_id}"),
-            launch: LaunchSpec {
-                backend: BackendKind::Custom,
-                model_path: self.model.clone(),
-                args: vec!["--mode".into(), mode.into()],
-                env: BTreeMap::new(),
-                gpu_indexes: Vec::new(),
-                data_parallel_size: None,
-                custom_command: Some(format!(
-                    "python3 {} --host {{host}} --port {{port}} --model {{model_path}}",
-                    self.script.display()
-                )),
-                health_path: None,
-                served_name: None,
-            },
-            remote: None,
-            ready_deadline: None,
-            install: None,
-            backend_version: None,
-        }
+        let launch = LaunchSpec {
+            args: vec!["--mode".into(), mode.into()],
+            custom_command: Some(format!(
+                "python3 {} --host {{host}} --port {{port}} --model {{model_path}}",
+                self.script.display()
+            )),
+            ..LaunchSpec::new(BackendKind::Custom, self.model.clone())
+        };
+        InstanceSpec::new(instance_id, format!("test-model#{instance_id}"), launch)
     }
 
     async fn next_event(&mut self) -> InstanceEvent {
