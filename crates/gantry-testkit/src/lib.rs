@@ -132,6 +132,19 @@ pub fn reserve_ports(count: u16) -> std::ops::RangeInclusive<u16> {
     panic!("all 600 test port blocks are taken");
 }
 
+/// Deterministic bytes that look like weights (no runs a cache or transport could shrink).
+pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect()
+}
+
 /// A loopback port nothing listens on now (the kernel's choice for `bind(0)`, released
 /// at once): for a server that must be told its port, or an address nobody answers at.
 pub fn free_port() -> u16 {

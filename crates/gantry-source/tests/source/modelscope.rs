@@ -7,6 +7,7 @@
 use gantry_source::cache::{ModelCache, Progress};
 use gantry_source::{RemoteFile, Resolved, SourceConfig, SourceError, Sources};
 use gantry_testkit::modelscope::{ModelscopeDouble, ModelscopeFile, ModelscopeRepo};
+use gantry_testkit::pseudo_random;
 use gantry_types::{BackendKind, ModelSource};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -15,19 +16,6 @@ const GGUF_REPO: &str = "gantry-test/Tiny-GGUF";
 const ENGINE_REPO: &str = "gantry-test/Tiny-Safetensors";
 const TAG: &str = "v1.0";
 const KIB: usize = 1024;
-
-/// Deterministic bytes that look like weights.
-fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()[0]
-        })
-        .collect()
-}
 
 /// A safetensors file: the 8-byte length of its JSON header, the header, then `data_len`
 /// bytes of data.

@@ -7,25 +7,13 @@ use std::time::Duration;
 
 use gantry_testkit::hub::HubDouble;
 use gantry_testkit::modelscope::ModelscopeDouble;
+pub use gantry_testkit::pseudo_random;
 use gantry_testkit::RepoFile;
 use reqwest::header::{HeaderMap, CONTENT_RANGE, RANGE};
 use reqwest::StatusCode;
 use serde::{Deserialize, Serialize};
 
 pub const CONFIG: &[u8] = br#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#;
-
-/// Deterministic bytes that look like weights (no runs a cache or transport could shrink).
-pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()[0]
-        })
-        .collect()
-}
 
 /// The bytes of the fixture's file at `path`.
 pub fn contents<'a>(files: &'a [RepoFile], path: &str) -> &'a [u8] {

@@ -177,16 +177,8 @@ async fn the_tiny_model_runs_under_llama_cpp_and_answers_chat_completions() {
 async fn a_corrupt_model_is_an_error_with_llama_servers_stderr() {
     let mut h = Harness::new();
     let model = h.temp.path().join("corrupt.gguf");
-    // Deterministic noise: xorshift64 bytes, no GGUF magic.
-    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-    let noise: Vec<u8> = (0..64 * 1024)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 24) as u8
-        })
-        .collect();
+    let noise = gantry_testkit::pseudo_random(1, 64 * 1024);
+    assert!(!noise.starts_with(b"GGUF"), "noise, not a GGUF header");
     std::fs::write(&model, noise).unwrap();
     h.supervisor.ensure(h.spec(2, model)).await.unwrap();
     assert!(matches!(
