@@ -145,6 +145,27 @@ pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The real llama.cpp `llama-server` that `GANTRY_LLAMA_SERVER` names: scripts/test.sh sets
+/// it from scripts/build-llama-server.sh, which builds the server once (about ten minutes)
+/// and caches it. Without it, or when it names no file, the test fails saying so.
+pub fn llama_server() -> std::path::PathBuf {
+    let Some(path) = std::env::var_os("GANTRY_LLAMA_SERVER") else {
+        panic!(
+            "GANTRY_LLAMA_SERVER is not set. This test needs a real llama.cpp llama-server: \
+             run it with scripts/test.sh, or set \
+             GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -1)"
+        );
+    };
+    let path = std::path::PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "GANTRY_LLAMA_SERVER={} is not a file; run scripts/build-llama-server.sh and use the \
+         path it prints",
+        path.display()
+    );
+    path
+}
+
 /// A loopback port nothing listens on now (the kernel's choice for `bind(0)`, released
 /// at once): for a server that must be told its port, or an address nobody answers at.
 pub fn free_port() -> u16 {

@@ -12,10 +12,12 @@
 //! ```
 //!
 //! Without the variable these tests fail; they never skip.
+
 use std::path::PathBuf;
 use std::time::Duration;
 
 use gantry_backends::LaunchSpec;
+use gantry_testkit::llama_server;
 use gantry_types::BackendKind;
 use gantry_worker::supervisor::{
     BackendState, InstanceEvent, InstanceSpec, Supervisor, SupervisorConfig,
@@ -26,24 +28,6 @@ use nix::unistd::Pid;
 use tokio::sync::mpsc;
 
 const EVENT_TIMEOUT: Duration = Duration::from_secs(25);
-
-fn llama_server() -> PathBuf {
-    let Some(path) = std::env::var_os("GANTRY_LLAMA_SERVER") else {
-        panic!(
-            "GANTRY_LLAMA_SERVER is not set. These tests need a real llama.cpp llama-server: \
-             run `GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh) cargo test -p gantry-worker` \
-             (the script builds it once, about ten minutes, and caches it)"
-        );
-    };
-    let path = PathBuf::from(path);
-    assert!(
-        path.is_file(),
-        "GANTRY_LLAMA_SERVER={} is not a file; run scripts/build-llama-server.sh and use the \
-         path it prints",
-        path.display()
-    );
-    path
-}
 
 /// A port range of its own: nextest runs each test in its own process, at the same time
 /// as the others.

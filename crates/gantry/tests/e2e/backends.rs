@@ -360,7 +360,7 @@ async fn a_custom_backend_runs_a_model_refuses_deletion_in_use_and_rolls_version
     cluster.worker_id("w1", &worker).await;
     let command = format!(
         "{} -m {{model_path}} --host {{host}} --port {{port}} -c 256 -t 1 -tb 1 -np 1",
-        llama_server()
+        llama_server().display()
     );
     let definition = json!({
         "name": "tiny-runner",

@@ -15,23 +15,6 @@ use super::{free_port, TestGateway};
 /// How long llama-server may take to load the tiny model.
 const READY_DEADLINE: Duration = Duration::from_secs(60);
 
-fn llama_server_binary() -> PathBuf {
-    let Some(path) = std::env::var_os("GANTRY_LLAMA_SERVER") else {
-        panic!(
-            "GANTRY_LLAMA_SERVER is not set. The gateway tests proxy to a real llama.cpp \
-             llama-server: run them with scripts/test.sh, or set \
-             GANTRY_LLAMA_SERVER=$(scripts/build-llama-server.sh | tail -1)."
-        );
-    };
-    let path = PathBuf::from(path);
-    assert!(
-        path.is_file(),
-        "GANTRY_LLAMA_SERVER={} is not a file; run scripts/build-llama-server.sh and use the path it prints",
-        path.display()
-    );
-    path
-}
-
 /// A real llama-server serving the tiny model; killed when dropped.
 pub struct LlamaServer {
     child: Child,
@@ -43,7 +26,7 @@ impl LlamaServer {
     /// Starts one and waits for `/health`. A port free a moment ago can be taken
     /// before the server binds it, so a few ports are tried.
     async fn start(dir: &Path, model: &Path) -> Self {
-        let binary = llama_server_binary();
+        let binary = gantry_testkit::llama_server();
         let mut failures = Vec::new();
         for _ in 0..3 {
             let port = free_port();

@@ -26,24 +26,7 @@ use serde_json::{json, Value};
 
 pub const ADMIN_PASSWORD: &str = "admin-password-1";
 
-/// The llama-server binary the test script built; fails loudly without it.
-pub fn llama_server() -> String {
-    std::env::var("GANTRY_LLAMA_SERVER").unwrap_or_else(|_| {
-        panic!(
-            "GANTRY_LLAMA_SERVER is not set: run the tests with scripts/test.sh, which builds \
-             llama-server (scripts/build-llama-server.sh) and exports its path"
-        )
-    })
-}
-
-/// A free loopback port (bound and released; good enough for tests).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use gantry_testkit::{free_port, llama_server};
 
 /// A child process killed (with its process group) when dropped.
 pub struct Process {
@@ -218,7 +201,7 @@ pub async fn start_gantry(dir: &Path, extra: &[&str]) -> (Process, String) {
         "--port".into(),
         port.to_string(),
         "--llama-server-path".into(),
-        llama_server(),
+        llama_server().display().to_string(),
         "--port-range".into(),
         format!("{}-{}", ports.start(), ports.end()),
     ];
@@ -472,7 +455,10 @@ impl Cluster {
             },
         ];
         if !extra.contains(&"--llama-server-path") {
-            args.extend(["--llama-server-path".into(), llama_server()]);
+            args.extend([
+                "--llama-server-path".into(),
+                llama_server().display().to_string(),
+            ]);
         }
         // Tests write models into their own temporary directories, some into another
         // cluster's: every one of them is allowed.
