@@ -88,6 +88,19 @@ impl MemoryStore {
         let _ = self.changes.send(Arc::new(change));
     }
 
+    /// Creates or replaces `value` under `id` in the table `table` picks, and publishes
+    /// it as created or updated, as `change` wraps it.
+    fn put<T: Clone>(
+        &self,
+        id: i64,
+        value: T,
+        table: impl FnOnce(&mut State) -> &mut BTreeMap<i64, T>,
+        change: fn(ChangeKind, T) -> Change,
+    ) {
+        let existed = table(&mut self.state()).insert(id, value.clone()).is_some();
+        self.publish(change(Self::kind(existed), value));
+    }
+
     fn kind(existed: bool) -> ChangeKind {
         if existed {
             ChangeKind::Updated
@@ -98,12 +111,7 @@ impl MemoryStore {
 
     /// Creates or replaces a model.
     pub fn put_model(&self, model: Model) {
-        let existed = self
-            .state()
-            .models
-            .insert(model.id, model.clone())
-            .is_some();
-        self.publish(Change::Model(Self::kind(existed), model));
+        self.put(model.id, model, |state| &mut state.models, Change::Model);
     }
 
     /// Deletes a model and its instances, as the store's cascade does.
@@ -122,12 +130,8 @@ impl MemoryStore {
 
     /// Creates or replaces an instance (a worker's state report, a placement).
     pub fn put_instance(&self, instance: ModelInstance) {
-        let existed = self
-            .state()
-            .instances
-            .insert(instance.id, instance.clone())
-            .is_some();
-        self.publish(Change::Instance(Self::kind(existed), instance));
+        let id = instance.id;
+        self.put(id, instance, |state| &mut state.instances, Change::Instance);
     }
 
     /// An instance as it is now.
@@ -145,12 +149,12 @@ impl MemoryStore {
 
     /// Creates or replaces a worker (what `/metrics` counts).
     pub fn put_worker(&self, worker: Worker) {
-        let existed = self
-            .state()
-            .workers
-            .insert(worker.id, worker.clone())
-            .is_some();
-        self.publish(Change::Worker(Self::kind(existed), worker));
+        self.put(
+            worker.id,
+            worker,
+            |state| &mut state.workers,
+            Change::Worker,
+        );
     }
 
     /// Creates or replaces a provider (its key sealed, as the store holds it).
@@ -162,18 +166,12 @@ impl MemoryStore {
 
     /// Creates or replaces a route.
     pub fn put_route(&self, route: ModelRoute) {
-        let existed = self
-            .state()
-            .routes
-            .insert(route.id, route.clone())
-            .is_some();
-        self.publish(Change::Route(Self::kind(existed), route));
+        self.put(route.id, route, |state| &mut state.routes, Change::Route);
     }
 
     /// Creates or replaces an API key (what the key limiter reads).
     pub fn put_api_key(&self, key: ApiKey) {
-        let existed = self.state().api_keys.insert(key.id, key.clone()).is_some();
-        self.publish(Change::ApiKey(Self::kind(existed), key));
+        self.put(key.id, key, |state| &mut state.api_keys, Change::ApiKey);
     }
 
     /// Writes another server's share of the limited keys' counts.
