@@ -166,6 +166,30 @@ pub fn llama_server() -> std::path::PathBuf {
     path
 }
 
+/// Sends `request` and reads its answer as JSON, whatever its status; a transport error
+/// or a body that is not the JSON of `T` fails the test.
+pub async fn answer_json<T: serde::de::DeserializeOwned>(request: reqwest::RequestBuilder) -> T {
+    request
+        .send()
+        .await
+        .expect("the request is answered")
+        .json()
+        .await
+        .expect("the answer is the JSON expected")
+}
+
+/// Sends `request` and reads its answer as text, whatever its status; a transport error
+/// fails the test.
+pub async fn answer_text(request: reqwest::RequestBuilder) -> String {
+    request
+        .send()
+        .await
+        .expect("the request is answered")
+        .text()
+        .await
+        .expect("the answer is text")
+}
+
 /// A loopback port nothing listens on now (the kernel's choice for `bind(0)`, released
 /// at once): for a server that must be told its port, or an address nobody answers at.
 pub fn free_port() -> u16 {

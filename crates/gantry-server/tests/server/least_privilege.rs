@@ -106,14 +106,8 @@ async fn status_of(
 async fn every_secured_operation_refuses_the_wrong_credentials(engine: TestEngine) {
     let server = TestServer::start(engine).await;
     let http = reqwest::Client::new();
-    let spec: Value = http
-        .get(format!("{}/api/openapi.json", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec: Value =
+        gantry_testkit::answer_json(http.get(format!("{}/api/openapi.json", server.base))).await;
     let operations = operations(&spec);
     assert!(operations.len() > 40, "{} operations", operations.len());
     for (method, path) in ADMIN_OPERATIONS {

@@ -262,14 +262,7 @@ async fn stop_while_busy(h: &mut Harness, instance_id: i64, address: &str, drain
     let slots = format!("http://{address}/slots");
     let busy = async {
         loop {
-            let answer: serde_json::Value = client
-                .get(&slots)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let answer: serde_json::Value = gantry_testkit::answer_json(client.get(&slots)).await;
             if answer[0]["is_processing"] == true {
                 return;
             }

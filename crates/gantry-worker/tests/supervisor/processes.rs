@@ -203,14 +203,7 @@ fn http() -> reqwest::Client {
 }
 
 async fn get_env(port: u16) -> serde_json::Value {
-    http()
-        .get(format!("http://127.0.0.1:{port}/env"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    gantry_testkit::answer_json(http().get(format!("http://127.0.0.1:{port}/env"))).await
 }
 
 /// Gone: no such process, or a zombie nobody reaped yet (an orphan adopted by a PID 1 that

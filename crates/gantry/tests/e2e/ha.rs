@@ -355,14 +355,7 @@ async fn a_paused_leader_is_replaced_fenced_and_steps_down() {
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let metrics = http
-        .get(format!("{}/metrics", leader.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gantry_testkit::answer_text(http.get(format!("{}/metrics", leader.base))).await;
     let last_applied = metric(
         &metrics,
         "gantry_leader_write_last_applied_start_timestamp_seconds",
@@ -395,15 +388,11 @@ async fn a_paused_leader_is_replaced_fenced_and_steps_down() {
             || after.leader.fencing_token > taken.leader.fencing_token,
         "the lease changed hands without a new token: {taken:?} then {after:?}"
     );
-    let health: gantry_types::CoordinatorHealth = http
-        .get(format!("{}/api/v1/coordinator/health", leader.base))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: gantry_types::CoordinatorHealth = gantry_testkit::answer_json(
+        http.get(format!("{}/api/v1/coordinator/health", leader.base))
+            .bearer_auth(&token),
+    )
+    .await;
     assert!(
         health.role == gantry_types::ServerRole::Standby
             || health.fencing_token > Some(taken.leader.fencing_token),

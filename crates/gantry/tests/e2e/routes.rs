@@ -102,14 +102,11 @@ async fn burst(
 }
 
 async fn control(http: &reqwest::Client, provider: &str, fail: Option<u16>) -> Value {
-    http.post(format!("{provider}/control"))
-        .json(&json!({"fail": fail}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    gantry_testkit::answer_json(
+        http.post(format!("{provider}/control"))
+            .json(&json!({"fail": fail})),
+    )
+    .await
 }
 
 /// Starts `fake_provider.py` on a free port; returns it (killed when dropped) and its URL.
@@ -201,21 +198,11 @@ async fn a_route_splits_falls_through_and_limits_keys() {
     assert_eq!(created.status(), 201);
     let created: Value = created.json().await.unwrap();
     assert_eq!(created["has_api_key"], true);
-    let listed = api(reqwest::Method::GET, "/model-providers")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let listed = gantry_testkit::answer_text(api(reqwest::Method::GET, "/model-providers")).await;
     assert!(!listed.contains(PROVIDER_KEY) && !created.to_string().contains(PROVIDER_KEY));
-    let discovered: Value = api(reqwest::Method::GET, "/model-providers/hosted/models")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let discovered: Value =
+        gantry_testkit::answer_json(api(reqwest::Method::GET, "/model-providers/hosted/models"))
+            .await;
     assert_eq!(
         discovered["models"],
         json!(["hosted-model"]),
@@ -249,15 +236,8 @@ async fn a_route_splits_falls_through_and_limits_keys() {
         .await
         .unwrap()
         .key;
-    let listed: Value = http
-        .get(format!("{base}/v1/models"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value =
+        gantry_testkit::answer_json(http.get(format!("{base}/v1/models")).bearer_auth(&key)).await;
     let ids: Vec<&str> = listed["data"]
         .as_array()
         .unwrap()
@@ -402,15 +382,9 @@ async fn a_route_splits_falls_through_and_limits_keys() {
     assert_eq!(chat(&http, &base, &other, "chat-default").await.0, 403);
     // Nor does it see it listed (the key with no limit does).
     for (key, listed) in [(&other, false), (&key, true)] {
-        let models = http
-            .get(format!("{base}/v1/models"))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let models =
+            gantry_testkit::answer_text(http.get(format!("{base}/v1/models")).bearer_auth(key))
+                .await;
         assert_eq!(models.contains("chat-default"), listed, "{models}");
     }
 
@@ -452,14 +426,7 @@ async fn a_route_splits_falls_through_and_limits_keys() {
         5 * requests,
         "{usage}"
     );
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gantry_testkit::answer_text(http.get(format!("{base}/metrics"))).await;
     assert!(
         metrics.contains(&format!("gantry_gateway_target_requests_total{{model=\"chat-default\",target=\"{PROVIDER_TARGET}\"}}")),
         "{metrics}"

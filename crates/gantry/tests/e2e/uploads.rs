@@ -57,16 +57,13 @@ async fn patch(cluster: &Cluster, id: i64, offset: u64, body: reqwest::Body) -> 
 }
 
 async fn get_upload(cluster: &Cluster, id: i64) -> Upload {
-    cluster
-        .http
-        .get(format!("{}/{id}", uploads_url(cluster)))
-        .bearer_auth(cluster.client().token().unwrap())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    gantry_testkit::answer_json(
+        cluster
+            .http
+            .get(format!("{}/{id}", uploads_url(cluster)))
+            .bearer_auth(cluster.client().token().unwrap()),
+    )
+    .await
 }
 
 /// Uploads `bytes` in one piece; returns the ready upload.
@@ -366,16 +363,12 @@ async fn an_upload_on_one_server_is_deployed_through_another() {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
-    let staged: gantry_types::StagedUpload = b
-        .http
-        .get(format!("{}/api/v1/worker/uploads/{}", b.base, upload.id))
-        .bearer_auth(b.client().token().unwrap())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let staged: gantry_types::StagedUpload = gantry_testkit::answer_json(
+        b.http
+            .get(format!("{}/api/v1/worker/uploads/{}", b.base, upload.id))
+            .bearer_auth(b.client().token().unwrap()),
+    )
+    .await;
     let via_b = no_redirects
         .get(format!("{}{}", b.base, staged.url))
         .send()

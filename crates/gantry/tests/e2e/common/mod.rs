@@ -610,16 +610,7 @@ impl Cluster {
     /// A short chat with `model` through this server's gateway, as the admin: the
     /// answer's JSON, whatever its status.
     pub async fn chat_via_gateway(&self, model: &str) -> Value {
-        self.http
-            .post(format!("{}/v1/chat/completions", self.base))
-            .bearer_auth(self.client.token().unwrap())
-            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        gantry_testkit::answer_json(self.http.post(format!("{}/v1/chat/completions", self.base)).bearer_auth(self.client.token().unwrap()).json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))).await
     }
 }
 
