@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{
-    admin_client, alive, instances_of, start_gantry, tail, tiny_model, tiny_model_create,
+    admin_client, alive, create_api_key, instances_of, start_gantry, tail, tiny_model,
+    tiny_model_create,
 };
 use gantry_client::Client;
 use gantry_types::{
@@ -162,16 +163,7 @@ async fn changing_a_models_arguments_rolls_its_replicas_without_failing_a_reques
     )
     .await;
     let client = admin_client(&base, ADMIN_PASSWORD).await;
-    let key = client
-        .create_api_key(&gantry_types::ApiKeyCreate {
-            name: "roll".into(),
-            description: String::new(),
-            expires_in_days: None,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .key;
+    let key = create_api_key(&client, "roll").await;
 
     let model_file = tiny_model(dir.path());
     let body = tiny_model_create("tiny", &model_file, 2);

@@ -65,16 +65,7 @@ async fn deploy_with_one_call_and_serve_through_the_gateway() {
     .await;
     let http = reqwest::Client::new();
     let session = admin_client(&base, "admin-password-1").await;
-    let api_key = session
-        .create_api_key(&gantry_types::ApiKeyCreate {
-            name: "e2e".into(),
-            description: String::new(),
-            expires_in_days: None,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .key;
+    let api_key = common::create_api_key(&session, "e2e").await;
     let client = session.for_token(&api_key);
 
     // One call deploys the model; the scheduler places both replicas.

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{llama_pids_on, tail, tiny_model, Cluster};
 use gantry_testkit::postgres::OwnPostgres;
-use gantry_types::{ApiKeyCreate, InstanceState, ModelCreate, Timestamp, WorkerState};
+use gantry_types::{InstanceState, ModelCreate, Timestamp, WorkerState};
 use serde_json::json;
 
 fn outage() -> Duration {
@@ -145,17 +145,7 @@ async fn the_gateway_and_the_backends_outlive_a_database_outage() {
             pids[0]
         })
         .collect();
-    let key = cluster
-        .client()
-        .create_api_key(&ApiKeyCreate {
-            name: "outage".into(),
-            description: String::new(),
-            expires_in_days: None,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .key;
+    let key = common::create_api_key(cluster.client(), "outage").await;
 
     let load = Load::start(&cluster.base, &key);
     tokio::time::sleep(Duration::from_secs(2)).await;

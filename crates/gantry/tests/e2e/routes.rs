@@ -228,14 +228,7 @@ async fn a_route_splits_falls_through_and_limits_keys() {
         .await
         .unwrap();
     assert_eq!(route.status(), 201, "{}", route.text().await.unwrap());
-    let key = admin
-        .create_api_key(&gantry_types::ApiKeyCreate {
-            name: "app".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .key;
+    let key = common::create_api_key(&admin, "app").await;
     let listed: Value =
         gantry_testkit::answer_json(http.get(format!("{base}/v1/models")).bearer_auth(&key)).await;
     let ids: Vec<&str> = listed["data"]

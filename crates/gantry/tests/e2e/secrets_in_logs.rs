@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use crate::common::{Cluster, ADMIN_PASSWORD};
+use crate::common::{self, Cluster, ADMIN_PASSWORD};
 use gantry_client::Client;
-use gantry_types::{ApiKeyCreate, Role, UserCreate};
+use gantry_types::{Role, UserCreate};
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,17 +40,7 @@ async fn no_secret_reaches_a_log_line_at_trace_level() {
     let wrong_password = "wrong-password-secret-9";
     assert!(anonymous.login("alice", wrong_password).await.is_err());
     let alice = anonymous.login("alice", user_password).await.unwrap();
-    let key = anonymous
-        .for_token(alice.token.clone())
-        .create_api_key(&ApiKeyCreate {
-            name: "k".into(),
-            description: String::new(),
-            expires_in_days: None,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .key;
+    let key = common::create_api_key(&anonymous.for_token(alice.token.clone()), "k").await;
     let http = reqwest::Client::new();
     for path in ["/v1/models", "/api/v1/models"] {
         let response = http

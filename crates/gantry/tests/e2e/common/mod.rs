@@ -247,6 +247,16 @@ pub async fn admin_client(base: &str, password: &str) -> Client {
     anonymous.for_token(login.token)
 }
 
+/// Creates an API key named `name`, without limits, for the user `client` acts for;
+/// returns the key.
+pub async fn create_api_key(client: &Client, name: &str) -> String {
+    let create = gantry_types::ApiKeyCreate {
+        name: name.into(),
+        ..Default::default()
+    };
+    client.create_api_key(&create).await.unwrap().key
+}
+
 /// Polls `probe` every 100 ms until its answer satisfies `check` and returns that answer;
 /// after `within`, fails naming `what`, with the last answer and the tail of each log.
 pub async fn poll<T, F, Fut>(
