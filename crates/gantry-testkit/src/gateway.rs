@@ -197,6 +197,25 @@ pub fn assert_openai_error(
     error.clone()
 }
 
+/// The cluster's counts in `/metrics` are the store's: one instance running, on one ready
+/// worker; and the scheduler queue's gauge is there.
+pub fn assert_one_instance_running_on_one_ready_worker(text: &str) {
+    assert_eq!(
+        metric(text, "gantry_instances{state=\"running\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(text, "gantry_workers{state=\"ready\"}"),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE gantry_scheduler_queue_length gauge"),
+        "{text}"
+    );
+}
+
 /// The scheduler queue in `/metrics` is the pending and analyzing instances.
 pub fn assert_scheduler_queue_is_the_waiting_instances(text: &str) {
     assert_eq!(

@@ -21,8 +21,8 @@ use crate::common::{
 use gantry_client::Client;
 use gantry_server::ServerConfig;
 use gantry_testkit::gateway::{
-    assert_openai_error, assert_scheduler_queue_is_the_waiting_instances, fixed_answer_backend,
-    metric, GatewayClient,
+    assert_one_instance_running_on_one_ready_worker, assert_openai_error,
+    assert_scheduler_queue_is_the_waiting_instances, fixed_answer_backend, metric, GatewayClient,
 };
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::usage::{UsageBucket, UsageQuery, UsageReport};
@@ -355,20 +355,7 @@ async fn usage_the_gateway_records_is_reported_by_the_management_api(engine: Tes
 
     // The cluster's counts in /metrics are the store's.
     let text = cluster.metrics().await;
-    assert_eq!(
-        metric(&text, "gantry_instances{state=\"running\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "gantry_workers{state=\"ready\"}"),
-        1.0,
-        "{text}"
-    );
-    assert!(
-        text.contains("# TYPE gantry_scheduler_queue_length gauge"),
-        "{text}"
-    );
+    assert_one_instance_running_on_one_ready_worker(&text);
     cluster.server.shutdown().await;
 }
 

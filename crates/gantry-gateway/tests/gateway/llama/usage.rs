@@ -2,6 +2,7 @@
 //! caller and model, and the counters of `/metrics` as Prometheus and the dashboard read
 //! them.
 
+use gantry_testkit::gateway::assert_one_instance_running_on_one_ready_worker;
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -143,20 +144,7 @@ async fn chat_and_completions_are_proxied_and_usage_is_recorded() {
         0.0,
         "{text}"
     );
-    assert_eq!(
-        metric(&text, "gantry_instances{state=\"running\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "gantry_workers{state=\"ready\"}"),
-        1.0,
-        "{text}"
-    );
-    assert!(
-        text.contains("# TYPE gantry_scheduler_queue_length gauge"),
-        "{text}"
-    );
+    assert_one_instance_running_on_one_ready_worker(&text);
     assert!(
         text.contains("# TYPE gantry_gateway_request_duration_seconds histogram"),
         "{text}"
