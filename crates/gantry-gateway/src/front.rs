@@ -368,7 +368,8 @@ enum Step {
 }
 
 /// Passes the backend's body to the client as it arrives (chunked when its length is
-/// not known), writing whatever is ready in one go. False when the answer could not be
+/// not known), writing whatever is ready in one go: the pieces of a chunked body that
+/// are ready together go out as one chunk. False when the answer could not be
 /// completed (the client went away, the backend broke off): the connection closes.
 async fn pump<I>(
     io: &mut I,
@@ -380,6 +381,13 @@ async fn pump<I>(
 where
     I: AsyncRead + AsyncWrite + Unpin,
 {
+    // The chunk the data gathered in `out` belongs to; closed before `out` is written.
+    let mut open: Option<h1::OpenChunk> = None;
+    let close = |out: &mut Vec<u8>, open: &mut Option<h1::OpenChunk>| {
+        if let Some(chunk) = open.take() {
+            chunk.finish(out);
+        }
+    };
     loop {
         let step = poll_fn(|cx| match body.poll_chunk(cx) {
             Poll::Ready(chunk) => Poll::Ready(Step::Chunk(chunk)),
@@ -390,29 +398,34 @@ where
         .await;
         match step {
             Step::Chunk(Some(Ok(data))) => {
-                if chunked {
-                    h1::put_chunk(out, &data);
-                } else {
-                    out.extend_from_slice(&data);
+                if chunked && open.is_none() {
+                    open = Some(h1::OpenChunk::start(out));
                 }
-                if out.len() >= WRITE_BATCH && !write(io, out).await {
-                    return false;
+                out.extend_from_slice(&data);
+                if out.len() >= WRITE_BATCH {
+                    close(out, &mut open);
+                    if !write(io, out).await {
+                        return false;
+                    }
                 }
             }
             Step::Chunk(Some(Err(e))) => {
                 // The head (and part of the body) may be out: the only way left to
                 // tell the client is to cut the connection.
                 tracing::debug!(error = %e, "backend broke off a response; closing the client's connection");
+                close(out, &mut open);
                 let _ = write(io, out).await;
                 return false;
             }
             Step::Chunk(None) => {
+                close(out, &mut open);
                 if chunked {
                     out.extend_from_slice(h1::LAST_CHUNK);
                 }
                 return write(io, out).await;
             }
             Step::Flush => {
+                close(out, &mut open);
                 if !write(io, out).await {
                     return false;
                 }

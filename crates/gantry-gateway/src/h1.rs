@@ -521,14 +521,24 @@ pub fn put_number(out: &mut Vec<u8>, n: u64) {
 }
 
 /// Appends one chunk of a chunked body (nothing for empty data: an empty chunk would
-/// end the body).
+/// end the body). The front gathers its chunks with [`OpenChunk`]; the tests write
+/// theirs with this.
+#[cfg(test)]
 pub fn put_chunk(out: &mut Vec<u8>, data: &[u8]) {
     if data.is_empty() {
         return;
     }
+    let (size, at) = chunk_size_digits(data.len());
+    out.extend_from_slice(&size[at..]);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A chunk's size in hexadecimal: the digits are `size[at..]`.
+fn chunk_size_digits(mut n: usize) -> ([u8; 16], usize) {
     let mut size = [0u8; 16];
     let mut at = size.len();
-    let mut n = data.len();
     loop {
         at -= 1;
         size[at] = b"0123456789abcdef"[n % 16];
@@ -537,10 +547,54 @@ pub fn put_chunk(out: &mut Vec<u8>, data: &[u8]) {
             break;
         }
     }
-    out.extend_from_slice(&size[at..]);
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
+    (size, at)
+}
+
+/// Room kept for an open chunk's size line: the most hexadecimal digits a size has,
+/// and its CRLF.
+const CHUNK_SIZE_LINE_ROOM: usize = 16 + 2;
+
+/// A chunk of a chunked body being gathered at the end of an output buffer, so that
+/// pieces of a body that are ready together go out as one chunk rather than one each:
+/// a client pays per chunk (hyper's, for one, hands each chunk from the connection's
+/// task to the request's), and the chunk boundaries carry no meaning. Started with
+/// [`OpenChunk::start`], then the data is appended to the buffer as it comes, and
+/// [`OpenChunk::finish`] writes the size line in front of it before the buffer goes
+/// out.
+#[derive(Debug)]
+pub struct OpenChunk {
+    /// Where the room for the size line starts; the chunk's data follows the room.
+    at: usize,
+}
+
+impl OpenChunk {
+    /// Opens a chunk at the end of `out`: appends the room for its size line.
+    pub fn start(out: &mut Vec<u8>) -> Self {
+        let at = out.len();
+        out.resize(at + CHUNK_SIZE_LINE_ROOM, 0);
+        Self { at }
+    }
+
+    /// Closes the chunk: everything appended to `out` since it was opened is its data.
+    /// The size line goes in front of the data (which moves up to meet it) and the
+    /// CRLF after; a chunk with no data leaves nothing (an empty chunk would end the
+    /// body).
+    pub fn finish(self, out: &mut Vec<u8>) {
+        let data = self.at + CHUNK_SIZE_LINE_ROOM;
+        let length = out.len() - data;
+        if length == 0 {
+            out.truncate(self.at);
+            return;
+        }
+        let (size, at) = chunk_size_digits(length);
+        let digits = &size[at..];
+        let line = digits.len() + 2;
+        out[self.at..self.at + digits.len()].copy_from_slice(digits);
+        out[self.at + digits.len()..self.at + line].copy_from_slice(b"\r\n");
+        out.copy_within(data.., self.at + line);
+        out.truncate(self.at + line + length);
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 /// The end of a chunked body.
@@ -708,5 +762,23 @@ mod tests {
         let mut out = Vec::new();
         put_status_line(&mut out, 429);
         assert_eq!(out, b"HTTP/1.1 429 Too Many Requests\r\n");
+    }
+
+    #[test]
+    fn pieces_gathered_in_an_open_chunk_go_out_as_one_chunk_and_an_empty_one_as_nothing() {
+        let mut out = b"head\r\n\r\n".to_vec();
+        let chunk = OpenChunk::start(&mut out);
+        out.extend_from_slice(b"data: one\n\n");
+        out.extend_from_slice(&[b'x'; 300]);
+        chunk.finish(&mut out);
+        let mut expected = b"head\r\n\r\n".to_vec();
+        let mut data = b"data: one\n\n".to_vec();
+        data.extend_from_slice(&[b'x'; 300]);
+        put_chunk(&mut expected, &data);
+        assert_eq!(out, expected);
+
+        let chunk = OpenChunk::start(&mut out);
+        chunk.finish(&mut out);
+        assert_eq!(out, expected);
     }
 }
