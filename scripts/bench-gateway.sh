@@ -60,7 +60,9 @@
 # event — with `stream-load`, which prints failed streams and the server's RSS before,
 # at its peak and BENCH_SETTLE seconds, default 10, after, for BENCH_ROUNDS rounds,
 # default 3), BENCH_PROFILE (the cargo profile to build and run, default dist, the shipped build;
-# `dist-debug` keeps line tables for perf's reports).
+# `dist-debug` keeps line tables for perf's reports), BENCH_GANTRY_PROFILE (gantry's own
+# profile when it differs, the load's tools staying on BENCH_PROFILE: `dev` measures what
+# the README's `cargo run` builds).
 set -euo pipefail
 # The run's whole output also goes to bench/results/ (scripts/bench-record.sh).
 source "$(dirname "$0")/bench-record.sh"
@@ -104,11 +106,15 @@ if [[ " $CLIENTS " == *" oha "* ]] && ! "$OHA" --version 2>/dev/null | grep -q '
   env -u CARGO_TARGET_DIR cargo install oha --version '~1.16' --locked --root "$OHA_ROOT" >&2
 fi
 
-log "building gantry and openai-responder ($PROFILE)"
+GANTRY_PROFILE="${BENCH_GANTRY_PROFILE:-$PROFILE}"
+# Cargo puts the dev profile's build in target/debug.
+profile_dir() { if [[ $1 == dev ]]; then echo debug; else echo "$1"; fi; }
+log "building gantry ($GANTRY_PROFILE) and openai-responder ($PROFILE)"
 examples=(--example write-tiny-model)
 [[ -n "${BENCH_BARE:-}" ]] && examples+=(--example proxy-shape)
 cargo build --profile "$PROFILE" -p gantry -p gantry-bench -p gantry-gguf --bins "${examples[@]}" >&2
-GANTRY="$TARGET_DIR/$PROFILE/gantry"
+[[ $GANTRY_PROFILE == "$PROFILE" ]] || cargo build --profile "$GANTRY_PROFILE" -p gantry --bin gantry >&2
+GANTRY="$TARGET_DIR/$(profile_dir "$GANTRY_PROFILE")/gantry"
 RESPONDER="$TARGET_DIR/$PROFILE/openai-responder"
 WRITE_MODEL="$TARGET_DIR/$PROFILE/examples/write-tiny-model"
 [[ -x "$GANTRY" && -x "$RESPONDER" && -x "$WRITE_MODEL" ]] || die "$PROFILE binaries not found under $TARGET_DIR/$PROFILE"

@@ -82,6 +82,12 @@ fn run(invocation: Invocation) -> anyhow::Result<()> {
             flags,
         } => {
             let (config, runtime) = configured(config_file, flags)?;
+            if cfg!(debug_assertions) {
+                tracing::info!(
+                    "this is an unoptimised build (the dev profile of `cargo run`): fine for \
+                     trying gantry out; for serving, build it with `cargo build --profile dist`"
+                );
+            }
             raise_open_file_limit();
             runtime.block_on(run_role(config, role))
         }
