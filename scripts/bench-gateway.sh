@@ -62,7 +62,10 @@
 # default 3), BENCH_PROFILE (the cargo profile to build and run, default dist, the shipped build;
 # `dist-debug` keeps line tables for perf's reports), BENCH_GANTRY_PROFILE (gantry's own
 # profile when it differs, the load's tools staying on BENCH_PROFILE: `dev` measures what
-# the README's `cargo run` builds).
+# the README's `cargo run` builds), BENCH_GANTRY_BIN (a gantry binary built elsewhere,
+# another commit's say, instead of building one), BENCH_ALLOCS (1: instead of the
+# comparison, count the gateway's calls into the allocator per request under each load,
+# with uprobes on mimalloc's entry points; needs perf and root).
 set -euo pipefail
 # The run's whole output also goes to bench/results/ (scripts/bench-record.sh).
 source "$(dirname "$0")/bench-record.sh"
@@ -114,7 +117,7 @@ examples=(--example write-tiny-model)
 [[ -n "${BENCH_BARE:-}" ]] && examples+=(--example proxy-shape)
 cargo build --profile "$PROFILE" -p gantry -p gantry-bench -p gantry-gguf --bins "${examples[@]}" >&2
 [[ $GANTRY_PROFILE == "$PROFILE" ]] || cargo build --profile "$GANTRY_PROFILE" -p gantry --bin gantry >&2
-GANTRY="$TARGET_DIR/$(profile_dir "$GANTRY_PROFILE")/gantry"
+GANTRY="${BENCH_GANTRY_BIN:-$TARGET_DIR/$(profile_dir "$GANTRY_PROFILE")/gantry}"
 RESPONDER="$TARGET_DIR/$PROFILE/openai-responder"
 WRITE_MODEL="$TARGET_DIR/$PROFILE/examples/write-tiny-model"
 [[ -x "$GANTRY" && -x "$RESPONDER" && -x "$WRITE_MODEL" ]] || die "$PROFILE binaries not found under $TARGET_DIR/$PROFILE"
@@ -367,6 +370,32 @@ if [[ -n "${BENCH_STREAMS:-}" ]]; then
     --streams "$BENCH_STREAMS" --server-pid "$GANTRY_PID" --settle-s "${BENCH_SETTLE:-10}" \
     --rounds "${BENCH_ROUNDS:-3}"
   exit $?
+fi
+if [[ -n "${BENCH_ALLOCS:-}" ]]; then
+  command -v perf >/dev/null 2>&1 || die "BENCH_ALLOCS needs perf (apt-get install linux-perf)"
+  # Rust's allocations reach mimalloc through these (gantry's global allocator); C code
+  # is not inlined into Rust, so every call is seen.
+  alloc_symbols=(mi_malloc_aligned mi_zalloc_aligned mi_realloc_aligned mi_free)
+  perf probe -q -d 'probe_gantry:*' 2>/dev/null || true
+  for symbol in "${alloc_symbols[@]}"; do
+    perf probe -q -x "$GANTRY" --add "$symbol" >&2 || die "cannot place a uprobe on $symbol in $GANTRY"
+  done
+  trap 'perf probe -q -d "probe_gantry:*" 2>/dev/null || true; cleanup' EXIT
+  events=$(printf 'probe_gantry:%s,' "${alloc_symbols[@]}")
+  alloc_client=${CLIENTS%% *}
+  log "allocator calls per request through the gateway ($alloc_client, ${DURATION}s per mode; $GANTRY)"
+  for conc in $CONCURRENCY; do
+    for mode in plain stream; do
+      load "$alloc_client" "$mode" "$conc" 1 "$BASE" 1 >/dev/null
+      perf stat -x, -e "${events%,}" -p "$GANTRY_PID" -o "$WORK/allocs.csv" -- sleep "$DURATION" 2>/dev/null &
+      stat_pid=$!
+      read -r rps _ _ requests _ <<<"$(load "$alloc_client" "$mode" "$conc" "$DURATION" "$BASE" | summarize "$alloc_client")"
+      wait "$stat_pid" || true
+      per_request=$(awk -F, -v n="${requests:-0}" 'n > 0 && $1 ~ /^[0-9]+$/ {sub("probe_gantry:", "", $3); printf "%s%s %.2f", sep, $3, $1 / n; sep=", "}' "$WORK/allocs.csv")
+      log "$mode c$conc: $rps req/s; per request: ${per_request:-no counts}"
+    done
+  done
+  exit 0
 fi
 if [[ -n "${BENCH_PERF:-}" ]]; then
   command -v perf >/dev/null 2>&1 || die "BENCH_PERF needs perf (apt-get install linux-perf)"
