@@ -7,9 +7,14 @@
 //!   `"usage"` key is parsed from them. OpenAI-style servers put `usage` last.
 //! - Server-sent events: each `data:` line that mentions `"usage"` is parsed as it
 //!   passes. When the gateway itself asked for usage (the client did not), the
-//!   usage-only chunk (`"choices": []` plus `usage`) is removed; for that, an event
-//!   split across two reads is held until its end arrives (it is of no use to the
-//!   client before that anyway), and everything else is passed on unchanged.
+//!   usage-only chunk (`"choices": []` plus `usage`) is removed; for that, and to set
+//!   each event's `model` to the public name, an event split across two reads is held
+//!   until its end arrives (it is of no use to the client before that anyway), and
+//!   everything else is passed on unchanged.
+//! - The answer's `model` is the name the client asked for (`answer_name.rs`): a JSON
+//!   body whole in hand when its head arrived is renamed at once (its new length goes
+//!   in the head), one still arriving is held until its `model` field has passed (and
+//!   goes out chunked).
 //!
 //! The body reads the connection it arrives on itself (see `upstream.rs`). Dropping
 //! the body — the response ended, or the client went away — releases the in-flight
@@ -31,6 +36,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::answer_name::{self, JsonRename};
 use crate::limits::KeyWindow;
 use crate::metrics::{ErrorKind, InFlight, ModelMetrics, TargetMetrics};
 use crate::model_routes::RoutePlan;
@@ -50,33 +56,47 @@ pub const SSE_MAX_PENDING_BYTES: usize = 1024 * 1024;
 pub enum Inspector {
     /// Not at all (an error response).
     None,
-    Json(JsonTail),
+    /// A JSON body; renamed as it arrives when it was not whole in hand at its head.
+    Json(JsonTail, Option<JsonRename>),
     Sse(SseScanner),
 }
 
 impl Inspector {
-    pub fn json() -> Self {
-        Self::Json(JsonTail::default())
+    /// A JSON body whose `model` is set to `public`.
+    pub fn json_named(public: Arc<str>) -> Self {
+        Self::Json(JsonTail::default(), Some(JsonRename::new(public)))
     }
 
-    pub fn sse(strip_usage_only_chunk: bool) -> Self {
+    /// An event stream, its events' `model` set to `public`.
+    pub fn sse(strip_usage_only_chunk: bool, public: Option<Arc<str>>) -> Self {
         Self::Sse(SseScanner {
             strip: strip_usage_only_chunk,
+            rename: public,
             ..SseScanner::default()
         })
     }
 
-    /// Whether the body passed on differs from the backend's (its length with it).
+    /// Whether the body passed on may differ from the backend's (its length with it).
     pub fn rewrites(&self) -> bool {
-        matches!(self, Self::Sse(s) if s.strip)
+        match self {
+            Self::None => false,
+            Self::Json(_, rename) => rename.is_some(),
+            Self::Sse(s) => s.edits(),
+        }
     }
 
     /// Looks at a chunk; returns what to pass on (possibly empty).
     fn on_data(&mut self, data: Bytes) -> Bytes {
         match self {
             Self::None => data,
-            Self::Json(tail) => {
-                tail.push(data.clone());
+            Self::Json(tail, rename) => {
+                let data = match rename {
+                    Some(rename) => rename.on_data(data),
+                    None => data,
+                };
+                if !data.is_empty() {
+                    tail.push(data.clone());
+                }
                 data
             }
             Self::Sse(scanner) => scanner.on_data(data),
@@ -87,18 +107,27 @@ impl Inspector {
     fn finish(&mut self) -> Option<Bytes> {
         match self {
             Self::Sse(scanner) => scanner.finish(),
+            Self::Json(tail, Some(rename)) => {
+                let rest = rename.finish()?;
+                tail.push(rest.clone());
+                Some(rest)
+            }
             _ => None,
         }
     }
 
     fn holds_back(&self) -> bool {
-        matches!(self, Self::Sse(s) if s.strip && !s.pending.is_empty())
+        match self {
+            Self::None => false,
+            Self::Json(_, rename) => rename.as_ref().is_some_and(JsonRename::holds_back),
+            Self::Sse(s) => s.edits() && !s.pending.is_empty(),
+        }
     }
 
     fn usage(&self) -> Option<TokenUsage> {
         match self {
             Self::None => None,
-            Self::Json(tail) => tail.usage(),
+            Self::Json(tail, _) => tail.usage(),
             Self::Sse(scanner) => scanner.usage,
         }
     }
@@ -190,6 +219,8 @@ struct ChunkPeek {
 pub struct SseScanner {
     /// Remove the usage-only chunk (the gateway asked for it, the client did not).
     strip: bool,
+    /// Set each event's `model` to this (the public name).
+    rename: Option<Arc<str>>,
     /// Strip mode: the start of an event whose end has not arrived. Observe mode: the
     /// start of a line whose end has not arrived.
     pending: BytesMut,
@@ -204,9 +235,14 @@ fn trim_cr(line: &[u8]) -> &[u8] {
 }
 
 impl SseScanner {
+    /// Whether events are edited (held whole until their end), not only observed.
+    fn edits(&self) -> bool {
+        self.strip || self.rename.is_some()
+    }
+
     fn on_data(&mut self, data: Bytes) -> Bytes {
-        if self.strip {
-            self.strip_usage_only_events(data)
+        if self.edits() {
+            self.edit_events(data)
         } else {
             self.observe_lines(&data);
             data
@@ -271,40 +307,63 @@ impl SseScanner {
         }
     }
 
-    fn strip_usage_only_events(&mut self, data: Bytes) -> Bytes {
+    /// Passes on the complete events in `data` (with what was held before it), the
+    /// usage-only one cut out when stripping and each `model` renamed; the start of an
+    /// unfinished event is held.
+    fn edit_events(&mut self, data: Bytes) -> Bytes {
         let buffer = if self.pending.is_empty() {
             data
         } else {
             self.pending.extend_from_slice(&data);
             self.pending.split().freeze()
         };
-        // Bytes [passed_until, event_start) are complete events to pass on; dropped
-        // events are cut out by copying around them (rare: one per stream).
+        // Bytes [passed_until, event_start) are complete events to pass on, except for
+        // the edits: a dropped event is cut out and a renamed `model` replaced, by copying
+        // around them into `out` (made only when there is an edit).
         let mut out: Option<BytesMut> = None;
         let mut passed_until = 0;
         let mut event_start = 0;
         let mut line_start = 0;
         let mut usage_only = false;
+        // The current event's `model` values to replace (one per data line, seldom more
+        // than one line an event).
+        let mut renames: Vec<std::ops::Range<usize>> = Vec::new();
         for newline in memchr::memchr_iter(b'\n', &buffer) {
             let line = &buffer[line_start..newline];
-            line_start = newline + 1;
             if !trim_cr(line).is_empty() {
-                usage_only |= self.inspect_line(line);
+                let usage_chunk = self.inspect_line(line);
+                usage_only |= self.strip && usage_chunk;
+                if let Some(public) = &self.rename {
+                    if let Some(span) = answer_name::sse_line_span(trim_cr(line), public) {
+                        renames.push(line_start + span.start..line_start + span.end);
+                    }
+                }
+                line_start = newline + 1;
                 continue;
             }
+            line_start = newline + 1;
             // A blank line ends an event.
             if usage_only {
                 out.get_or_insert_with(BytesMut::new)
                     .extend_from_slice(&buffer[passed_until..event_start]);
                 passed_until = line_start;
+            } else if let Some(public) = &self.rename {
+                for span in renames.iter() {
+                    let out = out.get_or_insert_with(BytesMut::new);
+                    out.extend_from_slice(&buffer[passed_until..span.start]);
+                    out.extend_from_slice(&answer_name::json_characters(public));
+                    passed_until = span.end;
+                }
             }
+            renames.clear();
             usage_only = false;
             event_start = line_start;
         }
         if event_start < buffer.len() {
             if buffer.len() - event_start > SSE_MAX_PENDING_BYTES {
-                // Not an event stream we can cut; pass everything on from here.
+                // Not an event stream we can edit; pass everything on from here.
                 self.strip = false;
+                self.rename = None;
                 event_start = buffer.len();
             } else {
                 self.pending.extend_from_slice(&buffer[event_start..]);
@@ -325,10 +384,29 @@ impl SseScanner {
             return None;
         }
         let rest = self.pending.split().freeze();
+        let rename = self.rename.take();
+        let mut out: Option<BytesMut> = None;
+        let (mut passed_until, mut line_start) = (0, 0);
         for line in rest.split(|b| *b == b'\n') {
             self.inspect_line(line);
+            let span = rename.as_deref().and_then(|public| {
+                Some((public, answer_name::sse_line_span(trim_cr(line), public)?))
+            });
+            if let Some((public, span)) = span {
+                let out = out.get_or_insert_with(BytesMut::new);
+                out.extend_from_slice(&rest[passed_until..line_start + span.start]);
+                out.extend_from_slice(&answer_name::json_characters(public));
+                passed_until = line_start + span.end;
+            }
+            line_start += line.len() + 1;
         }
-        Some(rest)
+        match out {
+            None => Some(rest),
+            Some(mut out) => {
+                out.extend_from_slice(&rest[passed_until..]);
+                Some(out.freeze())
+            }
+        }
     }
 }
 
@@ -430,16 +508,34 @@ pub struct ObservedBody {
     /// ended, closed when it was abandoned.
     upstream: Option<UpstreamConnection>,
     inspector: Inspector,
+    /// The body, renamed, when it was whole in hand with its head: passed on first.
+    ready: Option<Bytes>,
     completion: Option<Completion>,
     ended: bool,
     failed: bool,
 }
 
 impl ObservedBody {
-    pub fn new(upstream: UpstreamConnection, inspector: Inspector, completion: Completion) -> Self {
+    /// The body of `upstream`'s answer. A JSON body to rename that is whole in hand is
+    /// renamed here, so that its length is known for the head.
+    pub fn new(
+        mut upstream: UpstreamConnection,
+        mut inspector: Inspector,
+        completion: Completion,
+    ) -> Self {
+        let mut ready = None;
+        if let Inspector::Json(_, rename) = &mut inspector {
+            if let Some(public) = rename.as_ref().map(|r| Arc::clone(r.public_name())) {
+                if let Some(body) = upstream.take_whole_body() {
+                    ready = Some(answer_name::rename_json(body, &public));
+                    *rename = None;
+                }
+            }
+        }
         Self {
             upstream: Some(upstream),
             inspector,
+            ready,
             completion: Some(completion),
             ended: false,
             failed: false,
@@ -466,6 +562,9 @@ impl ObservedBody {
     ) -> Poll<Option<Result<Bytes, RequestError>>> {
         if self.ended {
             return Poll::Ready(None);
+        }
+        if let Some(ready) = self.ready.take() {
+            return Poll::Ready(Some(Ok(self.inspector.on_data(ready))));
         }
         let Some(upstream) = self.upstream.as_mut() else {
             return Poll::Ready(None);
@@ -498,7 +597,11 @@ impl ObservedBody {
         if self.inspector.rewrites() {
             return None;
         }
-        self.upstream.as_ref().and_then(|u| u.body_remaining())
+        let ready = self.ready.as_ref().map_or(0, |r| r.len() as u64);
+        self.upstream
+            .as_ref()
+            .and_then(|u| u.body_remaining())
+            .map(|n| n + ready)
     }
 
     fn backend_done(&self) -> bool {
@@ -520,7 +623,7 @@ impl Body for ObservedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended || (self.backend_done() && !self.inspector.holds_back())
+        self.ended || (self.ready.is_none() && self.backend_done() && !self.inspector.holds_back())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -691,6 +794,70 @@ mod tests {
             );
             assert_eq!(String::from_utf8(out).unwrap(), expected);
         }
+    }
+
+    #[test]
+    fn sse_events_name_the_public_model_however_the_stream_is_cut() {
+        let named = |model: &str| {
+            format!(
+                "data: {{\"model\":\"{model}\",\"choices\":[{{\"delta\":{{\"content\":\"hi\"}}}}]}}\n\n"
+            )
+        };
+        let usage_only = format!(
+            "data: {{\"model\":\"/m.gguf\",{}",
+            &USAGE_ONLY["data: {".len()..]
+        );
+        let unterminated = "data: {\"model\":\"/m.gguf\"}";
+        let stream = format!(
+            "{}{}{usage_only}{DONE}{unterminated}",
+            named("/m.gguf"),
+            named("/m.gguf")
+        );
+        let bytes = stream.as_bytes();
+        for strip in [false, true] {
+            let expected = format!(
+                "{}{}{}{DONE}data: {{\"model\":\"public\"}}",
+                named("public"),
+                named("public"),
+                if strip {
+                    String::new()
+                } else {
+                    usage_only.replace("/m.gguf", "public")
+                }
+            );
+            for cut in 0..=bytes.len() {
+                let mut scanner = SseScanner {
+                    strip,
+                    rename: Some(Arc::from("public")),
+                    ..Default::default()
+                };
+                let out = run(&mut scanner, &[&bytes[..cut], &bytes[cut..]]);
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    expected,
+                    "strip {strip}, cut at {cut}"
+                );
+                assert_eq!(scanner.usage, Some(usage(5, 2, 7)));
+            }
+        }
+        // Events that already name it pass through without a copy.
+        let mut scanner = SseScanner {
+            rename: Some(Arc::from("public")),
+            ..Default::default()
+        };
+        let chunk = Bytes::from(named("public"));
+        assert_eq!(scanner.on_data(chunk.clone()).as_ptr(), chunk.as_ptr());
+        // With CRLF line ends too.
+        let mut scanner = SseScanner {
+            rename: Some(Arc::from("public")),
+            ..Default::default()
+        };
+        let crlf = named("/m.gguf").replace('\n', "\r\n");
+        let out = run(&mut scanner, &[crlf.as_bytes()]);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            named("public").replace('\n', "\r\n")
+        );
     }
 
     #[test]

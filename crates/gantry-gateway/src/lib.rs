@@ -49,6 +49,7 @@
 //! its models) and [`openapi`]; everything else is `pub(crate)` (but `testing`, for
 //! tests only).
 
+mod answer_name;
 mod balance;
 mod body;
 mod core_loops;

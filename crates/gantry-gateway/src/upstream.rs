@@ -399,6 +399,18 @@ impl UpstreamConnection {
         }
     }
 
+    /// The whole body of a length-delimited response when all of it came in with the
+    /// head, taken (the body then reads as done).
+    pub fn take_whole_body(&mut self) -> Option<Bytes> {
+        let h1::Framing::Length(length) = self.body else {
+            return None;
+        };
+        if (self.buf.len() as u64) < length {
+            return None;
+        }
+        self.body.decode(&mut self.buf).ok().flatten()
+    }
+
     /// The response body has been read to its end.
     pub fn body_done(&self) -> bool {
         self.body.is_done()

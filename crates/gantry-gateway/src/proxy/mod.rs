@@ -20,7 +20,8 @@
 //!    every answer is recorded on the instance for passive ejection (`eject.rs`).
 //! 4. **answer** ([`respond`]): the head with `x-gantry-instance` (the instance or
 //!    provider that answered) and `x-gantry-target`, and the body streamed back as it
-//!    comes (`body.rs`), its usage read on the way. Once the head has arrived the
+//!    comes (`body.rs`), its usage read on the way and its `model` the name the client
+//!    asked for (`answer_name.rs`). Once the head has arrived the
 //!    response is the client's: nothing interrupts it.
 //!
 //! Two HTTP layers call in: the front's own HTTP/1.1 ([`authenticate_then_proxy`]) and
@@ -373,17 +374,19 @@ fn respond(
         .head
         .get("content-type")
         .is_some_and(|v| v.starts_with(b"text/event-stream"));
-    let inspector = if !status.is_success() {
-        Inspector::None
-    } else if is_sse {
-        Inspector::sse(inject_usage)
-    } else {
-        Inspector::json()
-    };
     let answered = match selection {
         // Its name, counters and header are the route's own.
         admit::Selection::Model(route) => Answered::Model(route),
         admit::Selection::Route(plan) => Answered::Route { plan, target },
+    };
+    // The answer names what the client asked for, whatever the backend calls it.
+    let public = Arc::clone(answered.model());
+    let inspector = if !status.is_success() {
+        Inspector::None
+    } else if is_sse {
+        Inspector::sse(inject_usage, Some(public))
+    } else {
+        Inspector::json_named(public)
     };
     let body = ObservedBody::new(
         connection,

@@ -11,6 +11,7 @@
 
 mod common;
 
+mod answer_name;
 mod disconnect;
 mod errors;
 mod llama;
