@@ -132,7 +132,11 @@ pub struct ApiKeyUpdate {
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(max_length = 500, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
+    #[schema(
+        nullable = false,
+        max_length = 500,
+        pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$"
+    )]
     pub description: Option<String>,
     #[serde(
         default,

@@ -166,6 +166,7 @@ pub struct InstancePatch {
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schema(nullable = false)]
     pub gpu_indexes: Option<Vec<u32>>,
 }
 

@@ -70,7 +70,7 @@ pub struct ModelProviderCreate {
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(max_length = 4096)]
+    #[schema(nullable = false, max_length = 4096)]
     pub api_key: Option<String>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -99,14 +99,18 @@ pub struct ModelProviderUpdate {
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(max_length = 500, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
+    #[schema(
+        nullable = false,
+        max_length = 500,
+        pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$"
+    )]
     pub description: Option<String>,
     #[serde(
         default,
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(min_length = 1, max_length = 2000)]
+    #[schema(nullable = false, min_length = 1, max_length = 2000)]
     pub base_url: Option<String>,
     #[serde(
         default,
@@ -120,19 +124,21 @@ pub struct ModelProviderUpdate {
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schema(nullable = false)]
     pub headers: Option<BTreeMap<String, String>>,
     #[serde(
         default,
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(minimum = 1, maximum = 3600)]
+    #[schema(nullable = false, minimum = 1, maximum = 3600)]
     pub timeout_seconds: Option<u64>,
     #[serde(
         default,
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schema(nullable = false)]
     pub models: Option<Vec<String>>,
 }
 
@@ -386,14 +392,18 @@ pub struct ModelRouteUpdate {
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(max_length = 500, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
+    #[schema(
+        nullable = false,
+        max_length = 500,
+        pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$"
+    )]
     pub description: Option<String>,
     #[serde(
         default,
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(min_items = 1, max_items = 32)]
+    #[schema(nullable = false, min_items = 1, max_items = 32)]
     pub targets: Option<Vec<RouteTarget>>,
 }
 

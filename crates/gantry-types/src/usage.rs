@@ -22,12 +22,13 @@ pub struct UsageQuery {
     /// begins holds nothing: the report is empty.
     pub to: Option<Timestamp>,
     /// Also answer `series`: the usage per bucket of this length (UTC), per user, API key
-    /// and model. Needs `from`; at most [`MAX_USAGE_BUCKETS`] buckets from `from` to `to`
-    /// (or now).
+    /// and model. Needs `from`; at most 2000 buckets from `from` to `to` (or now): a
+    /// longer window is refused with 400 (for a week, take `hour` or `day`).
     pub bucket: Option<UsageBucket>,
 }
 
-/// The most buckets one report's `series` spans.
+/// The most buckets one report's `series` spans (the spec states the number in
+/// `bucket`'s description; a test holds the two together).
 pub const MAX_USAGE_BUCKETS: i64 = 2000;
 
 /// The length of one bucket of a usage series.
@@ -152,4 +153,23 @@ pub struct UsageReport {
     pub bucket: Option<UsageBucket>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub series: Option<Vec<UsagePoint>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spec_states_the_most_buckets_a_series_spans() {
+        let params = serde_json::to_value(UsageQuery::into_params(|| None)).unwrap_or_default();
+        let bucket = params
+            .as_array()
+            .and_then(|all| all.iter().find(|p| p["name"] == "bucket"))
+            .map(|p| p["description"].to_string())
+            .unwrap_or_default();
+        assert!(
+            bucket.contains(&format!("at most {MAX_USAGE_BUCKETS} buckets")),
+            "{bucket}"
+        );
+    }
 }

@@ -135,7 +135,9 @@ pub fn labels_schema() -> utoipa::openapi::Object {
 pub const TEXT_PATTERN: &str = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$";
 
 /// For `#[serde(default, deserialize_with = "crate::validate::not_null")]`: an optional
-/// field that may be left out but not sent as `null`.
+/// field that may be left out but not sent as `null`. Its schema says so with
+/// `#[schema(nullable = false)]` (an `Option` is nullable in the spec otherwise, and a
+/// client generated from it would send the `null` that is refused).
 pub fn not_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -168,6 +170,56 @@ pub fn check_text(field: &str, text: &str, max_chars: usize) -> Result<(), Field
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The spec's properties of `T`, and whether `T` takes `{field: null}`.
+    fn refuses_null<T: utoipa::PartialSchema + serde::de::DeserializeOwned>(
+        field: &str,
+    ) -> (serde_json::Value, bool) {
+        let schema = serde_json::to_value(T::schema()).unwrap_or_default();
+        let property = schema["properties"][field].clone();
+        let taken = serde_json::from_value::<T>(serde_json::json!({ field: null })).is_ok();
+        (property, !taken)
+    }
+
+    #[test]
+    fn fields_that_refuse_null_are_not_nullable_in_the_spec() {
+        use crate::{ApiKeyUpdate, InstancePatch, ModelProviderUpdate, ModelRouteUpdate};
+        let cases = [
+            (
+                "description",
+                refuses_null::<ModelRouteUpdate>("description"),
+            ),
+            ("targets", refuses_null::<ModelRouteUpdate>("targets")),
+            (
+                "description",
+                refuses_null::<ModelProviderUpdate>("description"),
+            ),
+            ("base_url", refuses_null::<ModelProviderUpdate>("base_url")),
+            ("headers", refuses_null::<ModelProviderUpdate>("headers")),
+            (
+                "timeout_seconds",
+                refuses_null::<ModelProviderUpdate>("timeout_seconds"),
+            ),
+            ("models", refuses_null::<ModelProviderUpdate>("models")),
+            ("description", refuses_null::<ApiKeyUpdate>("description")),
+            ("gpu_indexes", refuses_null::<InstancePatch>("gpu_indexes")),
+        ];
+        for (field, (property, refused)) in cases {
+            assert!(property.is_object(), "{field}: not in the schema");
+            assert!(refused, "{field}: null is taken");
+            assert!(
+                !property.to_string().contains("\"null\""),
+                "{field}: {property}"
+            );
+        }
+        // A field whose `null` means something stays nullable: a provider's `api_key`
+        // (null removes it).
+        let (property, refused) = refuses_null::<ModelProviderUpdate>("api_key");
+        assert!(
+            !refused && property.to_string().contains("\"null\""),
+            "{property}"
+        );
+    }
 
     #[test]
     fn names_accept_plain_identifiers() {

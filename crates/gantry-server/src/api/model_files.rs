@@ -101,7 +101,8 @@ async fn files_of(state: &AppState, worker: &Worker) -> ApiResult<Vec<CachedMode
 /// downloaded.
 #[utoipa::path(delete, path = "/api/v1/model-files/{worker_id}/{blob}", tag = "model-files", security(("bearer" = [])),
     params(("worker_id" = i64, Path, description = "worker id"),
-        ("blob" = String, Path, description = "the file's `blob`, as listed")),
+        ("blob" = String, Path, description = "the file's `blob`, as listed: letters, digits, `-`, `_` and `.`, not starting with `.`",
+            min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")),
     responses((status = 204), (status = 400, body = gantry_types::ErrorBody),
         (status = 403, body = gantry_types::ErrorBody), (status = 404, body = gantry_types::ErrorBody),
         (status = 409, body = gantry_types::ErrorBody), (status = 502, body = gantry_types::ErrorBody)))]

@@ -379,7 +379,49 @@ async fn heartbeat_samples_make_the_workers_history(engine: TestEngine) {
     server.shutdown().await;
 }
 
+/// A heartbeat's body is optional, as the spec says: no body, an empty one announced
+/// with `Content-Length: 0` and no content type (what aiohttp and other clients send),
+/// and a JSON sample are all accepted; a body of another type is refused with 415.
+async fn a_heartbeat_without_a_body_is_accepted_however_it_is_sent(engine: TestEngine) {
+    let server = TestServer::start(engine).await;
+    let (_, worker) = server.register(&registration("w1", 1)).await;
+    let token = worker.token().unwrap();
+    let heartbeat = |headers: &str, body: &str| {
+        format!(
+            "POST /api/v1/worker/heartbeat HTTP/1.1\r\nhost: gantry\r\nauthorization: Bearer {token}\r\n\
+             connection: close\r\n{headers}\r\n{body}"
+        )
+    };
+    let status = |answer: &str| answer.split(' ').nth(1).unwrap_or_default().to_owned();
+    for (what, headers, body, expected) in [
+        ("no body", "", "", "200"),
+        (
+            "an empty body of length 0",
+            "content-length: 0\r\n",
+            "",
+            "200",
+        ),
+        (
+            "a JSON sample",
+            "content-type: application/json\r\ncontent-length: 2\r\n",
+            "{}",
+            "200",
+        ),
+        (
+            "a text body",
+            "content-type: text/plain\r\ncontent-length: 2\r\n",
+            "hi",
+            "415",
+        ),
+    ] {
+        let answer = exchange(server.addr(), &heartbeat(headers, body)).await;
+        assert_eq!(status(&answer), expected, "{what}: {answer}");
+    }
+    server.shutdown().await;
+}
+
 test_both_engines!(
+    a_heartbeat_without_a_body_is_accepted_however_it_is_sent,
     heartbeat_samples_make_the_workers_history,
     the_assignment_watch_moves_to_the_bare_connection_only_when_asked,
     workers_register_once_and_reregister_idempotently,
