@@ -1,10 +1,12 @@
 // @ts-check
 // The playground: chat with a running model or a route through the gateway, one pane or
-// two side by side, with time to first token and tokens per second under each answer, and
+// two side by side. Answers are shown as Markdown (lib/markdown.js) while they stream, with
+// the time to the first token as soon as it comes and the speed as it goes under each;
 // the same request as curl or Python.
 
 import { api, errorFrom, itemsOf } from '../lib/api.js';
 import { h, pageHead } from '../lib/dom.js';
+import { renderMarkdown } from '../lib/markdown.js';
 import { isAdmin } from '../lib/session.js';
 
 /**
@@ -15,6 +17,86 @@ import { isAdmin } from '../lib/session.js';
 /** @typedef {{role: string, content: string}} Message */
 
 /** @import { Route } from '../lib/api-types' */
+
+/**
+ * Where an answer stands, as its stream tells it: when it was sent and its first and
+ * latest text came (`performance.now()` times), its text and how many pieces it came in,
+ * the usage it reported and the backend's own timings (llama.cpp's; both sent last, so
+ * only an answer that ended has them), the route target that answered.
+ * @typedef {{
+ *   sent: number,
+ *   first: number | null,
+ *   last: number | null,
+ *   ended: number | null,
+ *   text: string,
+ *   deltas: number,
+ *   usage: {completion_tokens?: number} | null,
+ *   timings: {predicted_per_second?: number} | null,
+ *   target: string | null,
+ *   outcome: 'streaming' | 'done' | 'stopped' | 'failed',
+ * }} AnswerState
+ */
+
+/**
+ * The shortest stretch of an answer's arrival its speed is timed over: text that comes
+ * faster arrives in bursts (the network and the gateway send what is ready together), so
+ * a shorter stretch would time the bursts, not the model.
+ */
+const MIN_TIMED_MS = 250;
+
+/**
+ * The line under an answer: the time to its first token as soon as it came, its speed
+ * and length as it goes, and how it ended. Lengths are in tokens: the answer's own count
+ * when it reported its usage, else one token per piece of text it streamed, which is
+ * said to be an estimate. The speed is the backend's own when it reported one, else
+ * timed here from the first to the latest text once that is long enough to time.
+ * @param {AnswerState} state
+ * @param {string} asked the model the request named
+ * @param {number} now
+ * @returns {HTMLElement[]}
+ */
+function answerStats(state, asked, now) {
+  /** @type {HTMLElement[]} */
+  const parts = [];
+  /**
+   * @param {string} name
+   * @param {string} text
+   * @param {string} [title]
+   */
+  const part = (name, text, title) => parts.push(h('span', { 'data-stat': name, title: title || null }, text));
+  const end = state.ended === null ? now : state.ended;
+  if (state.first === null) {
+    if (state.outcome === 'streaming') {
+      part('waiting', 'waiting for the first token… ' + ((end - state.sent) / 1000).toFixed(1) + ' s');
+    } else if (state.outcome === 'done') {
+      part('tokens', 'no text in the answer');
+    }
+  } else {
+    part('ttft', 'first token ' + Math.round(state.first - state.sent) + ' ms', 'Time from sending to the first text of the answer');
+    const counted = state.usage && state.usage.completion_tokens != null ? state.usage.completion_tokens : null;
+    const tokens = counted === null ? state.deltas : counted;
+    const estimate = counted === null
+      ? 'Estimated: one token per piece of text streamed, as the answer reported no usage' + (state.outcome === 'streaming' ? ' yet' : '') + '.'
+      : undefined;
+    const measured = state.timings && state.timings.predicted_per_second;
+    // While it streams the stretch runs to now, so a stall shows as a falling speed;
+    // once it ended, to its last text.
+    const latest = state.outcome === 'streaming' ? now : /** @type {number} */ (state.last);
+    if (measured) {
+      part('rate', measured.toFixed(1) + ' tokens/s', 'Generation speed as the backend measured it');
+    } else if (tokens > 1 && latest - state.first >= MIN_TIMED_MS) {
+      // The first token's time is in the time to first token: the speed counts the rest.
+      const rate = (tokens - 1) / ((latest - state.first) / 1000);
+      part('rate', (counted === null ? '≈ ' : '') + rate.toFixed(1) + ' tokens/s',
+        estimate || 'Timed in this browser, from the first text of the answer to its last.');
+    }
+    part('tokens', tokens + (tokens === 1 ? ' token' : ' tokens') + (counted === null ? ' (estimated)' : ''), estimate);
+  }
+  if (state.outcome === 'stopped') part('outcome', 'stopped');
+  // A model that answers to its own name needs no "via".
+  if (state.target && state.target !== asked) part('via', 'via ' + state.target);
+  return parts;
+}
 
 /**
  * Reads an OpenAI server-sent event stream: calls `onEvent` with each `data:` line's
@@ -199,23 +281,35 @@ function chatPane(index, models, chosen, routeNames) {
       const request = pane.request(settings, prompt);
       transcript.querySelector('.empty-chat')?.remove();
       transcript.append(h('div', { class: 'message user' }, h('div', { class: 'role' }, 'You'), h('div', { class: 'content' }, prompt)));
-      const content = h('div', { class: 'content', 'data-answer': '' });
-      const stats = h('div', { class: 'stats muted small', 'data-stats': '' }, 'waiting for the first token…');
+      const content = h('div', { class: 'content markdown', 'data-answer': '' });
+      const stats = h('div', { class: 'stats muted small', 'data-stats': '' });
       const answer = h('div', { class: 'message assistant streaming' },
         h('div', { class: 'role' }, select.value), content, stats);
       transcript.append(answer);
       transcript.scrollTop = transcript.scrollHeight;
       controller = new AbortController();
-      const sent = performance.now();
-      // Typed by casts: the events' callback sets them, where the checker does not look.
-      /** When the first text arrived. */
-      let first = /** @type {number | null} */ (null);
-      let chunks = 0;
-      /** The usage the last event carried, sent at the end. */
-      let usage = /** @type {{completion_tokens?: number} | null} */ (null);
-      /** @type {string | null} the target of a route that answered (x-gantry-target): a model, or provider/model */
-      let target = null;
-      let outcome = 'done';
+      /** @type {AnswerState} */
+      const state = { sent: performance.now(), first: null, last: null, ended: null, text: '', deltas: 0, usage: null, timings: null, target: null, outcome: 'streaming' };
+      // Redrawn once a frame at most, however fast the chunks come: the whole answer is
+      // read as Markdown again, which an unclosed fence or emphasis needs anyway. A timer
+      // keeps the wait and the rate current between chunks.
+      let frame = 0;
+      let shown = '';
+      const redraw = () => {
+        frame = 0;
+        const following = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 48;
+        if (state.text !== shown) {
+          shown = state.text;
+          content.replaceChildren(...renderMarkdown(shown));
+        }
+        stats.replaceChildren(...answerStats(state, request.model, performance.now()));
+        if (following) transcript.scrollTop = transcript.scrollHeight;
+      };
+      const schedule = () => {
+        if (!frame) frame = requestAnimationFrame(redraw);
+      };
+      const ticking = setInterval(schedule, 500);
+      redraw();
       try {
         const response = await fetch('/v1/chat/completions', {
           method: 'POST',
@@ -225,46 +319,38 @@ function chatPane(index, models, chosen, routeNames) {
           signal: controller.signal,
         });
         if (!response.ok) throw await errorFrom(response);
-        target = response.headers.get('x-gantry-target');
+        state.target = response.headers.get('x-gantry-target');
         await readEvents(response, (event) => {
-          if (event.usage) usage = event.usage;
+          if (event.usage) state.usage = event.usage;
+          if (event.timings) state.timings = event.timings;
           const delta = event.choices && event.choices[0] && event.choices[0].delta;
           const text = delta && (delta.content || '');
           if (!text) return;
-          if (first === null) first = performance.now();
-          chunks += 1;
-          content.append(text);
-          transcript.scrollTop = transcript.scrollHeight;
+          state.last = performance.now();
+          if (state.first === null) state.first = state.last;
+          state.deltas += 1;
+          state.text += text;
+          schedule();
         });
+        state.outcome = 'done';
       } catch (e) {
         if (e.name === 'AbortError') {
-          outcome = 'stopped';
+          state.outcome = 'stopped';
         } else {
-          outcome = 'failed';
+          state.outcome = 'failed';
           answer.append(h('div', { class: 'alert', role: 'alert' }, e.message));
         }
       } finally {
         controller = null;
+        clearInterval(ticking);
+        cancelAnimationFrame(frame);
       }
-      const ended = performance.now();
+      state.ended = performance.now();
       answer.classList.remove('streaming');
-      answer.dataset.outcome = outcome;
-      const tokens = usage && usage.completion_tokens != null ? usage.completion_tokens : chunks;
-      const parts = [];
-      if (first !== null) {
-        parts.push('first token ' + Math.round(first - sent) + ' ms');
-        const generating = (ended - first) / 1000;
-        if (tokens > 1 && generating > 0) parts.push(((tokens - 1) / generating).toFixed(1) + ' tokens/s');
-        parts.push(tokens + (usage ? ' tokens' : ' chunks'));
-      } else if (outcome === 'done') {
-        parts.push('no text in the answer');
-      }
-      if (outcome === 'stopped') parts.push('stopped');
-      // A model that answers to its own name needs no "via".
-      if (target && target !== request.model) parts.push('via ' + target);
-      stats.textContent = parts.join(' · ');
-      if (content.textContent) {
-        messages.push({ role: 'user', content: prompt }, { role: 'assistant', content: content.textContent });
+      answer.dataset.outcome = state.outcome;
+      redraw();
+      if (state.text) {
+        messages.push({ role: 'user', content: prompt }, { role: 'assistant', content: state.text });
       }
     },
   };
