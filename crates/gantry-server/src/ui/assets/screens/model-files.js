@@ -1,17 +1,18 @@
 // @ts-check
 // The model files screen (admins): what the workers' model caches hold, file by file with
 // its state and the models that use it, which workers did not answer, and deleting a file
-// no instance uses; the uploads to the servers are its second part (uploads.js).
+// no instance uses; then the models whose files the workers read in place (local paths,
+// which are in no cache); the uploads to the servers are its last part (uploads.js).
 
 import { api } from '../lib/api.js';
 import { confirmDialog } from '../lib/dialogs.js';
 import { h, pageHead, toast } from '../lib/dom.js';
 import { baseName, fmtBytes } from '../lib/format.js';
 import { combine, follow, live } from '../lib/live.js';
-import { progressBar, stateBadge, timeCell } from '../lib/widgets.js';
+import { INSTANCE_STATE_CLASS, progressBar, stateBadge, timeCell } from '../lib/widgets.js';
 import { uploadsSection } from './uploads.js';
 
-/** @import { ModelFile, ModelFileList } from '../lib/api-types' */
+/** @import { Instance, Model, ModelFile, ModelFileList } from '../lib/api-types' */
 
 /**
  * How often the model files screen re-reads the list: it has no watch stream.
@@ -32,11 +33,12 @@ export function renderModelFiles(main, parts, params) {
   const updated = h('span', { class: 'muted small', 'data-updated': '' });
   const notice = h('div', { class: 'notices' });
   const tableBox = h('div', { 'data-cache': '' }, h('div', { class: 'panel empty' }, 'Loading…'));
+  const localBox = h('section', { 'data-local-paths': '' });
   const uploads = uploadsSection(MODEL_FILES_POLL_MS);
   main.append(pageHead('Model files', h('div', { class: 'filters' }, updated, h('label', null, 'Worker', workerFilter))),
     h('p', { class: 'page-note muted small' },
       'What the workers’ model caches hold. A file that no instance uses can be deleted; it is downloaded again when a model needs it.'),
-    notice, tableBox, uploads.element);
+    notice, tableBox, localBox, uploads.element);
 
   /** @type {ModelFileList | null} the last answer */
   let list = null;
@@ -53,6 +55,7 @@ export function renderModelFiles(main, parts, params) {
       workerFilter.replaceChildren(h('option', { value: '' }, 'all workers'), ...choices.map(([id, name]) => h('option', { value: id }, name)));
     }
     workerFilter.value = wanted.worker;
+    drawLocal();
 
     if (!list) {
       notice.replaceChildren();
@@ -63,7 +66,7 @@ export function renderModelFiles(main, parts, params) {
     }
     const files = list.items;
     const bytes = files.reduce((sum, f) => sum + f.bytes_done, 0);
-    updated.textContent = files.length + (files.length === 1 ? ' file, ' : ' files, ') + fmtBytes(bytes) + ' on disk'
+    updated.textContent = files.length + (files.length === 1 ? ' file' : ' files') + ' in the caches, ' + fmtBytes(bytes) + ' on disk'
       + (loadedAt ? ' · updated ' + loadedAt.toLocaleTimeString() : '');
 
     // Keep the last answer on screen when a refresh fails, and say that it is stale.
@@ -86,7 +89,8 @@ export function renderModelFiles(main, parts, params) {
     notice.replaceChildren(...notices);
 
     if (!files.length) {
-      let empty = 'No model files: a worker downloads a model’s files into its cache when an instance of the model starts there.';
+      let empty = 'No files in the workers’ caches: a worker downloads a model’s files into its cache when an instance of the model starts there.'
+        + (localModels().length ? ' Models with a local path are read where they are, and listed under “Local paths”.' : '');
       if (wanted.worker) {
         empty = list.unreachable.length ? 'The worker did not answer: its files cannot be listed now.' : 'No files in this worker’s cache.';
       } else if (list.unreachable.length) {
@@ -130,6 +134,49 @@ export function renderModelFiles(main, parts, params) {
       h('tbody', null, rows))));
   };
 
+  /** @returns {Model[]} the models whose source is a path on the workers */
+  const localModels = () => live.models.values().filter((m) => m.source.type === 'local_path');
+  // The files of local-path models are not in a cache: the workers read them where they
+  // are. They are listed by path, with the instances that read them, so a running model
+  // is never missing from this screen.
+  const drawLocal = () => {
+    const models = localModels();
+    if (!live.models.loaded || !models.length) {
+      localBox.replaceChildren();
+      return;
+    }
+    /** @type {Map<string, Model[]>} */
+    const byPath = new Map();
+    for (const m of models) {
+      const path = /** @type {{path: string}} */ (m.source).path;
+      byPath.set(path, (byPath.get(path) || []).concat([m]));
+    }
+    const instances = live.instances.values();
+    const rows = Array.from(byPath.entries()).sort(([a], [b]) => a.localeCompare(b)).map(([path, users]) => {
+      const ids = new Set(users.map((m) => m.id));
+      /** @type {Instance[]} */
+      const readers = instances.filter((i) => ids.has(i.model_id) && i.worker_id != null
+        && (!wanted.worker || String(i.worker_id) === wanted.worker));
+      return h('tr', { 'data-local-path': path },
+        h('td', { class: 'file-name' },
+          h('strong', { class: 'mono', title: path }, baseName(path) || path),
+          h('div', { class: 'muted small mono', title: path }, path),
+          h('div', { class: 'local-models' }, h('span', { class: 'muted small' }, 'used by '),
+            users.map((m) => h('a', { class: 'chip', href: '#/models/' + encodeURIComponent(m.name) }, m.name)))),
+        h('td', null, readers.length
+          ? readers.map((i) => h('div', { class: 'nowrap' }, h('a', { href: '#/model-files?worker=' + i.worker_id }, i.worker_name), ' ',
+            h('span', { class: 'muted small' }, i.name), ' ', stateBadge(i.state, INSTANCE_STATE_CLASS)))
+          : h('span', { class: 'muted' }, wanted.worker ? 'no instance on this worker' : 'no instance placed')));
+    });
+    localBox.replaceChildren(
+      h('h2', { class: 'section-head' }, 'Local paths'),
+      h('p', { class: 'section-note muted small' },
+        'Models whose source is a path on the workers: each worker reads the file where it is, so it is in no cache and not counted above. Delete it on the worker itself.'),
+      h('div', { class: 'panel flush' }, h('table', null,
+        h('thead', null, h('tr', null, h('th', null, 'Path'), h('th', null, 'Read by'))),
+        h('tbody', null, rows))));
+  };
+
   let stopped = false;
   /** @type {ReturnType<typeof setTimeout> | undefined} the next read */
   let timer;
@@ -161,7 +208,7 @@ export function renderModelFiles(main, parts, params) {
     load();
   });
   load();
-  return combine(follow([live.workers], draw), uploads.cleanup, () => {
+  return combine(follow([live.workers, live.models, live.instances], draw), uploads.cleanup, () => {
     stopped = true;
     clearTimeout(timer);
   });

@@ -1,7 +1,8 @@
 // @ts-check
 // The uploads part of the model files screen: the files uploaded to the servers, the form
-// that uploads one (sent in chunks by lib/transfers.js, resumable), their progress, and
-// deleting one no model uses.
+// that uploads one (sent in chunks by lib/transfers.js, resumable), their progress,
+// deploying one (the new-model form with the file as its source), and deleting one no model
+// uses.
 
 import { api } from '../lib/api.js';
 import { confirmDialog, openDialog } from '../lib/dialogs.js';
@@ -9,8 +10,9 @@ import { field, h, toast } from '../lib/dom.js';
 import { fmtBytes } from '../lib/format.js';
 import { sendUpload, transferListeners, transfers } from '../lib/transfers.js';
 import { progressBar, stateBadge, timeCell } from '../lib/widgets.js';
+import { modelForm } from './model-form.js';
 
-/** @import { Upload } from '../lib/api-types' */
+/** @import { CatalogEntry, Upload } from '../lib/api-types' */
 
 /** @type {Record<string, string>} */
 const UPLOAD_STATE_CLASS = { uploading: 'info', ready: 'ok' };
@@ -46,6 +48,15 @@ async function runUpload(upload, file, alert, reload) {
  */
 export function uploadsSection(pollMs) {
   const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+  const deployBox = h('div', { class: 'deploy-box', 'data-upload-deploy': '' });
+  /** @param {Upload} upload */
+  const deploy = (upload) => {
+    deployBox.replaceChildren(modelForm((model) => {
+      deployBox.replaceChildren();
+      if (model) location.hash = '#/models/' + encodeURIComponent(model.name);
+    }, uploadPreset(upload)));
+    deployBox.scrollIntoView({ block: 'start' });
+  };
   const transfersBox = h('div', { class: 'transfers' });
   const chooser = h('input', { type: 'file', 'aria-label': 'File to upload', required: true });
   const digest = h('input', { class: 'mono', placeholder: 'optional: 64 hex digits', pattern: '[0-9a-fA-F]{64}', 'aria-label': 'SHA-256' });
@@ -128,6 +139,7 @@ export function uploadsSection(pollMs) {
         h('td', null, timeCell(u.created_at)),
         h('td', { class: 'actions' },
           waiting ? h('button', { class: 'small', onclick: () => resumeUpload(u, error, load) }, 'Resume') : null,
+          u.state === 'ready' ? h('button', { class: 'small primary', title: 'Declare a model served from ' + u.name, onclick: () => deploy(u) }, 'Deploy') : null,
           h('button', { class: 'small danger', onclick: () => deleteUpload(u, load) }, 'Delete')));
     });
     tableBox.replaceChildren(...notices, h('div', { class: 'panel flush' }, h('table', null,
@@ -164,7 +176,7 @@ export function uploadsSection(pollMs) {
     h('h2', { class: 'section-head' }, 'Uploads'),
     h('p', { class: 'section-note muted small' },
       'Files uploaded to the servers, to deploy as a model’s source (“Uploaded file” in a new model). The workers download them from the servers.'),
-    form, tableBox);
+    deployBox, form, tableBox);
   return {
     element,
     cleanup: () => {
@@ -172,6 +184,29 @@ export function uploadsSection(pollMs) {
       clearTimeout(timer);
       transferListeners.delete(draw);
     },
+  };
+}
+
+/**
+ * What the new-model form starts from for an upload, as the catalog's Deploy gives it an
+ * entry: the file as the source, and a name made of the file's (lowercase, without its
+ * extension, in the characters a model name may have).
+ * @param {Upload} upload
+ * @returns {CatalogEntry}
+ */
+function uploadPreset(upload) {
+  const name = upload.name.toLowerCase().replace(/\.gguf$/, '').replace(/[^a-z0-9._-]+/g, '-')
+    .replace(/^[^a-z0-9]+/, '').slice(0, 63);
+  return {
+    name,
+    title: upload.name,
+    description: '',
+    tags: [],
+    parameters: '',
+    size: fmtBytes(upload.size),
+    source: { type: 'upload', id: upload.id },
+    backend: 'llama.cpp',
+    backend_args: [],
   };
 }
 

@@ -13,14 +13,25 @@ import { currentUser, isAdmin } from '../lib/session.js';
 /** @typedef {NonNullable<UsageReport['series']>[number]} UsagePoint one bucket of one model, key and user */
 
 /**
- * The windows the screen offers: how far back, and the bucket of its bars.
- * @type {Record<string, {label: string, hours: number, bucket: string}>}
+ * The windows the screen offers: how far back.
+ * @type {Record<string, {label: string, hours: number}>}
  */
 const USAGE_WINDOWS = {
-  '24h': { label: 'Last 24 h', hours: 24, bucket: 'hour' },
-  '7d': { label: 'Last 7 days', hours: 24 * 7, bucket: 'hour' },
-  '30d': { label: 'Last 30 days', hours: 24 * 30, bucket: 'day' },
+  '24h': { label: 'Last 24 h', hours: 24 },
+  '7d': { label: 'Last 7 days', hours: 24 * 7 },
+  '30d': { label: 'Last 30 days', hours: 24 * 30 },
 };
+
+/**
+ * The bucket of a window's bars, of those the API offers (minute, hour, day): hours up to
+ * two days, so a day has 24 bars, and days beyond, so a week has 7 rather than 168 bars
+ * too thin to see.
+ * @param {number} hours
+ * @returns {'hour' | 'day'}
+ */
+function usageBucket(hours) {
+  return hours <= 48 ? 'hour' : 'day';
+}
 
 /** @type {Record<string, number>} */
 const BUCKET_MS = { hour: 3600000, day: 86400000 };
@@ -90,12 +101,13 @@ export function renderUsage(main, parts, params) {
     loading = true;
     try {
       const w = USAGE_WINDOWS[windowKey];
-      const step = BUCKET_MS[w.bucket];
+      const bucket = usageBucket(w.hours);
+      const step = BUCKET_MS[bucket];
       // Whole buckets: the first starts on a bucket boundary (UTC), the last holds now.
       const now = Date.now();
       const start = Math.floor((now - w.hours * 3600000) / step) * step + step;
       const count = Math.round((Math.floor(now / step) * step - start) / step) + 1;
-      const report = await api('GET', '/api/v1/usage?bucket=' + w.bucket + '&from=' + encodeURIComponent(new Date(start).toISOString()));
+      const report = await api('GET', '/api/v1/usage?bucket=' + bucket + '&from=' + encodeURIComponent(new Date(start).toISOString()));
       draw(report, start, step, count);
     } catch (e) {
       body.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
