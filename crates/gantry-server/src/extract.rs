@@ -63,7 +63,7 @@ where
 }
 
 /// [`ApiJson`] for a body that may be left out: a request without a body (no
-/// `Content-Type`, no or zero `Content-Length`) is `None`.
+/// `Content-Type`, no or zero `Content-Length`) is `None`, and so is a JSON `null`.
 #[derive(Debug)]
 pub struct OptionalApiJson<T>(pub Option<T>);
 
@@ -83,8 +83,8 @@ where
         if no_body {
             return Ok(Self(None));
         }
-        let ApiJson(value) = ApiJson::<T>::from_request(req, state).await?;
-        Ok(Self(Some(value)))
+        let ApiJson(value) = ApiJson::<Option<T>>::from_request(req, state).await?;
+        Ok(Self(value))
     }
 }
 

@@ -30,6 +30,7 @@ pub struct ApiKey {
 pub struct ApiKeyLimits {
     /// The route (or deployed model) names the key may call; `null`: any.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<crate::validate::ResourceName>>, max_items = 1000)]
     pub allowed_routes: Option<Vec<String>>,
     /// Requests admitted in any 60 seconds; past it the gateway answers 429 with
     /// `Retry-After`. `null`: no limit.

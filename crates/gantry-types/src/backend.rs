@@ -157,6 +157,7 @@ pub struct InferenceBackend {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InferenceBackendCreate {
+    #[schema(min_length = 1, max_length = 63, pattern = r"^[a-z0-9][a-z0-9._-]*$")]
     pub name: String,
     #[serde(default)]
     pub description: String,

@@ -31,6 +31,35 @@ pub trait Validate {
     fn validate(&self) -> Result<(), FieldError>;
 }
 
+/// An optional body (`null`: none) is valid when it is absent or valid.
+impl<T: Validate> Validate for Option<T> {
+    fn validate(&self) -> Result<(), FieldError> {
+        self.as_ref().map_or(Ok(()), Validate::validate)
+    }
+}
+
+/// The resource-name rule ([`check_name`]) as the spec states it.
+pub const NAME_PATTERN: &str = r"^[a-z0-9][a-z0-9._-]*$";
+
+/// A name by the resource-name rule, as the spec shows it where a list holds names (a
+/// `Vec<String>` field's schema names this as its items' type).
+#[derive(Debug)]
+pub struct ResourceName(pub String);
+
+impl utoipa::PartialSchema for ResourceName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(63))
+            .pattern(Some(NAME_PATTERN))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ResourceName {}
+
 /// Resource names: 1-63 characters of lowercase ASCII letters, digits, `-`, `_` and
 /// `.`, starting with a letter or digit. They appear in URLs, log lines and the
 /// OpenAI `model` field, so they are kept plain.
@@ -212,6 +241,15 @@ mod tests {
                 "{field}: {property}"
             );
         }
+        // A list of names states the rule of each name.
+        let limits = serde_json::to_value(<crate::ApiKeyLimits as utoipa::PartialSchema>::schema())
+            .unwrap_or_default()
+            .to_string();
+        assert!(limits.contains("ResourceName"), "{limits}");
+        let name = serde_json::to_value(<ResourceName as utoipa::PartialSchema>::schema())
+            .unwrap_or_default();
+        assert_eq!(name["pattern"], NAME_PATTERN, "{name}");
+        assert_eq!(name["maxLength"], 63, "{name}");
         // A field whose `null` means something stays nullable: a provider's `api_key`
         // (null removes it).
         let (property, refused) = refuses_null::<ModelProviderUpdate>("api_key");

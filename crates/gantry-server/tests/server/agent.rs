@@ -381,7 +381,8 @@ async fn heartbeat_samples_make_the_workers_history(engine: TestEngine) {
 
 /// A heartbeat's body is optional, as the spec says: no body, an empty one announced
 /// with `Content-Length: 0` and no content type (what aiohttp and other clients send),
-/// and a JSON sample are all accepted; a body of another type is refused with 415.
+/// a JSON `null` (the spec's body is nullable) and a JSON sample are all accepted; a
+/// body of another type is refused with 415.
 async fn a_heartbeat_without_a_body_is_accepted_however_it_is_sent(engine: TestEngine) {
     let server = TestServer::start(engine).await;
     let (_, worker) = server.register(&registration("w1", 1)).await;
@@ -405,6 +406,12 @@ async fn a_heartbeat_without_a_body_is_accepted_however_it_is_sent(engine: TestE
             "a JSON sample",
             "content-type: application/json\r\ncontent-length: 2\r\n",
             "{}",
+            "200",
+        ),
+        (
+            "a JSON null",
+            "content-type: application/json\r\ncontent-length: 4\r\n",
+            "null",
             "200",
         ),
         (
