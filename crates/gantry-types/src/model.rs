@@ -341,6 +341,9 @@ pub struct ModelCreate {
     #[serde(default)]
     #[schema(max_length = 2000, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: String,
+    /// Where the model's files come from. A `local_path` must exist on the server, which
+    /// reads the model's header to estimate its memory (422 otherwise; `custom` models'
+    /// files are never read there), and lie under the `model_dirs` of the workers that run it.
     pub source: ModelSource,
     /// `llama.cpp`, `vllm`, `sglang`, `custom` (with `custom_command`), or the name of a
     /// backend defined with `POST /api/v1/inference-backends`.
@@ -451,6 +454,10 @@ pub struct ModelUpdate {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 2000, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: Option<String>,
+    /// Where the model's files come from, as a whole new source (any type). A change rolls
+    /// the instances onto it one at a time, as a change of `backend_args` does. The same
+    /// checks as on creation apply: a `local_path` the server cannot find (every backend but
+    /// `custom`) or an upload that is not complete is refused with 422.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<ModelSource>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -28,7 +28,9 @@ pub async fn list(
     super::list_or_watch(&state, &query, Change::model).await
 }
 
-/// Declares a model; its `replicas` instances appear in state `pending` a moment later.
+/// Declares a model; its `replicas` instances appear in state `pending` a moment later. A
+/// `local_path` source that does not exist on the server is refused (422 naming
+/// `source.path`): the server reads the model's header to estimate its memory.
 #[utoipa::path(post, path = "/api/v1/models", tag = "models", security(("bearer" = [])), request_body = ModelCreate,
     responses((status = 201, body = Model), (status = 409, body = gantry_types::ErrorBody),
         (status = 422, body = gantry_types::ErrorBody)))]
@@ -80,8 +82,9 @@ pub async fn get(
 }
 
 /// Changes a model. Changing `replicas` adds or removes instances; changing what the
-/// instances run (source, backend, arguments, environment, command) rolls them onto the
-/// new settings one at a time, keeping the others serving.
+/// instances run (`source`, backend version, arguments, environment, command) rolls them
+/// onto the new settings one at a time, keeping the others serving. A new `source` is
+/// checked as on creation (422 for a local path missing on the server).
 #[utoipa::path(patch, path = "/api/v1/models/{id}", tag = "models", security(("bearer" = [])),
     params(("id" = i64, Path, description = "model id")), request_body = ModelUpdate,
     responses((status = 200, body = Model), (status = 404, body = gantry_types::ErrorBody),

@@ -128,16 +128,45 @@ pub fn analyze(input: &AnalysisInput) -> Result<Analysis, AnalysisError> {
     }
 }
 
-/// The hint appended to every message about a file the server cannot read.
-const READABLE_HINT: &str = "the server reads model headers to estimate memory, so \
-     source.path must be readable on the server as well as on the workers; fix the path or \
-     make the file available there (a pending instance is retried automatically)";
+/// The hint appended to every message about a file the server cannot read. It names no
+/// field and promises no retry: the same words answer an estimate, where nothing exists
+/// yet, and explain a pending instance.
+const READABLE_HINT: &str = "the server reads the model's header to estimate its memory, \
+     so the file must be readable on the server as well as on the workers: correct the \
+     model's path, or make the file available there";
 
-fn unreadable(path: &Path, error: impl std::fmt::Display) -> AnalysisError {
-    AnalysisError(format!(
-        "cannot read model file {}: {error}; {READABLE_HINT}",
-        path.display()
-    ))
+fn unreadable(path: &Path, error: &std::io::Error) -> AnalysisError {
+    let problem = match error.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory => {
+            format!("model file {} does not exist on the server", path.display())
+        }
+        _ => format!(
+            "the server cannot read model file {} ({})",
+            path.display(),
+            io_reason(error)
+        ),
+    };
+    AnalysisError(format!("{problem}; {READABLE_HINT}"))
+}
+
+/// An IO error in words, without the operating system's error number, which means
+/// nothing to the person reading the message.
+pub fn io_reason(error: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match error.kind() {
+        ErrorKind::NotFound => "it does not exist".to_owned(),
+        ErrorKind::PermissionDenied => "permission denied".to_owned(),
+        ErrorKind::IsADirectory => "it is a directory".to_owned(),
+        ErrorKind::NotADirectory => "a part of its path is not a directory".to_owned(),
+        ErrorKind::UnexpectedEof => "it ends before its header does".to_owned(),
+        _ => {
+            let text = error.to_string();
+            match text.find(" (os error ") {
+                Some(at) => text[..at].to_owned(),
+                None => text,
+            }
+        }
+    }
 }
 
 fn bad_args(error: impl std::fmt::Display) -> AnalysisError {
@@ -149,14 +178,14 @@ fn bad_args(error: impl std::fmt::Display) -> AnalysisError {
 fn analyze_gguf(path: &Path, args: &[String]) -> Result<Analysis, AnalysisError> {
     if path.is_dir() {
         return Err(AnalysisError(format!(
-            "source.path {} is a directory; llama.cpp needs source.path to name the .gguf file",
+            "{} is a directory; llama.cpp needs the model's path to name the .gguf file",
             path.display()
         )));
     }
     let options = gantry_backends::llama_cpp::estimate_options(args).map_err(bad_args)?;
     let open = |path: &Path| {
         GgufFile::open(path).map_err(|e| match e {
-            GgufError::Open { source, .. } => unreadable(path, source),
+            GgufError::Open { source, .. } => unreadable(path, &source),
             other => AnalysisError(format!(
                 "model file {} is not a usable GGUF file: {other}",
                 path.display()
@@ -168,7 +197,8 @@ fn analyze_gguf(path: &Path, args: &[String]) -> Result<Analysis, AnalysisError>
     if file.split_count() > 1 {
         let parts = gantry_gguf::split_paths(path).ok_or_else(|| {
             AnalysisError(format!(
-                "{} is part of a split model ({} parts): name its first part,                  …-00001-of-…gguf, as source.path",
+                "{} is part of a split model ({} parts): give the path of its first part, \
+                 …-00001-of-…gguf, as the model's path",
                 path.display(),
                 file.split_count()
             ))
@@ -218,10 +248,17 @@ pub async fn analyze_remote(
     if input.backend == BackendKind::Custom {
         return custom_claim(&input.env);
     }
-    let remote = |e: SourceError| {
-        AnalysisError(format!(
-            "cannot read the model's headers: {e} (a pending instance is retried automatically)"
-        ))
+    let remote = |e: SourceError| match e {
+        // What a person can act on is that this server must reach the host: said so,
+        // rather than in a resolver's or socket's words.
+        SourceError::Unreachable { host, reason, .. } => AnalysisError(format!(
+            "the server cannot reach {host} ({reason}), so it cannot read the model's \
+             headers to estimate its memory: check the server's network and proxy settings \
+             (and hf_endpoint or modelscope_endpoint for a hub)"
+        )),
+        other => AnalysisError(format!(
+            "the server cannot read the model's headers: {other}"
+        )),
     };
     let resolved = sources
         .resolve(&input.source, input.backend)
@@ -368,14 +405,14 @@ fn analyze_model_directory(
             "does not exist".to_owned()
         };
         return Err(AnalysisError(format!(
-            "model directory {} {what}; {} needs source.path to name a Hugging Face model \
-             directory (config.json and *.safetensors); {READABLE_HINT}",
+            "model directory {} {what} on the server; {} needs the model's path to name a \
+             Hugging Face model directory (config.json and *.safetensors); {READABLE_HINT}",
             dir.display(),
             input.backend.as_str()
         )));
     }
     let config_path = dir.join("config.json");
-    let config_bytes = std::fs::read(&config_path).map_err(|e| unreadable(&config_path, e))?;
+    let config_bytes = std::fs::read(&config_path).map_err(|e| unreadable(&config_path, &e))?;
     let config = HfModelConfig::parse(&config_bytes)
         .map_err(|e| AnalysisError(format!("{}: {e}", config_path.display())))?;
     let files = safetensors_files(dir)?;
@@ -403,14 +440,14 @@ fn analyze_model_directory(
 fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, AnalysisError> {
     let index_path = dir.join("model.safetensors.index.json");
     if index_path.is_file() {
-        let raw = std::fs::read(&index_path).map_err(|e| unreadable(&index_path, e))?;
+        let raw = std::fs::read(&index_path).map_err(|e| unreadable(&index_path, &e))?;
         let names = weight_map_names(&raw, &index_path.display().to_string())?;
         return Ok(names.iter().map(|name| dir.join(name)).collect());
     }
-    let entries = std::fs::read_dir(dir).map_err(|e| unreadable(dir, e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| unreadable(dir, &e))?;
     let mut files = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| unreadable(dir, e))?;
+        let entry = entry.map_err(|e| unreadable(dir, &e))?;
         let path = entry.path();
         if path.extension().is_some_and(|ext| ext == "safetensors") {
             files.push(path);
@@ -430,12 +467,12 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, AnalysisError> {
 /// Reads one safetensors header: the 8-byte little-endian length and that many bytes of
 /// JSON, never the tensor data after it.
 pub fn read_safetensors_header(path: &Path) -> Result<SafetensorsHeader, AnalysisError> {
-    let file = File::open(path).map_err(|e| unreadable(path, e))?;
+    let file = File::open(path).map_err(|e| unreadable(path, &e))?;
     let mut reader = BufReader::new(file);
     let mut prefix = [0u8; 8];
     reader
         .read_exact(&mut prefix)
-        .map_err(|e| unreadable(path, e))?;
+        .map_err(|e| unreadable(path, &e))?;
     let invalid = |e: &dyn std::fmt::Display| AnalysisError(format!("{}: {e}", path.display()));
     let length = header_length(&prefix).map_err(|e| invalid(&e))?;
     debug_assert!(
@@ -447,7 +484,7 @@ pub fn read_safetensors_header(path: &Path) -> Result<SafetensorsHeader, Analysi
     reader
         .take(length)
         .read_to_end(&mut bytes)
-        .map_err(|e| unreadable(path, e))?;
+        .map_err(|e| unreadable(path, &e))?;
     SafetensorsHeader::parse(&bytes).map_err(|e| invalid(&e))
 }
 
@@ -611,7 +648,13 @@ mod tests {
         let missing = dir.path().join("nowhere.gguf");
         let e = analyze(&input(BackendKind::LlamaCpp, &missing, &[])).expect_err("missing");
         assert!(e.0.contains(&missing.display().to_string()), "{e}");
+        assert!(e.0.contains("does not exist on the server"), "{e}");
         assert!(e.0.contains("readable on the server"), "{e}");
+        // Words for people: no field path, no error number, no promise of a retry
+        // (an estimate reads files for a model that does not exist yet).
+        for backend_text in ["source.path", "os error", "retried"] {
+            assert!(!e.0.contains(backend_text), "{e}");
+        }
 
         let e = analyze(&input(BackendKind::LlamaCpp, dir.path(), &[])).expect_err("a dir");
         assert!(e.0.contains("is a directory"), "{e}");
@@ -689,6 +732,18 @@ mod tests {
             engine.weight_bytes,
             16 * GIB,
             "the consolidated copy is skipped"
+        );
+    }
+
+    #[test]
+    fn io_errors_read_without_their_number() {
+        let unreadable = std::io::Error::from_raw_os_error(13);
+        assert_eq!(io_reason(&unreadable), "permission denied");
+        let busy = std::io::Error::from_raw_os_error(16);
+        let reason = io_reason(&busy);
+        assert!(
+            !reason.contains("os error") && !reason.is_empty(),
+            "{reason}"
         );
     }
 

@@ -270,7 +270,12 @@ impl Placer {
             };
             let resolved = defined.get(&instance.model_id).cloned().unwrap_or(Ok(None));
             let failed = match (analysis, &resolved) {
-                (Err(AnalysisError(reason)), _) | (Ok(_), Err(reason)) => Some(reason.clone()),
+                // Said here, not by the analysis: an estimate reads the same files for a
+                // model that does not exist yet, where nothing is retried.
+                (Err(AnalysisError(reason)), _) => Some(format!(
+                    "{reason} (the instance is tried again automatically)"
+                )),
+                (Ok(_), Err(reason)) => Some(reason.clone()),
                 _ => None,
             };
             let (analysis, defined_backend) = match (analysis, resolved) {

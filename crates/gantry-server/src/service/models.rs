@@ -11,8 +11,8 @@ use gantry_sched::{claim_parts, place_on_each_worker, Placement, SnapshotState, 
 use gantry_source::Sources;
 use gantry_store::{Store, StoreError, WorkerFilter};
 use gantry_types::{
-    Model, ModelCreate, ModelEstimate, ModelSource, ModelUpdate, PlacementVerdict, Timestamp,
-    UploadState, WorkerVerdict,
+    BackendKind, Model, ModelCreate, ModelEstimate, ModelSource, ModelUpdate, PlacementVerdict,
+    Timestamp, UploadState, WorkerVerdict,
 };
 
 use crate::controllers::analyze::{analyze_model, AnalysisInput};
@@ -25,7 +25,7 @@ use crate::error::{ApiError, ApiResult};
 
 /// Declares a model; its instances appear with the next controller pass.
 pub async fn create(store: &Store, create: &ModelCreate) -> ApiResult<Model> {
-    check_source(store, &create.source).await?;
+    check_source(store, &create.source, create.backend.kind()).await?;
     super::backends::check_model_backend(store, &create.backend, create.backend_version.as_deref())
         .await?;
     Ok(store.create_model(create).await?)
@@ -41,13 +41,13 @@ pub async fn estimate(
     sources: &Sources,
     create: &ModelCreate,
 ) -> ApiResult<ModelEstimate> {
-    check_source(store, &create.source).await?;
+    check_source(store, &create.source, create.backend.kind()).await?;
     super::backends::check_model_backend(store, &create.backend, create.backend_version.as_deref())
         .await?;
     let model = create.to_model(0, Timestamp::now());
     let analysis = analyze_model(sources, AnalysisInput::of(&model))
         .await
-        .map_err(|e| ApiError::validation(format!("cannot estimate the model: {e}")))?;
+        .map_err(|e| ApiError::validation(e.to_string()))?;
     let defined = defined_backend(store, &model)
         .await?
         .map_err(ApiError::validation)?;
@@ -128,8 +128,20 @@ fn verdict(
     }
 }
 
-/// Refuses (422) a source that names an upload that does not exist or is not complete.
-async fn check_source(store: &Store, source: &ModelSource) -> ApiResult<()> {
+/// Refuses (422) a source the server can tell will not work: an upload that does not
+/// exist or is not complete, or a local path missing on the server.
+///
+/// The server reads a local model's header itself to estimate its memory (every backend
+/// but `custom`, whose files the server never reads), so a path it cannot find would leave
+/// the instances pending until the model changes. Whether the workers have the file only
+/// a worker can tell: it says so in its instance's message.
+async fn check_source(store: &Store, source: &ModelSource, backend: BackendKind) -> ApiResult<()> {
+    if let ModelSource::LocalPath { path } = source {
+        if backend == BackendKind::Custom {
+            return Ok(());
+        }
+        return check_local_path(path).await;
+    }
     let ModelSource::Upload { id } = source else {
         return Ok(());
     };
@@ -152,6 +164,33 @@ async fn check_source(store: &Store, source: &ModelSource) -> ApiResult<()> {
     Ok(())
 }
 
+/// Refuses (422) a local path that does not exist on this server, or that it may not
+/// read; any other trouble with the file is the analysis's to describe.
+async fn check_local_path(path: &str) -> ApiResult<()> {
+    let hint = "The server reads the model's header to estimate its memory, so the file must \
+                be on the server as well as on the workers: correct the path, or copy the file \
+                there";
+    match tokio::fs::metadata(path).await {
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Err(ApiError::validation(format!(
+                "source.path: {path} does not exist on the server. {hint}."
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(ApiError::validation(format!(
+                "source.path: {path} cannot be read by the server (permission denied). {hint}."
+            )))
+        }
+        Err(_) => Ok(()),
+    }
+}
+
 /// Applies a validated update. Changing what an instance runs (source, backend, arguments,
 /// environment, command, data parallelism) rolls the model's instances; changing only
 /// replicas, selectors or descriptions restarts nothing.
@@ -160,7 +199,7 @@ pub async fn update(store: &Store, id: i64, update: ModelUpdate) -> ApiResult<(M
     let before = model.launch_template();
     model.apply(update);
     if model.source != before.source {
-        check_source(store, &model.source).await?;
+        check_source(store, &model.source, model.backend.kind()).await?;
     }
     if model.backend_version != before.backend_version {
         super::backends::check_model_backend(

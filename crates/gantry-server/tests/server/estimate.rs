@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::{
-    assert_raw_error, expect_error, huge_safetensors_dir, model, simulated_worker, user,
+    assert_raw_error, expect_error, huge_safetensors_dir, model, simulated_worker, user, Options,
     TestServer, GIB,
 };
 use gantry_testkit::{test_both_engines, TestEngine};
@@ -177,19 +177,27 @@ async fn estimate_refuses_what_model_creation_refuses(engine: TestEngine) {
     let admin = server.client();
     let path = tiny_gguf(&server);
 
-    // A file that cannot be read: 422 naming it.
+    // A file that does not exist on the server: 422 naming the field and the path, the
+    // same answer as creating the model.
     let missing = server.data_dir.path().join("nowhere.gguf");
+    let missing_model = model("m", &missing.display().to_string(), 1);
     let message = expect_error(
-        admin
-            .estimate_model(&model("m", &missing.display().to_string(), 1))
-            .await,
+        admin.estimate_model(&missing_model).await,
         422,
         ErrorCode::ValidationFailed,
     );
     assert!(
-        message.contains(&missing.display().to_string()) && message.contains("cannot read"),
+        message.starts_with("source.path:")
+            && message.contains(&missing.display().to_string())
+            && message.contains("does not exist on the server"),
         "{message}"
     );
+    let created = expect_error(
+        admin.create_model(&missing_model).await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert_eq!(message, created);
     // A file that is not a model.
     let not_gguf = server.data_dir.path().join("notes.gguf");
     std::fs::write(&not_gguf, b"hello, not a model").unwrap();
@@ -382,7 +390,50 @@ async fn an_instance_shows_the_parts_of_its_reservation(engine: TestEngine) {
     server.shutdown().await;
 }
 
+/// A hub the server cannot reach is said so in words, naming the host and what to check,
+/// not in the resolver's or the socket's.
+async fn an_estimate_from_a_hub_the_server_cannot_reach_says_so(engine: TestEngine) {
+    let server = TestServer::start_with(
+        engine,
+        Options {
+            // Nothing listens on port 1 of the loopback.
+            configure: |config| config.sources.hf_endpoint = "http://127.0.0.1:1".into(),
+            ..Options::default()
+        },
+    )
+    .await;
+    let admin = server.client();
+    let mut from_hub = model("m", "/unused.gguf", 1);
+    from_hub.source = gantry_types::ModelSource::Huggingface {
+        repo_id: "org/model-GGUF".into(),
+        file: Some("*Q4_K_M.gguf".into()),
+        revision: None,
+    };
+    let message = expect_error(
+        admin.estimate_model(&from_hub).await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert!(
+        message.contains(
+            "the server cannot reach 127.0.0.1 (it refuses connections), so it cannot read \
+             the model's headers"
+        ) && message.contains("hf_endpoint"),
+        "{message}"
+    );
+    for backend_text in [
+        "error sending request",
+        "tcp connect",
+        "os error",
+        "retried",
+    ] {
+        assert!(!message.contains(backend_text), "{message}");
+    }
+    server.shutdown().await;
+}
+
 test_both_engines!(
+    an_estimate_from_a_hub_the_server_cannot_reach_says_so,
     estimate_says_where_a_model_fits_and_why_not,
     estimate_refuses_what_model_creation_refuses,
     an_instance_shows_the_parts_of_its_reservation,

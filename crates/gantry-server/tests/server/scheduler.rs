@@ -198,18 +198,35 @@ async fn models_too_large_for_any_worker_stay_pending_with_the_shortfall(engine:
     server.shutdown().await;
 }
 
-async fn a_missing_model_file_leaves_instances_pending_naming_the_path(engine: TestEngine) {
+async fn a_model_file_gone_from_the_server_leaves_instances_pending_naming_the_path(
+    engine: TestEngine,
+) {
     let server = TestServer::start(engine).await;
     register(&server, "w1", 1, &[]).await;
+    // Creation refuses a path the server cannot find, so the file goes after it.
     let path = server.data_dir.path().join("not-there.gguf");
-    let model_id = create_model(&server, &llama_model("ghost", &path, 2)).await;
+    gantry_gguf::write_tiny_llama(&path).unwrap();
+    let model_id = create_model(&server, &llama_model("ghost", &path, 0)).await;
+    std::fs::remove_file(&path).unwrap();
+    let scale = ModelUpdate {
+        replicas: Some(2),
+        ..ModelUpdate::default()
+    };
+    server
+        .client()
+        .update_model(model_id, &scale)
+        .await
+        .unwrap();
     let instances = wait_pending_with_reason(&server, model_id, 2).await;
     for instance in &instances {
         let message = &instance.state_message;
         assert!(
-            message.contains(&path.display().to_string()) && message.contains("source.path"),
+            message.contains(&path.display().to_string())
+                && message.contains("does not exist on the server")
+                && message.contains("correct the model's path"),
             "the message names the path and what to fix: {message}"
         );
+        assert!(!message.contains("os error"), "{message}");
     }
 
     // Once the file appears (and the model is touched, or the retry comes round), the
@@ -526,7 +543,7 @@ test_both_engines!(
     replicas_are_scheduled_on_simulated_gpus_spread_over_workers,
     binpack_packs_replicas_onto_one_worker,
     models_too_large_for_any_worker_stay_pending_with_the_shortfall,
-    a_missing_model_file_leaves_instances_pending_naming_the_path,
+    a_model_file_gone_from_the_server_leaves_instances_pending_naming_the_path,
     worker_selectors_are_respected,
     replicas_follow_the_model_and_deleted_instances_are_replaced,
     instances_of_an_unreachable_worker_move_to_another,

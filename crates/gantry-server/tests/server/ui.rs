@@ -713,12 +713,15 @@ async fn the_console_shows_download_progress_and_model_files_in_a_real_browser()
     });
 
     // The instance whose download the browser script reports, placed on gpu-1 by hand.
+    // The server refuses a local path it cannot find; the file need hold no model, since
+    // the instance is placed by hand.
+    let llama_path = server
+        .data_dir
+        .path()
+        .join("Meta-Llama-3-8B-Instruct-Q4_K_M.gguf");
+    std::fs::write(&llama_path, b"").unwrap();
     let llama = admin
-        .create_model(&model(
-            "llama-3-8b",
-            "/models/Meta-Llama-3-8B-Instruct-Q4_K_M.gguf",
-            1,
-        ))
+        .create_model(&model("llama-3-8b", &llama_path.display().to_string(), 1))
         .await
         .unwrap();
     let instance = server.instances_of(llama.id, 1).await.remove(0);

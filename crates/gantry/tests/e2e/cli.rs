@@ -314,7 +314,7 @@ async fn models_instances_workers_and_a_streamed_chat_through_a_real_worker() {
         "--name",
         "tiny",
         "--source",
-        "/x/y.gguf",
+        &model_path.display().to_string(),
     ]);
     assert!(error.contains("conflict"), "{error}");
 

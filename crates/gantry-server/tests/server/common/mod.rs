@@ -346,9 +346,26 @@ pub fn model(name: &str, path: &str, replicas: u32) -> ModelCreate {
     .unwrap()
 }
 
-/// A model whose file no test reads (for the API and the controllers' bookkeeping).
+/// A model whose file no test reads (for the API and the controllers' bookkeeping): an
+/// empty file, there because the server refuses a local path it cannot find, and no model,
+/// so its instances stay pending unless placed by hand.
 pub fn tiny_model(name: &str, replicas: u32) -> ModelCreate {
-    model(name, "/models/tiny.gguf", replicas)
+    model(name, &unread_model_file(), replicas)
+}
+
+/// The path of an empty `.gguf` file under the test target's directory, made on first use
+/// (by whichever test process comes first; the others find it).
+pub fn unread_model_file() -> String {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("unread-model");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    path.display().to_string()
 }
 
 /// A worker with `gpus` simulated 80 GiB GPUs, 8 CPUs, 64 GiB of RAM, llama.cpp and vLLM,
