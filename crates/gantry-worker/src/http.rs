@@ -1,5 +1,6 @@
 //! The worker's own small HTTP API, called by the servers: `GET /healthz`,
-//! `GET /v1/instances/{id}/logs?tail=N&follow=true`, and the model cache's files
+//! `GET /v1/instances/{id}/logs?tail=N&follow=true`, `POST /v1/instances/{id}/restart`
+//! (an admin's restart of a backend in place), and the model cache's files
 //! (`GET /v1/model-files`, `DELETE /v1/model-files/{blob}`), the backends installed here
 //! (`GET`/`POST /v1/backends`, `DELETE /v1/backends/{name}/{version}`), authenticated
 //! with the API token the server issued at registration.
@@ -29,6 +30,10 @@ pub(crate) fn serve(shared: Arc<Shared>, listener: TcpListener, tls: Option<TlsA
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/instances/{id}/logs", get(logs))
+        .route(
+            "/v1/instances/{id}/restart",
+            axum::routing::post(restart_instance),
+        )
         .route("/v1/model-files", get(model_files))
         .route(
             "/v1/model-files/{blob}",
@@ -232,6 +237,26 @@ async fn remove_backend(
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(refusal) => refused(refusal),
     }
+}
+
+/// Restarts an instance's backend with the spec it runs: 204, or 404 when it does not run
+/// here.
+async fn restart_instance(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorised(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "invalid worker API token");
+    }
+    if !shared.supervisor.restart_in_place(id) {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("instance {id} does not run on this worker"),
+        );
+    }
+    tracing::info!(instance_id = id, "restarting instance as asked");
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn logs(

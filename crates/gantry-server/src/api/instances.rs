@@ -1,5 +1,5 @@
-//! `/api/v1/model-instances`: everyone signed in reads; admins delete (a replacement
-//! is created, which restarts the replica) and place by hand.
+//! `/api/v1/model-instances`: everyone signed in reads; admins restart a backend in
+//! place, delete (a replacement is created) and place by hand.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -61,7 +61,8 @@ pub async fn update(
 }
 
 /// Deletes an instance; the model's replica count stays, so the model controller creates
-/// a replacement: this is how a replica is restarted.
+/// a replacement (a new instance, placed afresh). To restart a backend where it runs, see
+/// `POST /api/v1/model-instances/{id}/restart`.
 #[utoipa::path(delete, path = "/api/v1/model-instances/{id}", tag = "model-instances", security(("bearer" = [])),
     params(("id" = i64, Path, description = "instance id")),
     responses((status = 204), (status = 404, body = gantry_types::ErrorBody)))]
@@ -73,6 +74,26 @@ pub async fn delete(
     let admin = principal.require_admin()?;
     let instance = state.store.delete_instance(id).await?;
     tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, "deleted instance");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Restarts an instance's backend where it runs: its worker stops the process and starts
+/// it again with the same placement, and the instance's `restart_count` goes up by one.
+/// 409 while the instance is not placed; 404 from the worker when it does not run the
+/// instance (yet, or any more); 502 when the worker cannot be reached.
+#[utoipa::path(post, path = "/api/v1/model-instances/{id}/restart", tag = "model-instances", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "instance id")),
+    responses((status = 204), (status = 403, body = gantry_types::ErrorBody),
+        (status = 404, body = gantry_types::ErrorBody), (status = 409, body = gantry_types::ErrorBody),
+        (status = 502, body = gantry_types::ErrorBody)))]
+pub async fn restart(
+    State(state): State<AppState>,
+    AdminAuth(principal): AdminAuth,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<StatusCode> {
+    let admin = principal.require_admin()?;
+    let instance = service::instances::restart(&state.store, &state.worker_http, id).await?;
+    tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, worker_id = ?instance.worker_id, "restarted instance");
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -1,10 +1,35 @@
-//! Model instances: placing one by hand, deleting one, and finding the worker that holds
-//! its logs.
+//! Model instances: placing one by hand, deleting one, restarting one's backend where it
+//! runs, and finding the worker that holds its logs.
 
 use gantry_store::{ManualPlacement, Store};
 use gantry_types::{InstancePatch, ModelInstance, PlacementRecord, Worker};
 
+use super::worker_api::WorkerApi;
 use crate::error::{ApiError, ApiResult};
+
+/// Asks the worker an instance is placed on to restart its backend in place: the same
+/// placement, GPUs and port, the process stopped (drained as on any stop) and started
+/// again, counted in the instance's `restart_count`. Deleting the instance instead makes
+/// the model controller create a new one, with a count of its own. Answers the instance as
+/// it was when asked; the worker reports the restart as it goes.
+pub async fn restart(store: &Store, http: &reqwest::Client, id: i64) -> ApiResult<ModelInstance> {
+    let instance = store.get_instance(id).await?;
+    let worker_id = instance.worker_id.ok_or_else(|| {
+        ApiError::conflict(format!(
+            "instance {} is not placed on a worker yet, so no backend of it runs to restart; \
+             it starts once the scheduler places it",
+            instance.name
+        ))
+    })?;
+    let worker = WorkerApi::of(store, http, worker_id).await?;
+    worker
+        .send(worker.request(
+            reqwest::Method::POST,
+            &format!("/v1/instances/{id}/restart"),
+        ))
+        .await?;
+    Ok(instance)
+}
 
 /// Places an instance by hand on a worker and GPUs, or takes its placement away
 /// (`worker_id: null`). Absent fields keep the instance's current worker or GPUs. The GPUs

@@ -11,13 +11,13 @@
 use std::time::Duration;
 
 use crate::common::{
-    api_key, assert_raw_error, expect_error, next_change, next_event, stored_worker, tiny_model,
-    user, Options, TestServer, ADMIN_PASSWORD,
+    api_key, assert_raw_error, expect_error, model, next_change, next_event, simulated_worker,
+    stored_worker, tiny_model, user, Options, TestServer, ADMIN_PASSWORD,
 };
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::{
     ApiKeyQuery, ChangeKind, ChangePasswordRequest, ErrorCode, InstanceQuery, InstanceState,
-    ModelQuery, ModelSource, ModelUpdate, Role, User, UserUpdate, WatchEvent,
+    InstanceStateReport, ModelQuery, ModelSource, ModelUpdate, Role, User, UserUpdate, WatchEvent,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -692,7 +692,163 @@ async fn failed_logins_are_limited_per_address_and_username(engine: TestEngine) 
     server.shutdown().await;
 }
 
+/// A local path the server cannot find is refused on creation and on a change, naming the
+/// field and the path; a source that exists replaces the old one through PATCH and rolls
+/// the instance onto it.
+async fn a_missing_model_file_is_refused_and_a_new_source_rolls_the_instances(engine: TestEngine) {
+    let server = TestServer::start(engine).await;
+    let admin = server.client();
+    let (_, worker) = server.register(&simulated_worker("w1", 1)).await;
+
+    let missing = server.data_dir.path().join("missing.gguf");
+    let missing = missing.display().to_string();
+    let message = expect_error(
+        admin.create_model(&model("tiny", &missing, 1)).await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert!(
+        message.starts_with("source.path:")
+            && message.contains(&missing)
+            && message.contains("does not exist on the server"),
+        "{message}"
+    );
+    let models = admin.list_models(&ModelQuery::default()).await.unwrap();
+    assert!(models.items.is_empty(), "a refused model is not stored");
+    // A custom backend's files are never read by the server: only its workers can tell.
+    let mut custom = model("custom", &missing, 0);
+    custom.backend = gantry_types::BackendName::new("custom");
+    custom.custom_command = Some("serve --port {port}".into());
+    admin.create_model(&custom).await.unwrap();
+
+    let first = server.data_dir.path().join("first.gguf");
+    gantry_gguf::write_tiny_llama(&first).unwrap();
+    let created = admin
+        .create_model(&model("tiny", &first.display().to_string(), 1))
+        .await
+        .unwrap();
+    let placed = server
+        .wait_for_instances(created.id, "placed", |list| {
+            list.len() == 1 && list[0].state == InstanceState::Scheduled
+        })
+        .await;
+    let running = InstanceStateReport {
+        address: Some("127.0.0.1:40000".into()),
+        port: Some(40000),
+        ..InstanceStateReport::new(InstanceState::Running, "")
+    };
+    worker.report_state(placed[0].id, &running).await.unwrap();
+
+    // A new source the server cannot find changes nothing.
+    let to_missing = ModelUpdate {
+        source: Some(ModelSource::LocalPath {
+            path: missing.clone(),
+        }),
+        ..ModelUpdate::default()
+    };
+    let message = expect_error(
+        admin.update_model(created.id, &to_missing).await,
+        422,
+        ErrorCode::ValidationFailed,
+    );
+    assert!(message.starts_with("source.path:"), "{message}");
+    assert_eq!(
+        admin.get_model(created.id).await.unwrap().source,
+        created.source
+    );
+
+    // One that exists replaces it, and the running instance is moved onto it.
+    let second = server.data_dir.path().join("second.gguf");
+    gantry_gguf::write_tiny_llama(&second).unwrap();
+    let new_source = ModelSource::LocalPath {
+        path: second.display().to_string(),
+    };
+    let to_second = ModelUpdate {
+        source: Some(new_source.clone()),
+        ..ModelUpdate::default()
+    };
+    let updated = admin.update_model(created.id, &to_second).await.unwrap();
+    assert_eq!(updated.source, new_source);
+    let rolled = server
+        .wait_for_instances(created.id, "placed with the new source", |list| {
+            list.len() == 1
+                && list[0].state == InstanceState::Scheduled
+                && list[0]
+                    .placement
+                    .as_ref()
+                    .is_some_and(|record| record.launch.source == new_source)
+        })
+        .await;
+    assert_eq!(rolled[0].id, placed[0].id, "the same replica, rolled");
+    server.shutdown().await;
+}
+
+/// `POST /api/v1/model-instances/{id}/restart` asks the instance's worker; what cannot be
+/// asked says why: no such instance, not placed yet, a worker that cannot be reached.
+async fn a_restart_goes_to_the_instances_worker_or_says_why_it_cannot(engine: TestEngine) {
+    let server = TestServer::start(engine).await;
+    let admin = server.client();
+    let token = admin.token().unwrap();
+    let restart = |id: i64| {
+        let token = token.clone();
+        let server = &server;
+        async move {
+            server
+                .raw(
+                    Method::POST,
+                    &format!("/api/v1/model-instances/{id}/restart"),
+                    Some(&token),
+                    None,
+                )
+                .await
+        }
+    };
+    let (status, body) = restart(999).await;
+    assert_raw_error(status, &body, 404, ErrorCode::NotFound);
+
+    let pending = admin.create_model(&tiny_model("pending", 1)).await.unwrap();
+    let unplaced = server
+        .wait_for_instances(pending.id, "one instance", |list| list.len() == 1)
+        .await;
+    let (status, body) = restart(unplaced[0].id).await;
+    let message = assert_raw_error(status, &body, 409, ErrorCode::Conflict);
+    assert!(message.contains("not placed on a worker yet"), "{message}");
+
+    // A worker registered where nothing listens (127.0.0.1:1).
+    let (worker, _) = server.register(&simulated_worker("w1", 1)).await;
+    let placement = gantry_types::InstancePatch {
+        worker_id: Some(Some(worker.id)),
+        gpu_indexes: Some(vec![0]),
+    };
+    admin
+        .place_instance(unplaced[0].id, &placement)
+        .await
+        .unwrap();
+    let (status, body) = restart(unplaced[0].id).await;
+    let message = assert_raw_error(status, &body, 502, ErrorCode::WorkerUnreachable);
+    assert!(message.contains("w1"), "{message}");
+
+    // Users may look, not restart.
+    admin
+        .create_user(&user("bob", "bob-password"))
+        .await
+        .unwrap();
+    let bob = server.login("bob", "bob-password").await;
+    let (status, body) = server
+        .raw(
+            Method::POST,
+            &format!("/api/v1/model-instances/{}/restart", unplaced[0].id),
+            Some(&bob.token().unwrap()),
+            None,
+        )
+        .await;
+    assert_raw_error(status, &body, 403, ErrorCode::Forbidden);
+    server.shutdown().await;
+}
+
 test_both_engines!(
+    a_restart_goes_to_the_instances_worker_or_says_why_it_cannot,
+    a_missing_model_file_is_refused_and_a_new_source_rolls_the_instances,
     tour_login_keys_users_models_instances,
     generated_admin_password_must_be_changed_at_first_login,
     logout_ends_the_session_and_clears_the_cookie,

@@ -27,6 +27,7 @@ const ADMIN_OPERATIONS: &[(&str, &str)] = &[
     ("DELETE", "/api/v1/models/1"),
     ("PATCH", "/api/v1/model-instances/1"),
     ("DELETE", "/api/v1/model-instances/1"),
+    ("POST", "/api/v1/model-instances/1/restart"),
     ("POST", "/api/v1/inference-backends"),
     ("PATCH", "/api/v1/inference-backends/1"),
     ("DELETE", "/api/v1/inference-backends/1"),

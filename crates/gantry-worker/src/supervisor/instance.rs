@@ -65,7 +65,11 @@ pub(crate) struct Supervision {
 impl Supervision {
     pub(crate) async fn run(mut self) {
         loop {
-            let Desired { generation, spec } = self.desired.borrow_and_update().clone();
+            let Desired {
+                generation,
+                spec,
+                restart_count,
+            } = self.desired.borrow_and_update().clone();
             let Some(spec) = spec else {
                 // Not wanted here: everything is stopped (the last run ended before this
                 // iteration). Leave, unless a new spec came in the meantime; `apply` writes
@@ -83,7 +87,9 @@ impl Supervision {
                 return;
             }
             let cancel = self.shared.cancel.child_token();
-            *lock(&self.status) = Some(InstanceStatus::new(&spec));
+            let mut status = InstanceStatus::new(&spec);
+            status.restart_count = restart_count;
+            *lock(&self.status) = Some(status);
             let log_dir = lock(&self.log_dirs)
                 .get(&self.instance_id)
                 .cloned()

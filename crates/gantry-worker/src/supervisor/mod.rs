@@ -266,7 +266,8 @@ pub struct InstanceStatus {
     pub key: String,
     /// The latest state (the one last sent as an event).
     pub state: BackendState,
-    /// Restarts after crashes since the instance was ensured with this spec.
+    /// Restarts since the instance was ensured with this spec: after crashes, and those an
+    /// admin asked for.
     pub restart_count: u32,
     /// The processes of the current start, by rank; empty when none runs.
     pub pids: Vec<u32>,
@@ -336,6 +337,10 @@ pub(crate) struct Shared {
 struct Desired {
     generation: u64,
     spec: Option<InstanceSpec>,
+    /// The restart count the run of this generation starts from: 0 for a spec set anew,
+    /// the count so far plus one for a restart an admin asked for
+    /// ([`Supervisor::restart_in_place`]).
+    restart_count: u32,
 }
 
 /// One instance id's place in the supervisor.
@@ -422,6 +427,30 @@ impl Supervisor {
         self.set(spec, true).map(|(outcome, _)| outcome)
     }
 
+    /// Stops the instance's process(es) and starts the spec it runs again, as an admin's
+    /// restart asks; unlike [`Supervisor::restart`] (a placement made anew, which starts
+    /// counting from zero) it counts as a restart. `false` when no spec of that id runs
+    /// here.
+    pub fn restart_in_place(&self, instance_id: i64) -> bool {
+        let slots = lock(&self.slots);
+        let Some(slot) = slots.get(&instance_id) else {
+            return false;
+        };
+        let current = slot.desired.borrow().clone();
+        let Some(spec) = current.spec else {
+            return false;
+        };
+        let restarts = lock(&slot.status)
+            .as_ref()
+            .map_or(0, |status| status.restart_count);
+        slot.desired.send_replace(Desired {
+            generation: current.generation + 1,
+            spec: Some(spec),
+            restart_count: restarts.saturating_add(1),
+        });
+        true
+    }
+
     /// Like [`Supervisor::apply`], then waits until the instance's task has taken the spec
     /// up: a different spec it ran is stopped and this one started (not ready).
     pub async fn ensure(&self, spec: InstanceSpec) -> Result<EnsureOutcome, SupervisorError> {
@@ -457,6 +486,7 @@ impl Supervisor {
             slot.desired.send_replace(Desired {
                 generation,
                 spec: Some(spec),
+                restart_count: 0,
             });
             return Ok((outcome, TakenUp::new(slot.applied.clone(), generation)));
         }
@@ -465,6 +495,7 @@ impl Supervisor {
         let (desired, desired_rx) = watch::channel(Desired {
             generation: 1,
             spec: Some(spec.clone()),
+            restart_count: 0,
         });
         let (applied_tx, applied) = watch::channel(0);
         let status = Arc::new(Mutex::new(Some(InstanceStatus::new(&spec))));
@@ -522,6 +553,7 @@ impl Supervisor {
         slot.desired.send_replace(Desired {
             generation,
             spec: None,
+            restart_count: 0,
         });
         Some(TakenUp::new(slot.applied.clone(), generation))
     }

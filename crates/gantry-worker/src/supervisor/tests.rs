@@ -160,6 +160,37 @@ async fn crashes_after_ready_restart_after_a_backoff_that_doubles() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_restart_asked_for_stops_the_backend_starts_it_again_and_counts() {
+    let mut h = Harness::new(FakeHost::new(Script::ready_after(SEC)), |_| {});
+    assert!(!h.supervisor.restart_in_place(1), "nothing runs yet");
+    h.supervisor.apply(Harness::spec(1)).unwrap();
+    let (first, _) = h.expect_running().await;
+    assert_eq!(h.supervisor.status(1).unwrap().restart_count, 0);
+
+    assert!(h.supervisor.restart_in_place(1));
+    h.expect("stopped").await;
+    let (second, _) = h.expect_running().await;
+    assert_ne!(first, second, "a new process");
+    assert_eq!(h.signals(first[0]), [Signal::SIGTERM, Signal::SIGCONT]);
+    assert_eq!(h.supervisor.status(1).unwrap().restart_count, 1);
+    assert!(h.supervisor.restart_in_place(1));
+    h.expect("stopped").await;
+    h.expect_running().await;
+    assert_eq!(h.supervisor.status(1).unwrap().restart_count, 2);
+    let ports: Vec<_> = h.host.spawns().iter().map(|s| s.port).collect();
+    assert_eq!(ports.len(), 3);
+
+    // A spec set anew starts counting again; a removed instance cannot be restarted.
+    h.supervisor.restart(Harness::spec(1)).unwrap();
+    h.expect("stopped").await;
+    h.expect_running().await;
+    assert_eq!(h.supervisor.status(1).unwrap().restart_count, 0);
+    h.supervisor.remove(1);
+    h.expect("stopped").await;
+    assert!(!h.supervisor.restart_in_place(1));
+}
+
+#[tokio::test(start_paused = true)]
 async fn more_crashes_than_allowed_within_the_window_end_in_error() {
     let script = Script::ready_after(SEC)
         .exits_after(2 * SEC, 1)
