@@ -48,6 +48,11 @@ fn decode(row: &AnyRow) -> Result<UserRecord, StoreError> {
     })
 }
 
+/// True for the row of the user `$1` when it is not an admin or another admin remains: the
+/// condition of a write that may take a user's admin role away.
+const KEEPS_AN_ADMIN: &str = "(role <> 'admin' OR EXISTS (SELECT 1 FROM users AS other \
+                              WHERE other.role = 'admin' AND other.id <> $1))";
+
 /// How the `users` list reads.
 const LISTING: Listing<User> = Listing {
     columns: COLUMNS,
@@ -132,30 +137,59 @@ impl Store {
         self.list_page(&LISTING, filter, page).await
     }
 
-    /// Updates role, name and flags; `None` leaves a field unchanged.
+    /// Updates role, name and flags; `None` leaves a field unchanged. A change of role to
+    /// `user` is not written when it would leave no admin: `Ok(None)` then. The condition
+    /// is part of the write (and the admins' rows are locked first on PostgreSQL), so two
+    /// admins demoting each other at once cannot both succeed.
     pub async fn update_user(
         &self,
         id: i64,
         role: Option<Role>,
         full_name: Option<&str>,
         require_password_change: Option<bool>,
-    ) -> Result<User, StoreError> {
+    ) -> Result<Option<User>, StoreError> {
+        let demoting = role == Some(Role::User);
+        let mut tx = self.writes.begin().await?;
+        if demoting {
+            self.lock_admins(&mut tx).await?;
+        }
         let row = sqlx::query(&format!(
             "UPDATE users SET role = COALESCE($2, role), full_name = COALESCE($3, full_name), \
              require_password_change = COALESCE($4, require_password_change), updated_at = $5 \
-             WHERE id = $1 RETURNING {COLUMNS}"
+             WHERE id = $1 AND ($6 = 0 OR {KEEPS_AN_ADMIN}) RETURNING {COLUMNS}"
         ))
         .bind(id)
         .bind(role.map(|r| r.as_str()))
         .bind(full_name)
         .bind(require_password_change.map(i64::from))
         .bind(Timestamp::now().as_millis())
-        .fetch_optional(&self.writes)
-        .await?
-        .ok_or_else(|| StoreError::not_found("user", id))?;
+        .bind(i64::from(demoting))
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let Some(row) = row else {
+            // Refused, or there is no such user: which one, the caller must know.
+            self.get_user(id).await?;
+            return Ok(None);
+        };
         let user = decode(&row)?.user;
         self.publish(Change::User(ChangeKind::Updated, user.clone()));
-        Ok(user)
+        Ok(Some(user))
+    }
+
+    /// On PostgreSQL, locks the rows of the admins until the end of `tx`, so a write
+    /// conditional on [`KEEPS_AN_ADMIN`] waits for any other such write and then reads the
+    /// admins as it left them. (SQLite writes one statement at a time.)
+    async fn lock_admins(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    ) -> Result<(), StoreError> {
+        if self.engine == crate::Engine::Postgres {
+            sqlx::query("SELECT id FROM users WHERE role = 'admin' ORDER BY id FOR UPDATE")
+                .fetch_all(&mut **tx)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Replaces the password hash and ends every session of the user.
@@ -195,25 +229,32 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes a user and, by cascade, their API keys.
-    pub async fn delete_user(&self, id: i64) -> Result<User, StoreError> {
+    /// Deletes a user and, by cascade, their API keys. The last admin is not deleted:
+    /// `Ok(None)` then (see [`Store::update_user`] for why the condition is in the write).
+    pub async fn delete_user(&self, id: i64) -> Result<Option<User>, StoreError> {
         let user = self.get_user(id).await?;
         let keys = self.api_keys_of(id).await?;
-        let result = sqlx::query("DELETE FROM users WHERE id = $1")
-            .bind(id)
-            .execute(&self.writes)
-            .await?;
+        let mut tx = self.writes.begin().await?;
+        self.lock_admins(&mut tx).await?;
+        let result = sqlx::query(&format!(
+            "DELETE FROM users WHERE id = $1 AND {KEEPS_AN_ADMIN}"
+        ))
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         if result.rows_affected() == 0 {
-            return Err(StoreError::not_found("user", id));
+            self.get_user(id).await?;
+            return Ok(None);
         }
         for key in keys {
             self.publish(Change::ApiKey(ChangeKind::Deleted, key));
         }
         self.publish(Change::User(ChangeKind::Deleted, user.clone()));
-        Ok(user)
+        Ok(Some(user))
     }
 
-    /// Number of admins; the API refuses to delete or demote the last one.
+    /// Number of admins.
     pub async fn count_admins(&self) -> Result<u64, StoreError> {
         let admins = UserFilter {
             role: Some(Role::Admin),

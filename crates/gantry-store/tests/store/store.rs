@@ -62,10 +62,28 @@ async fn users_are_created_listed_updated_and_deleted(engine: TestEngine) {
     };
     assert_eq!(store.list_users(&search, ALL).await.unwrap().1, 1);
 
+    // Alice is the only admin: the writes that would leave none are not made.
+    let kept = store
+        .update_user(alice.id, Some(Role::User), Some("Alice A"), None)
+        .await
+        .unwrap();
+    assert!(kept.is_none(), "the last admin was demoted: {kept:?}");
+    assert!(store.delete_user(alice.id).await.unwrap().is_none());
+    let alice_now = store.get_user(alice.id).await.unwrap();
+    assert_eq!(
+        (alice_now.role, alice_now.full_name.as_str()),
+        (Role::Admin, "")
+    );
+    assert!(matches!(
+        store.update_user(999, Some(Role::User), None, None).await,
+        Err(gantry_store::StoreError::NotFound { .. })
+    ));
+
     let bob2 = store
         .update_user(bob.id, Some(Role::Admin), Some("Bob B"), None)
         .await
-        .unwrap();
+        .unwrap()
+        .expect("another admin remains");
     assert_eq!(bob2.role, Role::Admin);
     assert_eq!(bob2.full_name, "Bob B");
     assert_eq!(store.count_admins().await.unwrap(), 2);

@@ -1,9 +1,10 @@
 // @ts-check
-// The users screen (admins): every user with their role (changed in place), creating a
-// user, resetting a password and deleting a user.
+// The users screen (admins): every user with their role (changed in place once confirmed;
+// the server keeps the last admin's), creating a user, resetting a password and deleting a
+// user.
 
 import { api, listAll } from '../lib/api.js';
-import { act, confirmDialog, openDialog } from '../lib/dialogs.js';
+import { confirmDialog, openDialog } from '../lib/dialogs.js';
 import { checkField, field, h, pageHead, toast } from '../lib/dom.js';
 import { currentUser } from '../lib/session.js';
 import { timeCell } from '../lib/widgets.js';
@@ -27,15 +28,7 @@ export function renderUsers(main) {
     const rows = users.map((u) => {
       const role = h('select', { 'aria-label': 'Role of ' + u.username, value: u.role },
         h('option', { value: 'user' }, 'user'), h('option', { value: 'admin' }, 'admin'));
-      role.addEventListener('change', () => act(role, async () => {
-        try {
-          await api('PATCH', '/api/v1/users/' + u.id, { role: role.value });
-        } catch (e) {
-          role.value = u.role;
-          throw e;
-        }
-        u.role = /** @type {User['role']} */ (role.value);
-      }, u.username + ' is now ' + role.value + '.'));
+      role.addEventListener('change', () => confirmRole(u, role, load));
       const self = u.id === currentUser().id;
       return h('tr', null,
         h('td', null, h('strong', null, u.username), self ? h('span', { class: 'muted' }, ' (you)') : null),
@@ -105,6 +98,58 @@ export function renderUsers(main) {
   }, 'New user')), form, tableBox);
   load();
   return () => {};
+}
+
+/**
+ * Asks before a role changes: the dropdown shows the new role only once it is confirmed
+ * and saved; cancelled or refused (the last admin keeps the role), it goes back.
+ * @param {User} user
+ * @param {HTMLSelectElement} select the user's role dropdown, showing the role chosen
+ * @param {() => void} reload
+ */
+function confirmRole(user, select, reload) {
+  const wanted = /** @type {User['role']} */ (select.value);
+  const self = user.id === currentUser().id;
+  let saved = false;
+  const message = wanted === 'admin'
+    ? user.username + ' will be able to change every model, worker, route, key and user, other admins’ roles included.'
+    : self
+      ? 'You lose the admin screens at once, and only another admin can give the role back.'
+      : user.username + ' keeps their API keys but can no longer change the cluster.';
+  const dialog = openDialog(wanted === 'admin' ? 'Make ' + user.username + ' an admin?' : self ? 'Give up your admin role?' : 'Take the admin role from ' + user.username + '?',
+    h('p', null, message), {
+      submitLabel: wanted === 'admin' ? 'Make admin' : 'Make user',
+      danger: wanted === 'user',
+      onSubmit: async () => {
+        try {
+          await api('PATCH', '/api/v1/users/' + user.id, { role: wanted });
+        } catch (e) {
+          // The one refusal of a role change: the cluster would have no admin left.
+          if (e.status === 409) {
+            throw new Error(self
+              ? 'You are the last admin, so you cannot give up the role. Make another user an admin first.'
+              : user.username + ' is the last admin, so the role stays. Make another user an admin first.');
+          }
+          throw e;
+        }
+        saved = true;
+        user.role = wanted;
+        toast(user.username + ' is now ' + (wanted === 'admin' ? 'an admin' : 'a user') + '.');
+      },
+    });
+  dialog.addEventListener('close', () => {
+    if (!saved) {
+      select.value = user.role;
+      return;
+    }
+    // Without the role, this page and the admin screens are no longer yours.
+    if (self && wanted === 'user') {
+      location.hash = '#/overview';
+      location.reload();
+      return;
+    }
+    reload();
+  });
 }
 
 /**
