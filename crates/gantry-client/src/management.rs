@@ -11,7 +11,7 @@ use gantry_types::{
     LogQuery, LoginRequest, LoginResponse, Model, ModelCreate, ModelEstimate, ModelInstance,
     ModelProvider, ModelProviderCreate, ModelProviderUpdate, ModelQuery, ModelRoute,
     ModelRouteCreate, ModelRouteUpdate, ModelUpdate, ProviderModels, User, UserCreate, UserQuery,
-    UserUpdate, Worker, WorkerLabelsUpdate, WorkerQuery,
+    UserUpdate, Worker, WorkerJoin, WorkerLabelsUpdate, WorkerQuery,
 };
 use reqwest::Method;
 use serde::de::DeserializeOwned;
@@ -189,6 +189,13 @@ impl Client {
         query: &WorkerQuery,
     ) -> Result<WatchStream<Worker>, ClientError> {
         self.watch("/api/v1/workers", query).await
+    }
+
+    /// How a new machine joins as a worker: the servers, the registration token (when the
+    /// server that answers holds it) and the `gantry worker` command line.
+    pub async fn worker_join(&self) -> Result<WorkerJoin, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/workers/join"))
+            .await
     }
 
     pub async fn get_worker(&self, id: i64) -> Result<Worker, ClientError> {

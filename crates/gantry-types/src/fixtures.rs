@@ -108,6 +108,7 @@ pub fn worker_status(name: &str, gpus: u32) -> WorkerStatus {
         },
         backends: vec!["llama.cpp".to_owned(), "vllm".to_owned()],
         installed_backends: Vec::new(),
+        found_backends: Vec::new(),
     }
 }
 

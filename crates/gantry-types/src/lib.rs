@@ -76,6 +76,7 @@ pub use time::Timestamp;
 pub use user::{Role, User, UserCreate, UserUpdate};
 pub use validate::{FieldError, Validate};
 pub use worker::{
-    GpuDevice, GpuSample, SystemInfo, Worker, WorkerHeartbeat, WorkerHistory, WorkerLabelsUpdate,
-    WorkerRegister, WorkerRegistered, WorkerSample, WorkerState, WorkerStatus,
+    FoundBackend, GpuDevice, GpuSample, SystemInfo, Worker, WorkerHeartbeat, WorkerHistory,
+    WorkerJoin, WorkerLabelsUpdate, WorkerRegister, WorkerRegistered, WorkerSample, WorkerState,
+    WorkerStatus,
 };

@@ -267,6 +267,7 @@ pub fn simulated_status(name: &str, gpus: u32, memory: u64) -> WorkerStatus {
         },
         backends: vec!["custom".to_owned()],
         installed_backends: Vec::new(),
+        found_backends: Vec::new(),
     }
 }
 

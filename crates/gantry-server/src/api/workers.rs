@@ -8,13 +8,15 @@ use axum::response::Response;
 use axum::Json;
 use gantry_store::Change;
 use gantry_types::{
-    ListResponse, ServerInfo, Timestamp, Worker, WorkerHistory, WorkerLabelsUpdate, WorkerQuery,
+    ListResponse, ServerInfo, Timestamp, Worker, WorkerHistory, WorkerJoin, WorkerLabelsUpdate,
+    WorkerQuery,
 };
 
 use crate::auth::AdminAuth;
 use crate::auth::Auth;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::service;
 use crate::state::AppState;
 
 /// Lists workers.
@@ -27,6 +29,31 @@ pub async fn list(
 ) -> ApiResult<Response> {
     principal.require_admin()?;
     super::list_or_watch(&state, &query, Change::worker).await
+}
+
+/// How a new machine joins the cluster as a worker: the active servers' URLs, the
+/// registration token when the server that answers holds it (the one that created it keeps
+/// it in its data directory; the others answer `null`), and the `gantry worker` command
+/// line with both.
+#[utoipa::path(get, path = "/api/v1/workers/join", tag = "workers", security(("bearer" = [])),
+    responses((status = 200, body = WorkerJoin), (status = 403, body = gantry_types::ErrorBody)))]
+pub async fn join(
+    State(state): State<AppState>,
+    Auth(principal): Auth,
+) -> ApiResult<Json<WorkerJoin>> {
+    let admin = principal.require_admin()?;
+    // This server first: the one the admin reached is the likeliest to be reachable.
+    let mut server_urls = vec![state.cluster.url.clone()];
+    for server in super::coordinator::servers_of(&state).await? {
+        if server.active && !server_urls.contains(&server.url) {
+            server_urls.push(server.url);
+        }
+    }
+    let join = service::workers::join(&state.store, &state.config.data_dir, server_urls).await?;
+    if join.token.is_some() {
+        tracing::info!(by = %admin.username, "showed the worker registration token");
+    }
+    Ok(Json(join))
 }
 
 /// Shows a worker with its last reported hardware.

@@ -3,8 +3,8 @@
 
 use gantry_store::{Store, StoreError, WorkerRegistration, REGISTRATION_TOKEN_DIGEST};
 use gantry_types::{
-    InstanceStateReport, ModelInstance, Worker, WorkerRegister, WorkerRegistered, WorkerState,
-    WorkerStatus,
+    InstanceStateReport, ModelInstance, Worker, WorkerJoin, WorkerRegister, WorkerRegistered,
+    WorkerState, WorkerStatus,
 };
 
 use crate::auth::secrets::{
@@ -33,6 +33,38 @@ pub struct Registration {
     pub registered: WorkerRegistered,
     /// A new worker (the registration token was used), rather than a known one returning.
     pub created: bool,
+}
+
+/// How a new machine joins as a worker: the servers at `server_urls`, with the registration
+/// token when this server holds it in `data_dir` (the server that created it does) and it
+/// is still the cluster's (its digest is the stored one).
+pub async fn join(
+    store: &Store,
+    data_dir: &std::path::Path,
+    server_urls: Vec<String>,
+) -> ApiResult<WorkerJoin> {
+    let path = data_dir.join(crate::bootstrap::REGISTRATION_TOKEN_FILE);
+    let held = match tokio::fs::read_to_string(&path).await {
+        Ok(text) => Some(text.trim().to_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the registration token file");
+            None
+        }
+    };
+    let stored = store.get_setting(REGISTRATION_TOKEN_DIGEST).await?;
+    let token = held.filter(|token| stored.as_deref() == Some(digest(token).as_str()));
+    let command = token.as_ref().map(|token| {
+        format!(
+            "gantry worker --server-url {} --token {token}",
+            server_urls.join(",")
+        )
+    });
+    Ok(WorkerJoin {
+        server_urls,
+        token,
+        command,
+    })
 }
 
 /// Registers a worker with the cluster's registration token, or refreshes the

@@ -18,3 +18,4 @@ mod scheduler;
 mod scheduler_leader;
 mod scheduler_store;
 mod ui;
+mod users_and_workers;

@@ -239,7 +239,7 @@ fn spec_for(shared: &Shared, instance: &ModelInstance) -> Result<InstanceSpec, S
             // directory; without a pin, the configured program if there is one, else the
             // newest installed version (the default installed when there is none).
             let pinned = launch.backend_version.clone();
-            let configured = shared.found_backends.contains(&kind);
+            let configured = shared.found_backends.contains_key(&kind);
             let installer = shared.config.supervisor.installed_backends.is_some();
             if installer && (pinned.is_some() || !configured) {
                 spec.install = Some(BackendPlan {

@@ -78,8 +78,9 @@ pub(crate) struct Shared {
     pub supervisor: Supervisor,
     /// Backends this worker can run: found, installed or installable (reported).
     pub backends: Vec<String>,
-    /// Backends whose programs this worker found at start (configured or on `PATH`).
-    pub found_backends: std::collections::BTreeSet<gantry_types::BackendKind>,
+    /// Backends whose programs this worker found at start (configured or on `PATH`), with
+    /// the executable found (empty for `custom`, whose command comes with each model).
+    pub found_backends: std::collections::BTreeMap<gantry_types::BackendKind, String>,
     pub gpus: GpuProbe,
     pub shutdown: CancellationToken,
     pub tasks: TaskTracker,
@@ -102,6 +103,14 @@ impl Shared {
                 .as_ref()
                 .map(|installed| installed.list())
                 .unwrap_or_default(),
+            found_backends: self
+                .found_backends
+                .iter()
+                .map(|(kind, program)| gantry_types::FoundBackend {
+                    name: kind.as_str().to_owned(),
+                    program: program.clone(),
+                })
+                .collect(),
         }
     }
 
@@ -422,12 +431,12 @@ fn spawn_status(shared: Arc<Shared>) {
 /// demand — llama.cpp everywhere (built from source, CPU or CUDA), vLLM and SGLang where
 /// there are GPUs (their PyPI packages need CUDA) — and the ones already installed.
 fn runnable_backends(
-    found: &std::collections::BTreeSet<gantry_types::BackendKind>,
+    found: &std::collections::BTreeMap<gantry_types::BackendKind, String>,
     config: &WorkerConfig,
     has_gpus: bool,
 ) -> Vec<String> {
     use gantry_types::BackendKind;
-    let mut kinds = found.clone();
+    let mut kinds: std::collections::BTreeSet<BackendKind> = found.keys().copied().collect();
     if let Some(installed) = &config.supervisor.installed_backends {
         kinds.insert(BackendKind::LlamaCpp);
         if has_gpus {
@@ -449,43 +458,50 @@ fn runnable_backends(
     backends
 }
 
-/// The backends whose program this worker finds (on `PATH` or as configured). A program
-/// run as a Python module (`python3 -m sglang.launch_server`) counts only when the
-/// interpreter can import the module. `custom` is always listed: its command comes with the
-/// model.
+/// The backends whose program this worker finds (on `PATH` or as configured), each with
+/// the executable found. A program run as a Python module (`python3 -m
+/// sglang.launch_server`) counts only when the interpreter can import the module. `custom`
+/// is always listed, with no executable: its command comes with the model.
 fn available_backends(
     config: &SupervisorConfig,
-) -> std::collections::BTreeSet<gantry_types::BackendKind> {
-    let mut found = std::collections::BTreeSet::new();
+) -> std::collections::BTreeMap<gantry_types::BackendKind, String> {
+    let mut found = std::collections::BTreeMap::new();
     for backend in gantry_backends::all() {
         let program = config.backends.program(backend.kind());
-        let runnable = match program.as_slice() {
-            [] => true,
+        let executable = match program.as_slice() {
+            [] => Some(String::new()),
             [python, flag, module, ..] if flag == "-m" => {
                 let package = module.split('.').next().unwrap_or(module);
-                program_exists(python)
-                    && std::process::Command::new(python)
+                locate_program(python).filter(|_| {
+                    std::process::Command::new(python)
                         .args(["-c", &format!("import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('{package}') else 1)")])
                         .stdout(std::process::Stdio::null())
                         .stderr(std::process::Stdio::null())
                         .status()
                         .is_ok_and(|s| s.success())
+                })
             }
-            [first, ..] => program_exists(first),
+            [first, ..] => locate_program(first),
         };
-        if runnable {
-            found.insert(backend.kind());
+        if let Some(executable) = executable {
+            found.insert(backend.kind(), executable);
         }
     }
     tracing::info!(backends = ?found, "backend programs found on this worker");
     found
 }
 
-/// True when `program` is a path to a file, or a name found on `PATH`.
-fn program_exists(program: &str) -> bool {
+/// The executable `program` names: itself when it is a path to a file, else the first file
+/// of that name on `PATH`.
+fn locate_program(program: &str) -> Option<String> {
     if program.contains('/') {
-        return std::path::Path::new(program).is_file();
+        return std::path::Path::new(program)
+            .is_file()
+            .then(|| program.to_owned());
     }
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+        .map(|path| path.display().to_string())
 }
