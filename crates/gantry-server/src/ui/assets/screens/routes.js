@@ -181,7 +181,7 @@ export function renderRoutes(main) {
     timer = setTimeout(load, ROUTES_POLL_MS);
   };
   load();
-  return combine(follow([live.models], draw), () => {
+  return combine(follow([live.models, live.instances], draw), () => {
     stopped = true;
     clearTimeout(timer);
   });
@@ -222,6 +222,7 @@ function routeForm(route, providers, onDone) {
   const description = h('input', { placeholder: 'optional', value: r.description });
   const body = h('tbody');
   const plan = h('div', { class: 'route-plan muted small', 'data-plan': '' });
+  const idle = h('div', { class: 'alert warn hidden', 'data-route-warning': '' });
   const error = h('div', { class: 'alert', role: 'alert' });
   const submit = h('button', { class: 'primary', type: 'submit' }, editing ? 'Save' : 'Create route');
   const deployedNames = () => live.models.values().map((m) => m.name).sort();
@@ -238,6 +239,9 @@ function routeForm(route, providers, onDone) {
   };
   const describePlan = () => {
     const targets = rows.map((row) => row.value()).filter((t) => t.model);
+    const warning = idleWarning(targets, editing ? r.name : name.value.trim() || 'the route');
+    idle.textContent = warning || '';
+    idle.classList.toggle('hidden', !warning);
     if (!targets.length) {
       plan.textContent = 'Add a target.';
       return;
@@ -266,6 +270,7 @@ function routeForm(route, providers, onDone) {
   };
   for (const t of r.targets) addRow(t);
   if (!rows.length) addRow({ model: modelNames[0] || '', weight: 1, priority: 0 });
+  name.addEventListener('input', describePlan);
 
   const form = h('form', {
     class: 'panel',
@@ -293,7 +298,9 @@ function routeForm(route, providers, onDone) {
           }
         } else {
           const created = await api('POST', '/api/v1/model-routes', { name: name.value.trim(), description: description.value.trim(), targets });
-          toast('Route ' + created.name + ' created: clients may call it now.');
+          toast(idleWarning(targets, created.name)
+            ? 'Route ' + created.name + ' created: it answers through each target once that one runs.'
+            : 'Route ' + created.name + ' created: clients may call it now.');
         }
         onDone();
       } catch (e) {
@@ -333,6 +340,7 @@ function routeForm(route, providers, onDone) {
     },
   }, 'Add target')),
   plan,
+  idle,
   error,
   h('div', { class: 'form-actions' },
     submit,
@@ -341,12 +349,34 @@ function routeForm(route, providers, onDone) {
     element: form,
     refreshModels: () => {
       const now = deployedNames();
+      // Whether the targets run changes without the names changing.
+      describePlan();
       if (sameJson(now, modelNames)) return;
       modelNames = now;
       rows.forEach((row) => row.offerModels(modelNames));
       describePlan();
     },
   };
+}
+
+/**
+ * What to say of a route's deployed-model targets that have no running instance: a route
+ * may name them (it is accepted), but answers through them only once they run. Null when
+ * every one runs.
+ * @param {RouteTarget[]} targets
+ * @param {string} routeName
+ * @returns {string | null}
+ */
+function idleWarning(targets, routeName) {
+  const running = new Set(live.instances.values().filter((i) => i.state === 'running').map((i) => i.model_name));
+  const local = targets.filter((t) => !t.provider && t.model);
+  const idle = [...new Set(local.filter((t) => !running.has(t.model)).map((t) => t.model))];
+  if (!idle.length) return null;
+  const one = idle.length === 1;
+  const list = one ? idle[0] : idle.slice(0, -1).join(', ') + ' and ' + idle[idle.length - 1];
+  const none = local.length === targets.length && idle.length === new Set(local.map((t) => t.model)).size;
+  return list + (one ? ' has' : ' have') + ' no running instance: the route answers through ' + (one ? 'it only once it runs.' : 'them only once they run.')
+    + (none ? ' Until then, clients calling ' + routeName + ' get errors.' : '');
 }
 
 /**
