@@ -41,6 +41,8 @@ BACKEND_TEXT = re.compile(
 
 
 def screenshot(page, path):
+    # From the top: a full-page shot of a scrolled page draws the sticky header mid-page.
+    page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=path, full_page=True)
     print("screenshot", path)
 
@@ -219,7 +221,6 @@ def two_replicas_go_to_two_gpus(page, expected, shots):
         f"the worker's name and its badge run together: {worker!r}"
     )
     print("replicas:", [replicas.nth(n).inner_text() for n in range(2)], "| worker:", worker)
-    form.locator("[data-estimate]").scroll_into_view_if_needed()
     both_widths(page, shots["estimate_pair"], shots["estimate_pair_phone"])
     form.get_by_role("button", name="Cancel").click()
 
