@@ -168,6 +168,19 @@ pub struct WorkerStatus {
     /// Backend versions installed under the worker's data directory.
     #[serde(default)]
     pub installed_backends: Vec<crate::backend::InstalledBackend>,
+    /// The backends of `backends` whose programs the worker found at start (configured,
+    /// or on `PATH`): they run without an install. The rest of `backends` is installed on
+    /// first use. Empty from workers that predate the field.
+    #[serde(default)]
+    pub found_backends: Vec<FoundBackend>,
+}
+
+/// A backend program a worker found: `program` is the executable it runs (the Python
+/// interpreter for a backend run as a module), as configured or as found on `PATH`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct FoundBackend {
+    pub name: String,
+    pub program: String,
 }
 
 /// A worker as the API shows it.
@@ -200,11 +213,25 @@ impl Validate for WorkerLabelsUpdate {
     }
 }
 
+/// `GET /api/v1/workers/join` (admin): how a new machine joins the cluster as a worker.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct WorkerJoin {
+    /// The active servers' URLs, for the worker's `--server-url`.
+    pub server_urls: Vec<String>,
+    /// The cluster's registration token, when the server that answers holds it: the server
+    /// that created it keeps it in its data directory (`registration_token`); others
+    /// know only its digest and answer `None`.
+    pub token: Option<String>,
+    /// The `gantry worker` command line that joins a machine; `None` without `token`.
+    pub command: Option<String>,
+}
+
 /// `POST /api/v1/workers/register`, authenticated with the cluster registration token
 /// (first time) or the worker's own credential (re-registration, idempotent).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerRegister {
+    #[schema(min_length = 1, max_length = 63, pattern = r"^[a-z0-9][a-z0-9._-]*$")]
     pub name: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -291,6 +318,17 @@ impl Validate for WorkerStatus {
                 &format!("installed_backends[{i}].variant"),
                 &installed.variant,
                 32,
+            )?;
+        }
+        if self.found_backends.len() > 64 {
+            return Err(FieldError::new("found_backends", "at most 64 backends"));
+        }
+        for (i, found) in self.found_backends.iter().enumerate() {
+            crate::validate::check_text(&format!("found_backends[{i}].name"), &found.name, 63)?;
+            crate::validate::check_text(
+                &format!("found_backends[{i}].program"),
+                &found.program,
+                4096,
             )?;
         }
         crate::validate::check_text("system.hostname", &self.system.hostname, 256)?;

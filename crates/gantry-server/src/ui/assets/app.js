@@ -18,6 +18,7 @@ import { h, pageElement, toast } from './lib/dom.js';
 import { stopLiveLists } from './lib/live.js';
 import { currentUser, isAdmin, session } from './lib/session.js';
 import { stopTransfers } from './lib/transfers.js';
+import { applyTheme, storedTheme, themeControl } from './lib/theme.js';
 import { brand } from './lib/widgets.js';
 import { renderAccount } from './screens/account.js';
 import { renderApiKeys } from './screens/api-keys.js';
@@ -25,6 +26,7 @@ import { renderCatalog } from './screens/catalog.js';
 import { renderInstances } from './screens/instances.js';
 import { showFatal, showLogin, showPasswordChange } from './screens/login.js';
 import { renderModelFiles } from './screens/model-files.js';
+import { renderModel } from './screens/model.js';
 import { renderModels } from './screens/models.js';
 import { renderOverview } from './screens/overview.js';
 import { renderPlayground } from './screens/playground.js';
@@ -52,7 +54,8 @@ import { renderWorkers } from './screens/workers.js';
 /** @type {Screen[]} */
 const SCREENS = [
   { id: 'overview', title: 'Overview', render: renderOverview },
-  { id: 'models', title: 'Models', render: renderModels },
+  // A model's own page is #/models/<name>.
+  { id: 'models', title: 'Models', render: (main, parts) => (parts[0] ? renderModel(main, parts[0]) : renderModels(main)) },
   { id: 'instances', title: 'Instances', render: renderInstances },
   { id: 'catalog', title: 'Catalog', render: renderCatalog },
   { id: 'routes', title: 'Routes', render: renderRoutes, admin: true },
@@ -67,13 +70,39 @@ const SCREENS = [
   { id: 'account', title: 'Account', render: renderAccount, hidden: true },
 ];
 
+/**
+ * The navigation's groups, in order, with their screens in order: what a person serves,
+ * what runs where, and who may call what. A screen in none is listed under the last.
+ * @type {{title: string, screens: string[]}[]}
+ */
+const NAV_GROUPS = [
+  { title: 'Serve', screens: ['overview', 'models', 'catalog', 'playground'] },
+  { title: 'Operate', screens: ['instances', 'workers', 'model-files', 'servers'] },
+  { title: 'Access', screens: ['api-keys', 'users', 'routes', 'providers', 'usage'] },
+];
+
+/**
+ * The groups of `screens` as the navigation lists them; empty groups left out.
+ * @param {Screen[]} screens
+ * @returns {{title: string, screens: Screen[]}[]}
+ */
+function navGroups(screens) {
+  const groups = NAV_GROUPS.map((g) => ({
+    title: g.title,
+    screens: /** @type {Screen[]} */ (g.screens.map((id) => screens.find((s) => s.id === id)).filter(Boolean)),
+  }));
+  const grouped = new Set(NAV_GROUPS.flatMap((g) => g.screens));
+  groups[groups.length - 1].screens.push(...screens.filter((s) => !grouped.has(s.id)));
+  return groups.filter((g) => g.screens.length);
+}
+
 /** True from a refused session's redirect until the next login: later refusals are its echo. */
 let authRedirecting = false;
 
 /** @type {(() => void) | null} stops the screen shown now */
 let currentCleanup = null;
 
-/** @type {{nav: HTMLElement, main: HTMLElement} | null} the console's frame, once started */
+/** @type {{nav: HTMLElement, main: HTMLElement, menu: HTMLButtonElement, menuLabel: HTMLElement} | null} the console's frame, once started */
 let shell = null;
 
 /**
@@ -163,21 +192,53 @@ async function logout() {
 
 function startApp() {
   authRedirecting = false;
-  const nav = h('nav', { class: 'nav' },
-    SCREENS.filter((s) => !s.hidden && (!s.admin || isAdmin())).map((s) =>
-      h('a', { href: '#/' + s.id, 'data-screen': s.id }, s.title)));
+  // A sidebar of groups on a wide screen; on a narrow one, a menu the top bar's button opens.
+  const nav = h('nav', {
+    class: 'nav',
+    id: 'nav',
+    'aria-label': 'Screens',
+    // Choosing the screen shown already changes no hash: close the menu here too.
+    onclick: (event) => {
+      if (/** @type {Element} */ (event.target).closest('a')) setMenu(false);
+    },
+  },
+    navGroups(SCREENS.filter((s) => !s.hidden && (!s.admin || isAdmin()))).map((g) =>
+      h('div', { class: 'nav-group' },
+        h('div', { class: 'nav-group-title' }, g.title),
+        g.screens.map((s) => h('a', { href: '#/' + s.id, 'data-screen': s.id }, s.title)))),
+    themeControl());
   const main = h('main', { id: 'main' });
+  const menuLabel = h('span', null, 'Menu');
+  const menu = h('button', {
+    type: 'button',
+    class: 'menu-button',
+    'aria-controls': 'nav',
+    'aria-expanded': 'false',
+    title: 'Screens',
+    onclick: () => setMenu(!nav.classList.contains('open')),
+  }, h('span', { class: 'menu-icon', 'aria-hidden': 'true' }, '☰'), menuLabel);
   const top = h('header', { class: 'topbar' },
+    menu,
     brand(),
-    nav,
+    h('span', { class: 'spacer' }),
     h('div', { class: 'session' },
       h('span', { id: 'live', class: 'live' }, 'idle'),
       h('a', { href: '#/account', title: 'Account and password' },
         currentUser().username, isAdmin() ? h('span', { class: 'muted' }, ' (admin)') : null),
       h('button', { class: 'small', onclick: () => logout() }, 'Log out')));
-  shell = { nav, main };
-  pageElement('app').replaceChildren(top, main);
+  shell = { nav, main, menu, menuLabel };
+  pageElement('app').replaceChildren(top, h('div', { class: 'shell' }, nav, main));
   route();
+}
+
+/**
+ * Opens or closes the narrow screen's menu (on a wide one the navigation is always shown).
+ * @param {boolean} open
+ */
+function setMenu(open) {
+  if (!shell) return;
+  shell.nav.classList.toggle('open', open);
+  shell.menu.setAttribute('aria-expanded', String(open));
 }
 
 /** The hash as the screen's path (`#/instances/12/logs` → instances, 12, logs) and query. */
@@ -198,6 +259,8 @@ function route() {
   if (currentCleanup) currentCleanup();
   currentCleanup = null;
   for (const a of shell.nav.querySelectorAll('a')) a.classList.toggle('active', a.dataset.screen === screen.id);
+  shell.menuLabel.textContent = screen.title;
+  setMenu(false);
   document.title = screen.title + ' · gantry';
   shell.main.replaceChildren();
   currentCleanup = screen.render(shell.main, parts.slice(1), params) || null;
@@ -205,4 +268,13 @@ function route() {
 
 onAuthFailure(authFailure);
 window.addEventListener('hashchange', route);
+// The open menu closes on Escape and on a click outside it.
+document.addEventListener('keydown', (event) => {
+  if (event.key === 'Escape') setMenu(false);
+});
+document.addEventListener('click', (event) => {
+  const target = /** @type {Node} */ (event.target);
+  if (shell && !shell.nav.contains(target) && !shell.menu.contains(target)) setMenu(false);
+});
+applyTheme(storedTheme());
 boot();

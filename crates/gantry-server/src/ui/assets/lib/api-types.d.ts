@@ -105,6 +105,25 @@ export interface SystemInfo {
   disk_free: number;
 }
 
+/** What a worker reports about itself. */
+export interface WorkerStatus {
+  gpus: GpuDevice[];
+  system: SystemInfo;
+  /** Every backend it runs: found, installed, or installed on first use. */
+  backends: string[];
+  installed_backends?: { name: string; version: string; variant: string }[];
+  /** Those whose programs it found (configured or on PATH); absent from older workers. */
+  found_backends?: { name: string; program: string }[];
+}
+
+/** `GET /api/v1/workers/join`: how a machine joins as a worker. */
+export interface WorkerJoin {
+  server_urls: string[];
+  /** null when the server that answered does not hold the token. */
+  token: string | null;
+  command: string | null;
+}
+
 /** `GET /api/v1/workers`. */
 export interface Worker {
   id: number;
@@ -113,7 +132,7 @@ export interface Worker {
   state_message: string;
   labels: Record<string, string>;
   address: string;
-  status: { gpus: GpuDevice[]; system: SystemInfo; backends: string[] };
+  status: WorkerStatus;
   last_heartbeat_at: Timestamp | null;
   created_at: Timestamp;
   updated_at: Timestamp;
@@ -151,6 +170,12 @@ export interface Estimate {
     base_ram_bytes: number;
     declared_gpu_count: number | null;
   };
+  /** The model's replicas, placed one after another on the cluster as it is now. */
+  replicas: {
+    fits: boolean;
+    placement: { worker_name: string; gpus: { index: number; bytes: number }[]; ram_bytes: number } | null;
+    reason: string | null;
+  }[];
   workers: {
     worker_name: string;
     simulated_gpus: boolean;

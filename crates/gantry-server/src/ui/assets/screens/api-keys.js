@@ -229,7 +229,7 @@ function editKey(key, served, reload) {
 function deleteKey(key, reload) {
   confirmDialog('Delete key ' + key.name + '?', 'Anything using this key is refused at once.', 'Delete key', async () => {
     await api('DELETE', '/api/v1/api-keys/' + key.id);
-    toast('Key ' + key.name + ' deleted.');
+    toast('Deleted API key “' + key.name + '”.');
     reload();
   });
 }

@@ -7,6 +7,7 @@ import { api } from '../lib/api.js';
 import { confirmDialog } from '../lib/dialogs.js';
 import { h, pageHead, toast } from '../lib/dom.js';
 import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
+import { sentence } from '../lib/sentence.js';
 import { isAdmin } from '../lib/session.js';
 import { INSTANCE_STATE_CLASS, INSTANCE_STATES, instanceProgress, stateBadge, timeCell } from '../lib/widgets.js';
 
@@ -78,20 +79,22 @@ export function renderInstances(main, parts, params) {
       const progress = instanceProgress(i);
       rows.push(h('tr', { class: isError ? 'has-detail' : null, 'data-instance': i.id },
         h('td', null, h('strong', null, i.name)),
-        h('td', null, h('a', { href: '#/instances?model=' + i.model_id }, i.model_name)),
+        h('td', { class: 'opt' }, h('a', { href: '#/instances?model=' + i.model_id }, i.model_name)),
         h('td', null, stateBadge(i.state, INSTANCE_STATE_CLASS),
           progress || (!isError && i.state_message ? h('div', { class: 'state-message' }, i.state_message) : null)),
-        h('td', null, i.worker_name || h('span', { class: 'muted' }, '—')),
-        h('td', null, i.worker_id == null ? h('span', { class: 'muted' }, '—')
+        h('td', { class: 'opt' }, i.worker_name || h('span', { class: 'muted' }, '—')),
+        h('td', { class: 'opt' }, i.worker_id == null ? h('span', { class: 'muted' }, '—')
           : h('span', { class: 'mono small' }, i.gpu_indexes.length ? i.gpu_indexes.join(', ') : 'CPU')),
-        h('td', null, i.address ? h('span', { class: 'mono small' }, i.address) : h('span', { class: 'muted' }, '—')),
-        h('td', { class: 'num' }, i.restart_count),
-        h('td', null, timeCell(i.updated_at)),
+        h('td', { class: 'opt' }, i.address ? h('span', { class: 'mono small' }, i.address) : h('span', { class: 'muted' }, '—')),
+        h('td', { class: 'num opt', 'data-restarts': '' }, i.restart_count),
+        h('td', { class: 'opt' }, timeCell(i.updated_at)),
         h('td', { class: 'actions' },
           i.worker_id == null
             ? h('button', { class: 'small', disabled: true, title: 'Not placed on a worker yet: no logs' }, 'Logs')
             : h('a', { class: 'button small', href: '#/instances/' + i.id + '/logs' }, 'Logs'),
-          isAdmin() ? h('button', { class: 'small danger', title: 'Delete this instance; a new one replaces it', onclick: () => restartInstance(i) }, 'Restart') : null)));
+          isAdmin() ? h('button', i.worker_id == null
+            ? { class: 'small danger', disabled: true, title: 'Not placed on a worker yet: nothing runs to restart' }
+            : { class: 'small danger', title: 'Stop the backend and start it again where it is', onclick: () => restartInstance(i) }, 'Restart') : null)));
       if (isError) {
         rows.push(h('tr', { class: 'detail' }, h('td', { colspan: columns },
           h('pre', { class: 'stderr' }, i.state_message))));
@@ -99,9 +102,9 @@ export function renderInstances(main, parts, params) {
     }
     tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
       h('thead', null, h('tr', null,
-        h('th', null, 'Instance'), h('th', null, 'Model'), h('th', null, 'State'), h('th', null, 'Worker'),
-        h('th', null, 'GPUs'), h('th', null, 'Address'), h('th', { class: 'num' }, 'Restarts'),
-        h('th', null, 'Updated'), h('th', null))),
+        h('th', null, 'Instance'), h('th', { class: 'opt' }, 'Model'), h('th', null, 'State'), h('th', { class: 'opt' }, 'Worker'),
+        h('th', { class: 'opt' }, 'GPUs'), h('th', { class: 'opt' }, 'Address'), h('th', { class: 'num opt' }, 'Restarts'),
+        h('th', { class: 'opt' }, 'Updated'), h('th', null))),
       h('tbody', null, rows))));
   };
   return combine(follow([live.instances, live.models], draw), ticker(draw, 10000));
@@ -112,11 +115,15 @@ export function renderInstances(main, parts, params) {
  */
 function restartInstance(instance) {
   confirmDialog('Restart ' + instance.name + '?',
-    'The instance is deleted and its backend stopped; the model keeps its replica count, so a new instance replaces it and is scheduled again.',
-    'Delete and replace',
+    'Its backend on ' + (instance.worker_name || 'its worker') + ' is stopped (requests in progress may finish first) and started again with the same GPUs and address. It answers no requests until it is running again.',
+    'Restart',
     async () => {
-      await api('DELETE', '/api/v1/model-instances/' + instance.id);
-      toast('Instance ' + instance.name + ' deleted; a replacement is on its way.');
+      try {
+        await api('POST', '/api/v1/model-instances/' + instance.id + '/restart');
+      } catch (e) {
+        throw new Error(sentence(e));
+      }
+      toast('Instance ' + instance.name + ' is restarting.');
     });
 }
 

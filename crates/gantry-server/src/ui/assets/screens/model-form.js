@@ -1,11 +1,12 @@
 // @ts-check
-// The form that declares a model (the models screen's "New model", the catalog's
-// "Deploy"): its source, backend and placement, and "Check fit", which asks the server
+// The form that declares a model (the models screen's "New model", the catalog's and an
+// upload's "Deploy"): its source, backend and placement, and "Check fit", which asks the server
 // where replicas of it would go.
 
 import { api } from '../lib/api.js';
 import { checkField, field, h, toast } from '../lib/dom.js';
 import { describeSource, fmtBytes, joinArgs, parseLabels, splitArgs } from '../lib/format.js';
+import { MODEL_FIELDS, sentence } from '../lib/sentence.js';
 
 /** @import { CatalogEntry, Estimate, Model, Page, Upload } from '../lib/api-types' */
 
@@ -14,18 +15,29 @@ import { describeSource, fmtBytes, joinArgs, parseLabels, splitArgs } from '../l
  * @param {Estimate} estimate
  * @returns {HTMLDivElement}
  */
-function estimateView(estimate) {
+export function estimateView(estimate) {
   const p = estimate.parts;
   const total = p.weights_bytes + p.kv_cache_bytes + p.host_compute_buffer_bytes + p.base_ram_bytes +
     (p.per_gpu_compute_buffer_bytes + p.per_gpu_overhead_bytes) * Math.max(1, p.declared_gpu_count || 1);
   const fitting = estimate.workers.filter((w) => w.fits);
-  /** @param {Estimate['workers'][number]} v */
+  /** @param {{placement: {gpus: {index: number, bytes: number}[], ram_bytes: number} | null}} v */
   const where = (v) => {
     const placement = v.placement;
     if (!placement) return '';
     const gpus = placement.gpus.map((g) => 'GPU ' + g.index + ' ' + fmtBytes(g.bytes)).join(', ');
     return (gpus || 'CPU only') + (placement.ram_bytes ? ' + ' + fmtBytes(placement.ram_bytes) + ' RAM' : '');
   };
+  // Each replica booked before the next, as the scheduler does: two replicas on one
+  // worker land on two GPUs, which one instance's verdict per worker cannot show.
+  const replicas = estimate.replicas || [];
+  const replicaTable = replicas.length > 1 ? h('table', { class: 'compact', 'data-estimate-replicas': '' },
+    h('caption', null, 'Where the ' + replicas.length + ' replicas would go, placed together'),
+    h('thead', null, h('tr', null, h('th', { class: 'num' }, 'Replica'), h('th', null, 'Would go to'))),
+    h('tbody', null, replicas.map((r, n) => h('tr', { 'data-estimate-replica': n + 1 },
+      h('td', { class: 'num' }, String(n + 1)),
+      h('td', { class: 'small' }, r.fits && r.placement
+        ? [h('strong', null, r.placement.worker_name), ' ', where(r)]
+        : h('span', { class: 'badge warn' }, 'does not fit'), r.fits ? null : [' ', r.reason]))))) : null;
   return h('div', { class: 'estimate', 'data-estimate': '' },
     h('div', { class: 'facts' },
       h('div', { class: 'fact' }, h('span', null, 'One instance needs'), h('strong', { 'data-estimate-total': '' }, fmtBytes(total))),
@@ -34,16 +46,18 @@ function estimateView(estimate) {
         (estimate.context_size ? ' (' + estimate.context_size.toLocaleString('en-US') + ' tokens)' : '')),
       h('div', { class: 'fact' }, h('span', null, 'Fits on'), h('strong', { 'data-estimate-fits': fitting.length }, fitting.length + ' of ' + estimate.workers.length + ' workers'))),
     estimate.workers.length ? h('table', { class: 'compact' },
+      h('caption', null, 'One instance, worker by worker'),
       h('thead', null, h('tr', null, h('th', null, 'Worker'), h('th', null, 'Fits'), h('th', null, 'Where, or why not'))),
       h('tbody', null, estimate.workers.map((w) => h('tr', { 'data-estimate-worker': w.worker_name },
-        h('td', null, w.worker_name, w.simulated_gpus ? h('span', { class: 'badge sim' }, 'simulated') : null),
+        h('td', null, w.worker_name, w.simulated_gpus ? [' ', h('span', { class: 'badge sim' }, 'simulated')] : null),
         h('td', null, h('span', { class: 'badge ' + (w.fits ? 'ok' : 'warn') }, w.fits ? 'yes' : 'no')),
-        h('td', { class: 'small' }, w.fits ? where(w) : w.reason))))) : h('div', { class: 'muted' }, 'No workers yet.'));
+        h('td', { class: 'small' }, w.fits ? where(w) : w.reason))))) : h('div', { class: 'muted' }, 'No workers yet.'),
+    replicaTable);
 }
 
 /**
- * The new-model form. `preset` (a catalog entry) fills it in and checks at once where the
- * model would fit.
+ * The new-model form. `preset` (a catalog entry, or one made of an upload) fills it in and
+ * checks at once where the model would fit.
  * @param {(model?: Model) => void} onDone called with the model created, or without one on Cancel
  * @param {CatalogEntry} [preset]
  * @returns {HTMLFormElement}
@@ -52,7 +66,7 @@ export function modelForm(onDone, preset) {
   const name = h('input', { required: true, placeholder: 'llama-3-8b', maxlength: 63 });
   const description = h('input', { placeholder: 'optional' });
   const sourceType = h('select', null,
-    h('option', { value: 'local_path' }, 'Local path on the workers'),
+    h('option', { value: 'local_path' }, 'Local path'),
     h('option', { value: 'huggingface' }, 'Hugging Face repository'),
     h('option', { value: 'url' }, 'URL'),
     h('option', { value: 'upload' }, 'Uploaded file'));
@@ -71,9 +85,10 @@ export function modelForm(onDone, preset) {
   const error = h('div', { class: 'alert', role: 'alert' });
   const submit = h('button', { class: 'primary', type: 'submit' }, 'Create model');
 
-  const pathField = field('Path', path, 'Absolute path of a file or directory present on the workers.', 'wide');
-  const repoField = field('Repository', repo);
-  const fileField = field('File', file);
+  const pathField = field('Path', path, 'Absolute path of a file or directory, present on the server (which reads its header) and on the workers, under their model directories.', 'wide');
+  // Wide: a repository's and a file's names are long, and shown whole.
+  const repoField = field('Repository', repo, null, 'wide');
+  const fileField = field('File', file, null, 'wide');
   const urlField = field('URL', url, null, 'wide');
   const uploadField = field('Uploaded file', upload,
     ['Complete uploads. Upload a file on the ', h('a', { href: '#/model-files' }, 'Model files'), ' screen.'], 'wide');
@@ -92,8 +107,9 @@ export function modelForm(onDone, preset) {
   };
   // The uploads are read when they are asked for, so one finished since the form was
   // built is offered too.
-  const loadUploads = async () => {
-    const chosen = upload.value;
+  /** @param {number} [wanted] the upload to choose, else the one chosen now */
+  const loadUploads = async (wanted) => {
+    const chosen = wanted != null ? String(wanted) : upload.value;
     upload.replaceChildren(h('option', { value: '' }, 'Loading…'));
     try {
       /** @type {Page<Upload>} */
@@ -155,7 +171,7 @@ export function modelForm(onDone, preset) {
         estimateBox.replaceChildren(estimateView(await api('POST', '/api/v1/models/estimate', request())));
       } catch (e) {
         estimateBox.replaceChildren();
-        error.textContent = e.message;
+        error.textContent = sentence(e, MODEL_FIELDS);
       } finally {
         checkFit.disabled = false;
       }
@@ -183,7 +199,7 @@ export function modelForm(onDone, preset) {
         sync();
         onDone(model);
       } catch (e) {
-        error.textContent = e.message;
+        error.textContent = sentence(e, MODEL_FIELDS);
       } finally {
         submit.disabled = false;
       }
@@ -215,11 +231,12 @@ export function modelForm(onDone, preset) {
     backend.value = preset.backend;
     args.value = joinArgs(preset.backend_args || []);
     const src = preset.source;
-    if (!['local_path', 'huggingface', 'url'].includes(src.type)) {
-      // A source the form has no fields for (ModelScope, S3, an upload): kept as it is.
+    const fielded = ['local_path', 'huggingface', 'url', 'upload'];
+    if (!fielded.includes(src.type)) {
+      // A source the form has no fields for (ModelScope, S3): kept as it is.
       sourceType.append(h('option', { value: 'preset' }, 'As in the catalog: ' + describeSource(src)));
     }
-    sourceType.value = ['local_path', 'huggingface', 'url'].includes(src.type) ? src.type : 'preset';
+    sourceType.value = fielded.includes(src.type) ? src.type : 'preset';
     if (src.type === 'local_path') path.value = src.path;
     if (src.type === 'huggingface') {
       repo.value = src.repo_id;
@@ -227,7 +244,9 @@ export function modelForm(onDone, preset) {
     }
     if (src.type === 'url') url.value = /** @type {string[]} */ ([]).concat(src.url)[0];
     sync();
-    checkFit.click();
+    // The uploads are listed first, so the check has the file to read.
+    if (src.type === 'upload') loadUploads(src.id).then(() => checkFit.click());
+    else checkFit.click();
   }
   return form;
 }

@@ -3,16 +3,18 @@
 // instances run (a bar while they download), and an admin's "New model", "Edit" and
 // "Delete".
 
-import { api } from '../lib/api.js';
-import { confirmDialog, openDialog } from '../lib/dialogs.js';
+import { api, itemsOf } from '../lib/api.js';
+import { openDialog } from '../lib/dialogs.js';
 import { field, h, pageHead, toast } from '../lib/dom.js';
-import { describeSource, formatLabels, joinArgs, parseLabels, splitArgs, truncate } from '../lib/format.js';
+import { describeSource, firstLine, formatLabels, joinArgs, parseLabels, splitArgs, truncate } from '../lib/format.js';
 import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
 import { isAdmin } from '../lib/session.js';
+import { MODEL_FIELDS, sentence } from '../lib/sentence.js';
+import { gravest } from '../lib/trouble.js';
 import { labelChips, progressBar, timeCell } from '../lib/widgets.js';
 import { modelForm } from './model-form.js';
 
-/** @import { DownloadProgress, Instance, Model } from '../lib/api-types' */
+/** @import { DownloadProgress, Instance, Model, ModelSource, Route, RouteTarget } from '../lib/api-types' */
 
 /** @typedef {Instance & {download: DownloadProgress}} Downloading an instance downloading its model's files */
 
@@ -47,41 +49,48 @@ export function renderModels(main) {
         isAdmin() ? 'No models yet. Declare one with “New model”.' : 'No models yet.'));
       return;
     }
-    /** @type {Map<number, {running: number, total: number, failed: number, downloading: Downloading[]}>} */
+    /** @type {Map<number, {running: number, total: number, failed: number, downloading: Downloading[], instances: Instance[]}>} */
     const byModel = new Map();
     for (const i of live.instances.values()) {
-      const entry = byModel.get(i.model_id) || { running: 0, total: 0, failed: 0, downloading: [] };
+      const entry = byModel.get(i.model_id) || { running: 0, total: 0, failed: 0, downloading: [], instances: [] };
       entry.total += 1;
+      entry.instances.push(i);
       if (i.state === 'running') entry.running += 1;
       if (i.state === 'error' || i.state === 'unreachable') entry.failed += 1;
       if (i.state === 'downloading' && i.download) entry.downloading.push(/** @type {Downloading} */ (i));
       byModel.set(i.model_id, entry);
     }
-    const rows = models.map((m) => {
-      const counts = byModel.get(m.id) || { running: 0, total: 0, failed: 0, downloading: [] };
+    const rows = models.flatMap((m) => {
+      const counts = byModel.get(m.id) || { running: 0, total: 0, failed: 0, downloading: [], instances: [] };
       const health = counts.total === 0 ? 'idle' : counts.running === counts.total ? 'ok' : counts.failed ? 'danger' : 'warn';
-      return h('tr', null,
-        h('td', { class: 'nowrap' }, h('a', { href: '#/instances?model=' + m.id }, h('strong', null, m.name)),
+      // Why the model is not (all) serving, in the words of whoever could tell.
+      const why = gravest(counts.instances);
+      const row = h('tr', { class: why ? 'has-detail' : null },
+        h('td', { class: 'nowrap' }, h('a', { href: '#/models/' + encodeURIComponent(m.name), title: 'Settings, instances, usage and routes of ' + m.name }, h('strong', null, m.name)),
           m.description ? h('div', { class: 'muted small' }, m.description) : null),
-        h('td', null, h('span', { class: 'chip' }, m.backend)),
-        h('td', null, h('div', { class: 'mono small', title: describeSource(m.source) }, truncate(describeSource(m.source), 48))),
-        h('td', { class: 'num' }, m.replicas),
+        h('td', { class: 'opt' }, h('span', { class: 'chip' }, m.backend)),
+        h('td', { class: 'opt' }, h('div', { class: 'mono small', title: describeSource(m.source) }, truncate(describeSource(m.source), 48))),
+        h('td', { class: 'num opt' }, m.replicas),
         h('td', { class: 'num' }, h('span', { class: 'badge ' + health, title: 'running / total instances' }, counts.running + ' / ' + counts.total),
           modelDownload(counts.downloading)),
-        h('td', null, m.placement_strategy,
+        h('td', { class: 'opt' }, m.placement_strategy,
           Object.keys(m.worker_selector || {}).length ? h('div', null, labelChips(m.worker_selector)) : null),
-        h('td', null, m.backend_args.length ? h('code', { class: 'small' }, truncate(joinArgs(m.backend_args), 40)) : h('span', { class: 'muted' }, '—')),
-        h('td', null, timeCell(m.created_at)),
+        h('td', { class: 'opt' }, m.backend_args.length ? h('code', { class: 'small' }, truncate(joinArgs(m.backend_args), 40)) : h('span', { class: 'muted' }, '—')),
+        h('td', { class: 'opt' }, timeCell(m.created_at)),
         h('td', { class: 'actions' },
           counts.running ? h('a', { class: 'button small', href: '#/playground?model=' + encodeURIComponent(m.name), title: 'Chat with ' + m.name }, 'Chat') : null,
           isAdmin() ? h('button', { class: 'small', onclick: () => editModel(m) }, 'Edit') : null,
           isAdmin() ? h('button', { class: 'small danger', onclick: () => deleteModel(m) }, 'Delete') : null));
+      // The reason gets the table's whole width under its row, so it is read whole.
+      return why ? [row, h('tr', { class: 'detail', 'data-reason-of': m.name }, h('td', { colspan: 9 },
+        h('div', { class: 'state-message model-reason', 'data-model-reason': why.state },
+          h('strong', null, why.name + ' ' + why.state.replace('_', ' ') + ': '), firstLine(why.state_message))))] : [row];
     });
     tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
       h('thead', null, h('tr', null,
-        h('th', null, 'Name'), h('th', null, 'Backend'), h('th', null, 'Source'),
-        h('th', { class: 'num' }, 'Replicas'), h('th', { class: 'num' }, 'Running'),
-        h('th', null, 'Placement'), h('th', null, 'Backend args'), h('th', null, 'Created'),
+        h('th', null, 'Name'), h('th', { class: 'opt' }, 'Backend'), h('th', { class: 'opt' }, 'Source'),
+        h('th', { class: 'num opt' }, 'Replicas'), h('th', { class: 'num' }, 'Running'),
+        h('th', { class: 'opt' }, 'Placement'), h('th', { class: 'opt' }, 'Backend args'), h('th', { class: 'opt' }, 'Created'),
         h('th', null))),
       h('tbody', null, rows))));
   };
@@ -110,6 +119,69 @@ function modelDownload(instances) {
 }
 
 /**
+ * The source fields of the edit dialog: a local path, a Hugging Face repository or a URL,
+ * or the model's own source kept as it is when the dialog has no fields for its type
+ * (ModelScope, S3, an upload).
+ * @param {ModelSource} current
+ * @returns {{fields: HTMLElement[], source: () => ModelSource}}
+ */
+function sourceEditor(current) {
+  const fielded = ['local_path', 'huggingface', 'url'];
+  const type = h('select', { 'aria-label': 'Source' },
+    fielded.includes(current.type) ? null : h('option', { value: 'current' }, 'As it is: ' + truncate(describeSource(current), 60)),
+    h('option', { value: 'local_path' }, 'Local path'),
+    h('option', { value: 'huggingface' }, 'Hugging Face repository'),
+    h('option', { value: 'url' }, 'URL'));
+  type.value = fielded.includes(current.type) ? current.type : 'current';
+  const path = h('input', { value: current.type === 'local_path' ? current.path : '', placeholder: '/models/llama-3-8b.Q4_K_M.gguf' });
+  const repo = h('input', { value: current.type === 'huggingface' ? current.repo_id : '', placeholder: 'owner/name' });
+  const file = h('input', { value: current.type === 'huggingface' ? current.file || '' : '', placeholder: 'optional: one file, e.g. model.Q4_K_M.gguf' });
+  const url = h('input', { type: 'url', value: current.type === 'url' ? /** @type {string[]} */ ([]).concat(current.url)[0] : '', placeholder: 'https://example.com/model.gguf' });
+  const pathField = field('Path', path, 'On the server (which reads its header) and on the workers, under their model directories.');
+  const repoField = field('Repository', repo);
+  const fileField = field('File', file);
+  const urlField = field('URL', url);
+  const sync = () => {
+    pathField.classList.toggle('hidden', type.value !== 'local_path');
+    repoField.classList.toggle('hidden', type.value !== 'huggingface');
+    fileField.classList.toggle('hidden', type.value !== 'huggingface');
+    urlField.classList.toggle('hidden', type.value !== 'url');
+  };
+  type.addEventListener('change', sync);
+  sync();
+  /** @returns {ModelSource} */
+  const source = () => {
+    switch (type.value) {
+      case 'local_path': return { type: 'local_path', path: path.value.trim() };
+      case 'huggingface': return Object.assign({ type: /** @type {'huggingface'} */ ('huggingface'), repo_id: repo.value.trim() }, file.value.trim() ? { file: file.value.trim() } : {});
+      case 'url':
+        // A URL with a digest keeps it while the URL is the same.
+        if (current.type === 'url' && /** @type {string[]} */ ([]).concat(current.url)[0] === url.value.trim()) return current;
+        return { type: 'url', url: url.value.trim() };
+      default: return current;
+    }
+  };
+  return {
+    fields: [field('Source', type, 'Changing it moves the instances onto the new files, one at a time.'), pathField, repoField, fileField, urlField],
+    source,
+  };
+}
+
+/**
+ * Whether two sources name the same files: the same fields, whatever their order.
+ * @param {ModelSource} a
+ * @param {ModelSource} b
+ * @returns {boolean}
+ */
+function sameSource(a, b) {
+  /** @param {Record<string, unknown>} s */
+  const canonical = (s) => JSON.stringify(Object.keys(s).sort().map((k) => [k, s[k]]));
+  return canonical(a) === canonical(b);
+}
+
+/**
+ * The edit dialog: source, replicas, arguments, placement and selector. A refusal is
+ * shown as a sentence about the dialog's own fields, and the dialog stays open.
  * @param {Model} model
  */
 function editModel(model) {
@@ -118,7 +190,9 @@ function editModel(model) {
   const strategy = h('select', { value: model.placement_strategy },
     h('option', { value: 'spread' }, 'spread'), h('option', { value: 'binpack' }, 'binpack'));
   const selector = h('input', { value: formatLabels(model.worker_selector, ', ') });
+  const source = sourceEditor(model.source);
   openDialog('Edit ' + model.name, [
+    ...source.fields,
     field('Replicas', replicas, 'Adding replicas creates instances; removing them stops the highest-numbered ones.'),
     field('Backend arguments', args, 'Changing them restarts the instances.'),
     field('Placement strategy', strategy),
@@ -128,6 +202,8 @@ function editModel(model) {
     onSubmit: async () => {
       /** @type {Record<string, unknown>} */
       const update = {};
+      const newSource = source.source();
+      if (!sameSource(newSource, model.source)) update.source = newSource;
       const wanted = Number(replicas.value);
       if (wanted !== model.replicas) update.replicas = wanted;
       const newArgs = splitArgs(args.value);
@@ -136,21 +212,83 @@ function editModel(model) {
       const newSelector = parseLabels(selector.value);
       if (JSON.stringify(newSelector) !== JSON.stringify(model.worker_selector || {})) update.worker_selector = newSelector;
       if (!Object.keys(update).length) return;
-      await api('PATCH', '/api/v1/models/' + model.id, update);
-      toast('Model ' + model.name + ' updated.');
+      try {
+        await api('PATCH', '/api/v1/models/' + model.id, update);
+      } catch (e) {
+        throw new Error(sentence(e, MODEL_FIELDS));
+      }
+      toast('Model ' + model.name + ' updated' + (update.source || update.backend_args ? '; its instances move onto the new settings.' : '.'));
     },
   });
 }
 
 /**
+ * Asks before deleting a model, naming the routes that send requests to it (they skip it
+ * once it is gone; one with no other target refuses its clients).
  * @param {Model} model
  */
-function deleteModel(model) {
-  confirmDialog('Delete ' + model.name + '?',
-    'This deletes the model and stops all of its instances. Clients calling it get errors at once.',
-    'Delete model',
-    async () => {
+export async function deleteModel(model) {
+  /** @type {Route[] | null} null when the routes could not be read */
+  let routes = null;
+  try {
+    /** @type {Route[]} */
+    const all = itemsOf(await api('GET', '/api/v1/model-routes'));
+    routes = all.filter((r) => targetsModel(r, model.name));
+  } catch (_) {
+    // Asked anyway: the warning says the routes are not known.
+  }
+  /** @type {import('../lib/dom-types').Child[]} */
+  const body = [];
+  if (routes === null) {
+    body.push(h('div', { class: 'alert warn confirm-warning', 'data-route-warning': '' },
+      'The routes could not be read: check on the Routes screen whether one sends requests to ' + model.name + '.'));
+  } else if (routes.length) {
+    body.push(h('div', { class: 'alert warn confirm-warning', 'data-route-warning': '' },
+      (routes.length === 1 ? 'A route sends' : routes.length + ' routes send') + ' requests to ' + model.name + ':',
+      h('ul', null, routes.map((r) => h('li', { 'data-route': r.name },
+        h('strong', null, r.name), ' — ', afterDeletion(r, model.name))))));
+  }
+  body.push(h('p', null, 'This deletes the model and stops all of its instances. Clients calling it get errors at once.'));
+  openDialog('Delete ' + model.name + '?', body, {
+    submitLabel: 'Delete model',
+    danger: true,
+    onSubmit: async () => {
       await api('DELETE', '/api/v1/models/' + model.id);
-      toast('Model ' + model.name + ' deleted.');
-    });
+      toast('Deleted model “' + model.name + '”.');
+    },
+  });
+}
+
+/**
+ * What becomes of a route once the deployed model `name`, one of its targets, is gone.
+ * @param {Route} route
+ * @param {string} name
+ * @returns {string}
+ */
+function afterDeletion(route, name) {
+  const others = route.targets.filter((t) => !targetsThis(t, name));
+  const deployed = new Set(live.models.values().map((m) => m.name));
+  if (others.some((t) => t.provider || deployed.has(t.model))) return 'its other targets answer instead.';
+  return (others.length ? 'none of its other targets is deployed' : 'it has no other target')
+    + ': its clients get errors until a model of this name runs again.';
+}
+
+/**
+ * Whether a route target is the deployed model `name` (not a provider's model of that name).
+ * @param {RouteTarget} target
+ * @param {string} name
+ * @returns {boolean}
+ */
+function targetsThis(target, name) {
+  return !target.provider && target.model === name;
+}
+
+/**
+ * Whether one of a route's targets is the deployed model `name`.
+ * @param {Route} route
+ * @param {string} name
+ * @returns {boolean}
+ */
+function targetsModel(route, name) {
+  return route.targets.some((t) => targetsThis(t, name));
 }

@@ -1,12 +1,13 @@
 // @ts-check
 // The overview: counts of workers, GPUs (memory claimed and in use), models and instances,
-// the downloads under way, and what needs attention (failed instances, workers that are
-// not ready), all following the live lists.
+// the downloads under way, and what needs attention (models with failed, lost or stuck
+// instances, workers that are not ready), all following the live lists.
 
 import { h, pageHead } from '../lib/dom.js';
 import { firstLine, fmtBytes } from '../lib/format.js';
 import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
 import { isAdmin } from '../lib/session.js';
+import { gravest, needsAttention } from '../lib/trouble.js';
 import { countBy, INSTANCE_STATE_CLASS, INSTANCE_STATES, instanceProgress, stateBadge, timeCell, WORKER_STATE_CLASS, WORKER_STATES } from '../lib/widgets.js';
 
 /** @import { Instance } from '../lib/api-types' */
@@ -96,12 +97,23 @@ export function renderOverview(main) {
       breakdown(countBy(instances, 'state'), INSTANCE_STATES, INSTANCE_STATE_CLASS)));
 
     const problems = [];
-    for (const i of instances.filter((x) => x.state === 'error' || x.state === 'unreachable')) {
-      problems.push(h('tr', null,
-        h('td', null, h('a', { href: '#/instances?model=' + i.model_id }, i.name)),
+    // One row per model with instances that need a person (failed, lost, or stuck
+    // pending with a reason), showing its gravest instance's reason.
+    const now = Date.now();
+    /** @type {Map<number, Instance[]>} */
+    const troubled = new Map();
+    for (const i of instances.filter((x) => needsAttention(x, now))) {
+      troubled.set(i.model_id, (troubled.get(i.model_id) || []).concat(i));
+    }
+    for (const [modelId, stuck] of troubled) {
+      const i = /** @type {Instance} */ (gravest(stuck, () => true));
+      const of = instances.filter((x) => x.model_id === modelId).length;
+      problems.push(h('tr', { 'data-attention-model': i.model_name },
+        h('td', null, h('a', { href: '#/instances?model=' + modelId }, 'model ' + i.model_name),
+          h('div', { class: 'muted small' }, stuck.length + ' of ' + of + (of === 1 ? ' instance' : ' instances'))),
         h('td', null, stateBadge(i.state, INSTANCE_STATE_CLASS)),
-        h('td', null, h('div', { class: 'state-message' }, firstLine(i.state_message) || '—')),
-        h('td', null, timeCell(i.updated_at))));
+        h('td', null, h('div', { class: 'state-message', title: i.state_message }, firstLine(i.state_message) || '—')),
+        h('td', { class: 'opt' }, timeCell(i.updated_at))));
     }
     if (isAdmin()) {
       for (const w of live.workers.values().filter((x) => x.state !== 'ready')) {
@@ -109,7 +121,7 @@ export function renderOverview(main) {
           h('td', null, h('a', { href: '#/workers' }, 'worker ' + w.name)),
           h('td', null, stateBadge(w.state, WORKER_STATE_CLASS)),
           h('td', null, h('div', { class: 'state-message' }, w.state_message || '—')),
-          h('td', null, timeCell(w.last_heartbeat_at))));
+          h('td', { class: 'opt' }, timeCell(w.last_heartbeat_at))));
       }
     }
     const downloading = instances.filter((i) => i.state === 'downloading');
@@ -129,7 +141,7 @@ export function renderOverview(main) {
       h('h2', null, 'Needs attention'),
       problems.length
         ? h('div', { class: 'panel flush' }, h('table', null,
-          h('thead', null, h('tr', null, h('th', null, 'What'), h('th', null, 'State'), h('th', null, 'Why'), h('th', null, 'Since'))),
+          h('thead', null, h('tr', null, h('th', null, 'What'), h('th', null, 'State'), h('th', null, 'Why'), h('th', { class: 'opt' }, 'Since'))),
           h('tbody', null, problems)))
         : h('div', { class: 'panel empty' }, 'Nothing: every instance and worker is healthy or on its way.'),
     );

@@ -267,7 +267,7 @@ function deleteProvider(provider, reload) {
     'Delete provider',
     async () => {
       await api('DELETE', '/api/v1/model-providers/' + encodeURIComponent(provider.name));
-      toast('Provider ' + provider.name + ' deleted.');
+      toast('Deleted provider “' + provider.name + '”.');
       reload();
     });
 }

@@ -478,7 +478,7 @@ function deleteRoute(route, reload) {
     'Delete route',
     async () => {
       await api('DELETE', '/api/v1/model-routes/' + encodeURIComponent(route.name));
-      toast('Route ' + route.name + ' deleted.');
+      toast('Deleted route “' + route.name + '”.');
       reload();
     });
 }

@@ -179,7 +179,7 @@ function resetPassword(user, reload) {
 function deleteUser(user, reload) {
   confirmDialog('Delete user ' + user.username + '?', 'Their API keys are deleted too and stop working at once.', 'Delete user', async () => {
     await api('DELETE', '/api/v1/users/' + user.id);
-    toast('User ' + user.username + ' deleted.');
+    toast('Deleted user “' + user.username + '”.');
     reload();
   });
 }

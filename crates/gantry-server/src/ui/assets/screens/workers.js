@@ -427,6 +427,6 @@ function deleteWorker(worker) {
     'Delete worker',
     async () => {
       await api('DELETE', '/api/v1/workers/' + worker.id);
-      toast('Worker ' + worker.name + ' deleted.');
+      toast('Deleted worker “' + worker.name + '”.');
     });
 }
