@@ -62,11 +62,7 @@ pub struct ModelProviderCreate {
     #[schema(max_length = 500, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: String,
     /// `http://` or `https://`, with the API's version path (`https://api.openai.com/v1`).
-    #[schema(
-        min_length = 1,
-        max_length = 2000,
-        pattern = r"^https?://[^/?#@\s]+(/[^?#\s]*)?$"
-    )]
+    #[schema(min_length = 1, max_length = 2000)]
     pub base_url: String,
     /// Write-only.
     #[serde(
@@ -114,12 +110,7 @@ pub struct ModelProviderUpdate {
         deserialize_with = "crate::validate::not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(
-        nullable = false,
-        min_length = 1,
-        max_length = 2000,
-        pattern = r"^https?://[^/?#@\s]+(/[^?#\s]*)?$"
-    )]
+    #[schema(nullable = false, min_length = 1, max_length = 2000)]
     pub base_url: Option<String>,
     #[serde(
         default,

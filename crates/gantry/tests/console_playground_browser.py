@@ -409,6 +409,12 @@ def model_files(page, expected, shots):
     expect(row.locator(".badge")).to_have_text("ready", timeout=60_000)
     screenshot(page, shots["model_files"])
     screenshot(page, shots["model_files_phone"], PHONE)
+    # On a phone the upload's row keeps its name, state and actions within the screen.
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(300)
+    box = row.get_by_role("button", name="Deploy").bounding_box()
+    assert box and box["x"] + box["width"] <= PHONE["width"], f"Deploy is off screen at 390 px: {box}"
+    page.set_viewport_size(DESKTOP)
     row.get_by_role("button", name="Deploy").click()
     form = page.locator("form", has=page.get_by_role("heading", name="Deploy tiny.gguf"))
     expect(form.get_by_role("textbox", name=re.compile(r"^Name"))).to_have_value("tiny")

@@ -127,16 +127,16 @@ export function uploadsSection(pollMs) {
         h('td', { class: 'file-name' },
           h('strong', { class: 'mono', 'data-part': 'name' }, u.name),
           h('div', { class: 'muted small mono', title: 'Where the bytes are kept' }, u.location)),
-        h('td', { class: 'num', 'data-part': 'size' }, fmtBytes(u.size)),
+        h('td', { class: 'num opt', 'data-part': 'size' }, fmtBytes(u.size)),
         h('td', null, stateBadge(u.state, UPLOAD_STATE_CLASS),
           u.state === 'uploading'
             ? progressBar(u.bytes_received, u.size, { paused: waiting, label: 'Upload of ' + u.name })
             : null,
           waiting ? h('div', { class: 'state-message' }, 'Not being sent from this page: “Resume” continues it.') : null),
-        h('td', { 'data-part': 'sha256' }, u.sha256
+        h('td', { class: 'opt', 'data-part': 'sha256' }, u.sha256
           ? h('code', { class: 'small', title: u.sha256 + (u.state === 'ready' ? '' : '\nDeclared: checked when the last byte arrives') }, u.sha256.slice(0, 12) + '…')
           : h('span', { class: 'muted', title: 'Computed when the last byte arrives' }, '—')),
-        h('td', null, timeCell(u.created_at)),
+        h('td', { class: 'opt' }, timeCell(u.created_at)),
         h('td', { class: 'actions' },
           waiting ? h('button', { class: 'small', onclick: () => resumeUpload(u, error, load) }, 'Resume') : null,
           u.state === 'ready' ? h('button', { class: 'small primary', title: 'Declare a model served from ' + u.name, onclick: () => deploy(u) }, 'Deploy') : null,
@@ -144,8 +144,8 @@ export function uploadsSection(pollMs) {
     });
     tableBox.replaceChildren(...notices, h('div', { class: 'panel flush' }, h('table', null,
       h('thead', null, h('tr', null,
-        h('th', null, 'File'), h('th', { class: 'num' }, 'Size'), h('th', null, 'State'),
-        h('th', null, 'SHA-256'), h('th', null, 'Created'), h('th', null))),
+        h('th', null, 'File'), h('th', { class: 'num opt' }, 'Size'), h('th', null, 'State'),
+        h('th', { class: 'opt' }, 'SHA-256'), h('th', { class: 'opt' }, 'Created'), h('th', null))),
       h('tbody', null, rows))));
   };
 
