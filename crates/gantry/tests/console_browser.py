@@ -25,32 +25,9 @@ import re
 import sys
 import time
 
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-# Long enough for a loaded 2-core machine; a working page answers in well under a second.
-TIMEOUT_MS = 20_000
-# A model's start: llama-server loading the tiny model on a busy machine.
-RUNNING_TIMEOUT_MS = 90_000
-
-
-def screenshot(page, path):
-    page.screenshot(path=path, full_page=True)
-    print("screenshot", path)
-
-
-def first_login(page, expected, shots):
-    page.goto(expected["base"] + "/")
-    page.locator("input[name=username]").fill("admin")
-    page.locator("input[name=password]").fill(expected["initial_password"])
-    page.get_by_role("button", name="Log in").click()
-    # The generated password must be replaced before anything else.
-    new = page.locator("input[autocomplete=new-password]")
-    expect(new.first).to_be_visible()
-    new.nth(0).fill(expected["new_password"])
-    new.nth(1).fill(expected["new_password"])
-    screenshot(page, shots["password"])
-    page.get_by_role("button", name="Set password and continue").click()
-    expect(page.locator("header.topbar")).to_be_visible()
+from console_session import RUNNING_TIMEOUT_MS, first_login, run_session, screenshot
 
 
 def create_model(page, expected, shots):
@@ -352,45 +329,27 @@ def delete_model(page, expected, shots):
 def main():
     expected = json.loads(sys.argv[1])
     shots = expected["screenshots"]
-    problems = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=expected["chromium"])
-        try:
-            context = browser.new_context(viewport={"width": 1360, "height": 760})
-            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=expected["base"])
-            context.set_default_timeout(TIMEOUT_MS)
-            expect.set_options(timeout=TIMEOUT_MS)
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda message: problems.append(
-                    f"console {message.type}: {message.text} at {message.location.get('url', '')}"
-                )
-                if message.type == "error"
-                else None,
-            )
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            first_login(page, expected, shots)
-            row = create_model(page, expected, shots)
-            deploy_from_the_catalog(page, shots)
-            overview_and_worker(page, expected, shots)
-            chat(page, expected, shots, row)
-            usage(page, expected, shots)
-            stop(page, expected, shots)
-            key = api_key(page, shots)
-            providers_and_routes(page, expected, shots, key)
-            delete_model(page, expected, shots)
-        finally:
-            browser.close()
-    # A page opened before logging in asks for the session and is refused (401); the
-    # provider's delete is refused on purpose while a route uses it (409).
-    problems = [
-        p
-        for p in problems
-        if "status of 401" not in p
-        and not ("status of 409" in p and p.endswith("/api/v1/model-providers/loopback"))
-    ]
-    assert not problems, "the page reported problems:\n" + "\n".join(problems)
+
+    def steps(page):
+        first_login(page, expected, shots["password"])
+        row = create_model(page, expected, shots)
+        deploy_from_the_catalog(page, shots)
+        overview_and_worker(page, expected, shots)
+        chat(page, expected, shots, row)
+        usage(page, expected, shots)
+        stop(page, expected, shots)
+        key = api_key(page, shots)
+        providers_and_routes(page, expected, shots, key)
+        delete_model(page, expected, shots)
+
+    # The provider's delete is refused on purpose while a route uses it (409).
+    run_session(
+        expected,
+        steps,
+        on_purpose=lambda p: "status of 409" in p and p.endswith("/api/v1/model-providers/loopback"),
+        viewport={"width": 1360, "height": 760},
+        clipboard=True,
+    )
     print("console checks passed")
 
 

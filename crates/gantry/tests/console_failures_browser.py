@@ -25,26 +25,15 @@ import json
 import re
 import sys
 
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-# Long enough for a loaded 2-core machine; a working page answers in well under a second.
-TIMEOUT_MS = 20_000
-# A model's start: llama-server loading the tiny model on a busy machine.
-RUNNING_TIMEOUT_MS = 90_000
-DESKTOP = {"width": 1440, "height": 900}
-PHONE = {"width": 390, "height": 844}
+from console_session import DESKTOP, PHONE, RUNNING_TIMEOUT_MS, first_login, run_session, screenshot
+
 # What a person should never read in the console: the API's field paths, the operating
 # system's error numbers, a resolver's or socket's words, a retry of nothing.
 BACKEND_TEXT = re.compile(
     r"source\.path|os error|dns error|error sending request|tcp connect|retried automatically"
 )
-
-
-def screenshot(page, path):
-    # From the top: a full-page shot of a scrolled page draws the sticky header mid-page.
-    page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=path, full_page=True)
-    print("screenshot", path)
 
 
 def both_widths(page, desktop_path, phone_path):
@@ -61,19 +50,6 @@ def go(page, route):
     """Opens a screen by its address, as a bookmark would (the navigation's layout is
     another test's)."""
     page.evaluate("route => { location.hash = route; }", "#/" + route)
-
-
-def first_login(page, expected):
-    page.goto(expected["base"] + "/")
-    page.locator("input[name=username]").fill("admin")
-    page.locator("input[name=password]").fill(expected["initial_password"])
-    page.get_by_role("button", name="Log in").click()
-    new = page.locator("input[autocomplete=new-password]")
-    expect(new.first).to_be_visible()
-    new.nth(0).fill(expected["new_password"])
-    new.nth(1).fill(expected["new_password"])
-    page.get_by_role("button", name="Set password and continue").click()
-    expect(page.locator("header.topbar")).to_be_visible()
 
 
 def assert_sentence(text):
@@ -228,39 +204,19 @@ def two_replicas_go_to_two_gpus(page, expected, shots):
 def main():
     expected = json.loads(sys.argv[1])
     shots = expected["screenshots"]
-    problems = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=expected["chromium"])
-        try:
-            context = browser.new_context(viewport=DESKTOP)
-            context.set_default_timeout(TIMEOUT_MS)
-            expect.set_options(timeout=TIMEOUT_MS)
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda message: problems.append(
-                    f"console {message.type}: {message.text} at {message.location.get('url', '')}"
-                )
-                if message.type == "error"
-                else None,
-            )
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            first_login(page, expected)
-            a_missing_file_is_refused_as_a_sentence(page, expected, shots)
-            a_hub_the_server_cannot_reach_is_said_so(page, shots)
-            a_file_only_the_worker_refuses_shows_on_the_row_and_the_overview(page, expected, shots)
-            the_source_is_fixed_in_the_edit_form(page, expected, shots)
-            a_restart_is_counted(page, shots)
-            two_replicas_go_to_two_gpus(page, expected, shots)
-        finally:
-            browser.close()
-    # A page opened before logging in asks for the session and is refused (401); the
-    # refusals of a missing file and of an unreachable hub are provoked on purpose (422).
+
+    def steps(page):
+        first_login(page, expected)
+        a_missing_file_is_refused_as_a_sentence(page, expected, shots)
+        a_hub_the_server_cannot_reach_is_said_so(page, shots)
+        a_file_only_the_worker_refuses_shows_on_the_row_and_the_overview(page, expected, shots)
+        the_source_is_fixed_in_the_edit_form(page, expected, shots)
+        a_restart_is_counted(page, shots)
+        two_replicas_go_to_two_gpus(page, expected, shots)
+
+    # The refusals of a missing file and of an unreachable hub are provoked on purpose (422).
     refused_on_purpose = re.compile(r"status of 422 .* at .*/api/v1/models(/estimate|/\d+)?$")
-    problems = [
-        p for p in problems if "status of 401" not in p and not refused_on_purpose.search(p)
-    ]
-    assert not problems, "the page reported problems:\n" + "\n".join(problems)
+    run_session(expected, steps, on_purpose=lambda p: bool(refused_on_purpose.search(p)))
     print("console failure checks passed")
 
 

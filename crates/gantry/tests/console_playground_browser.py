@@ -22,14 +22,9 @@ import re
 import sys
 import time
 
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-# Long enough for a loaded 2-core machine; a working page answers in well under a second.
-TIMEOUT_MS = 20_000
-# A model's start: llama-server loading the tiny model on a busy machine.
-RUNNING_TIMEOUT_MS = 90_000
-DESKTOP = {"width": 1440, "height": 900}
-PHONE = {"width": 390, "height": 844}
+from console_session import DESKTOP, PHONE, RUNNING_TIMEOUT_MS, api_call, first_login, run_session, screenshot
 
 # lib/markdown.js, case by case: Markdown in, the HTML its elements serialise to out. Run
 # in the page on the module the server serves, so the parser is tested where it runs.
@@ -76,47 +71,16 @@ MARKDOWN_CASES = [
 ]
 
 
-def screenshot(page, path, viewport=None):
-    """A full-page screenshot from the top (the sticky top bar would otherwise be drawn
-    where the page is scrolled to), at the phone's width when `viewport` is PHONE."""
-    if viewport:
-        page.set_viewport_size(viewport)
-        page.wait_for_timeout(300)
-    page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=path, full_page=True)
-    if viewport:
-        page.set_viewport_size(DESKTOP)
-    print("screenshot", path)
-
-
 # The server's URL, from the test's argument.
 BASE = ""
 
 
 def api(page, method, path, body=None, status=None):
     """A call of the management API with the page's session; answers the JSON."""
-    response = page.request.fetch(
-        BASE + path,
-        method=method,
-        data=json.dumps(body) if body is not None else None,
-        headers={"content-type": "application/json"} if body is not None else {},
-    )
+    answered, json_body = api_call(page, BASE, method, path, body)
     if status is not None:
-        assert response.status == status, f"{method} {path}: {response.status} {response.text()}"
-    return response.json() if response.text() else None
-
-
-def first_login(page, expected):
-    page.goto(expected["base"] + "/")
-    page.locator("input[name=username]").fill("admin")
-    page.locator("input[name=password]").fill(expected["initial_password"])
-    page.get_by_role("button", name="Log in").click()
-    new = page.locator("input[autocomplete=new-password]")
-    expect(new.first).to_be_visible()
-    new.nth(0).fill(expected["new_password"])
-    new.nth(1).fill(expected["new_password"])
-    page.get_by_role("button", name="Set password and continue").click()
-    expect(page.locator("header.topbar")).to_be_visible()
+        assert answered == status, f"{method} {path}: {answered} {json_body}"
+    return json_body
 
 
 def set_up(page, expected):
@@ -147,7 +111,7 @@ def set_up(page, expected):
 
 
 def stat(page, name):
-    return page.locator(f"[data-pane='0'] [data-stats]").last.locator(f"[data-stat={name}]")
+    return page.locator("[data-pane='0'] [data-stats]").last.locator(f"[data-stat={name}]")
 
 
 def tokens_of(page):
@@ -435,44 +399,25 @@ def main():
     expected = json.loads(sys.argv[1])
     BASE = expected["base"]
     shots = expected["screenshots"]
-    problems = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=expected["chromium"])
-        try:
-            context = browser.new_context(viewport=DESKTOP)
-            context.set_default_timeout(TIMEOUT_MS)
-            expect.set_options(timeout=TIMEOUT_MS)
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda message: problems.append(
-                    f"console {message.type}: {message.text} at {message.location.get('url', '')}"
-                )
-                if message.type == "error"
-                else None,
-            )
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            first_login(page, expected)
-            set_up(page, expected)
-            markdown_cases(page)
-            streaming_status(page, shots)
-            markdown_answer(page, shots)
-            tiny_model_chat(page, expected)
-            model_page(page, expected, shots)
-            catalog(page, shots)
-            usage_week(page, shots)
-            model_files(page, expected, shots)
-        finally:
-            browser.close()
-    # A page opened before logging in asks for the session and is refused (401); the fit
-    # check of a model on the unreachable hub is refused on purpose (422).
-    problems = [
-        p
-        for p in problems
-        if "status of 401" not in p
-        and not ("status of 422" in p and p.endswith("/api/v1/models/estimate"))
-    ]
-    assert not problems, "the page reported problems:\n" + "\n".join(problems)
+
+    def steps(page):
+        first_login(page, expected)
+        set_up(page, expected)
+        markdown_cases(page)
+        streaming_status(page, shots)
+        markdown_answer(page, shots)
+        tiny_model_chat(page, expected)
+        model_page(page, expected, shots)
+        catalog(page, shots)
+        usage_week(page, shots)
+        model_files(page, expected, shots)
+
+    # The fit check of a model on the unreachable hub is refused on purpose (422).
+    run_session(
+        expected,
+        steps,
+        on_purpose=lambda p: "status of 422" in p and p.endswith("/api/v1/models/estimate"),
+    )
     print("playground, model page, catalog, usage and model files checks passed")
 
 

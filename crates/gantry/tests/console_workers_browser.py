@@ -27,48 +27,18 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-# Long enough for a loaded 2-core machine; a working page answers in well under a second.
-TIMEOUT_MS = 20_000
-# A model's start: llama-server loading the tiny model on a busy machine.
-RUNNING_TIMEOUT_MS = 90_000
-DESKTOP = {"width": 1440, "height": 900}
-PHONE = {"width": 390, "height": 844}
+from console_session import DESKTOP, PHONE, RUNNING_TIMEOUT_MS, api_call, first_login, run_session, screenshot
+
 DARK_BG = "rgb(18, 21, 27)"
 LIGHT_BG = "rgb(245, 246, 248)"
 
 
-def screenshot(page, path):
-    page.screenshot(path=path, full_page=True)
-    print("screenshot", path)
-
-
 def api(page, expected, method, path, body=None):
     """A call of the management API with the page's session; answers (status, JSON)."""
-    response = page.request.fetch(
-        expected["base"] + path,
-        method=method,
-        data=json.dumps(body) if body is not None else None,
-        headers={"content-type": "application/json"} if body is not None else None,
-    )
-    text = response.text()
-    return response.status, (json.loads(text) if text else None)
-
-
-def first_login(page, expected):
-    page.goto(expected["base"] + "/")
-    page.locator("input[name=username]").fill("admin")
-    page.locator("input[name=password]").fill(expected["initial_password"])
-    page.get_by_role("button", name="Log in").click()
-    new = page.locator("input[autocomplete=new-password]")
-    expect(new.first).to_be_visible()
-    new.nth(0).fill(expected["new_password"])
-    new.nth(1).fill(expected["new_password"])
-    page.get_by_role("button", name="Set password and continue").click()
-    expect(page.locator("header.topbar")).to_be_visible()
+    return api_call(page, expected["base"], method, path, body)
 
 
 def deploy(page, expected):
@@ -367,45 +337,26 @@ def theme(page, expected, shots):
 def main():
     expected = json.loads(sys.argv[1])
     shots = expected["screenshots"]
-    problems = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=expected["chromium"])
-        try:
-            context = browser.new_context(viewport=DESKTOP)
-            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=expected["base"])
-            context.set_default_timeout(TIMEOUT_MS)
-            expect.set_options(timeout=TIMEOUT_MS)
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda message: problems.append(
-                    f"console {message.type}: {message.text} at {message.location.get('url', '')}"
-                )
-                if message.type == "error"
-                else None,
-            )
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            first_login(page, expected)
-            deploy(page, expected)
-            navigation_in_groups(page, shots)
-            workers_list(page, expected, shots)
-            worker_page(page, expected, shots)
-            phone(page, expected, shots)
-            users(page, expected, shots)
-            routes(page, expected, shots)
-            delete_models(page, expected, shots)
-            theme(page, expected, shots)
-        finally:
-            browser.close()
-    # A page opened before logging in asks for the session and is refused (401); giving up
-    # the last admin's role is refused on purpose (409).
-    problems = [
-        p
-        for p in problems
-        if "status of 401" not in p
-        and not ("status of 409" in p and p.endswith("/api/v1/users/1"))
-    ]
-    assert not problems, "the page reported problems:\n" + "\n".join(problems)
+
+    def steps(page):
+        first_login(page, expected)
+        deploy(page, expected)
+        navigation_in_groups(page, shots)
+        workers_list(page, expected, shots)
+        worker_page(page, expected, shots)
+        phone(page, expected, shots)
+        users(page, expected, shots)
+        routes(page, expected, shots)
+        delete_models(page, expected, shots)
+        theme(page, expected, shots)
+
+    # Giving up the last admin's role is refused on purpose (409).
+    run_session(
+        expected,
+        steps,
+        on_purpose=lambda p: "status of 409" in p and p.endswith("/api/v1/users/1"),
+        clipboard=True,
+    )
     print("console workers checks passed")
 
 

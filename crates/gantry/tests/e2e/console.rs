@@ -39,7 +39,6 @@ async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browse
         ],
     )
     .await;
-    let initial = std::fs::read_to_string(dir.path().join("data/initial_admin_password")).unwrap();
     let names = [
         "password",
         "model_form",
@@ -62,38 +61,22 @@ async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browse
         "provider_in_use",
         "models_empty",
     ];
-    let paths = gantry_testkit::browser::screenshot_paths(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        &names.map(|name| name.replace('_', "-")),
-    );
-    let screenshots: serde_json::Map<String, serde_json::Value> = names
-        .iter()
-        .zip(&paths)
-        .map(|(name, path)| (name.to_string(), json!(path)))
-        .collect();
-    let expected = json!({
-        "base": base,
-        "chromium": gantry_testkit::browser::chromium(),
-        "initial_password": initial.trim(),
-        "new_password": "a-console-password",
-        "model_path": model_path,
-        "model": "tiny-chat",
-        "slow": {
-            "python": gantry_testkit::browser::python().to_string_lossy(),
-            "script": Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slow_openai.py"),
-            "cancelled": dir.path().join("cancelled"),
-        },
-        "screenshots": screenshots,
-    });
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console_browser.py");
-    let checked = tokio::time::timeout(
-        std::time::Duration::from_secs(300),
-        gantry_testkit::browser::run_checks(&script, &expected, &paths),
+    common::console_checks(
+        &gantry,
+        dir.path(),
+        &base,
+        "console_browser.py",
+        "",
+        &names,
+        json!({
+            "model_path": model_path,
+            "model": "tiny-chat",
+            "slow": {
+                "python": gantry_testkit::browser::python().to_string_lossy(),
+                "script": Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slow_openai.py"),
+                "cancelled": dir.path().join("cancelled"),
+            },
+        }),
     )
     .await;
-    assert!(
-        checked.is_ok(),
-        "the browser checks took over 5 minutes\n{}",
-        common::tail(&gantry.log_text(), 40)
-    );
 }

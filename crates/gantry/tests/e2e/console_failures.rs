@@ -19,8 +19,6 @@
 
 use crate::common;
 
-use std::path::Path;
-
 use crate::common::{start_gantry, tiny_model};
 use serde_json::json;
 
@@ -62,7 +60,6 @@ async fn a_broken_model_looks_broken_and_is_fixed_from_the_console() {
         ],
     )
     .await;
-    let initial = std::fs::read_to_string(dir.path().join("data/initial_admin_password")).unwrap();
     let names = [
         "missing_check_fit",
         "missing_create",
@@ -80,35 +77,19 @@ async fn a_broken_model_looks_broken_and_is_fixed_from_the_console() {
         "estimate_pair",
         "estimate_pair_phone",
     ];
-    let paths = gantry_testkit::browser::screenshot_paths(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        &names.map(|name| format!("failures-{}", name.replace('_', "-"))),
-    );
-    let screenshots: serde_json::Map<String, serde_json::Value> = names
-        .iter()
-        .zip(&paths)
-        .map(|(name, path)| (name.to_string(), json!(path)))
-        .collect();
-    let expected = json!({
-        "base": base,
-        "chromium": gantry_testkit::browser::chromium(),
-        "initial_password": initial.trim(),
-        "new_password": "a-console-password",
-        "missing_path": missing_path,
-        "outside_path": outside_path,
-        "inside_path": inside_path,
-        "model_dirs": models_arg,
-        "screenshots": screenshots,
-    });
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console_failures_browser.py");
-    let checked = tokio::time::timeout(
-        std::time::Duration::from_secs(300),
-        gantry_testkit::browser::run_checks(&script, &expected, &paths),
+    common::console_checks(
+        &gantry,
+        dir.path(),
+        &base,
+        "console_failures_browser.py",
+        "failures-",
+        &names,
+        json!({
+            "missing_path": missing_path,
+            "outside_path": outside_path,
+            "inside_path": inside_path,
+            "model_dirs": models_arg,
+        }),
     )
     .await;
-    assert!(
-        checked.is_ok(),
-        "the browser checks took over 5 minutes\n{}",
-        common::tail(&gantry.log_text(), 40)
-    );
 }

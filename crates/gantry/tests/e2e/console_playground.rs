@@ -70,7 +70,6 @@ async fn the_playground_streams_markdown_and_counts_truthfully_and_the_model_pag
     )
     .await;
     let (_double, double_url) = start_slow_double(dir.path()).await;
-    let initial = std::fs::read_to_string(dir.path().join("data/initial_admin_password")).unwrap();
 
     let names = [
         "streaming",
@@ -93,36 +92,20 @@ async fn the_playground_streams_markdown_and_counts_truthfully_and_the_model_pag
         "upload_deploy",
         "uploaded_model",
     ];
-    let paths = gantry_testkit::browser::screenshot_paths(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        &names.map(|name| format!("playground-{}", name.replace('_', "-"))),
-    );
-    let screenshots: serde_json::Map<String, serde_json::Value> = names
-        .iter()
-        .zip(&paths)
-        .map(|(name, path)| (name.to_string(), json!(path)))
-        .collect();
-    let expected = json!({
-        "base": base,
-        "chromium": gantry_testkit::browser::chromium(),
-        "initial_password": initial.trim(),
-        "new_password": "a-console-password",
-        "model_path": model_path,
-        "model": "tiny-chat",
-        "slow_url": format!("{double_url}/v1"),
-        "screenshots": screenshots,
-    });
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console_playground_browser.py");
-    let checked = tokio::time::timeout(
-        Duration::from_secs(300),
-        gantry_testkit::browser::run_checks(&script, &expected, &paths),
+    common::console_checks(
+        &gantry,
+        dir.path(),
+        &base,
+        "console_playground_browser.py",
+        "playground-",
+        &names,
+        json!({
+            "model_path": model_path,
+            "model": "tiny-chat",
+            "slow_url": format!("{double_url}/v1"),
+        }),
     )
     .await;
-    assert!(
-        checked.is_ok(),
-        "the browser checks took over 5 minutes\n{}",
-        common::tail(&gantry.log_text(), 40)
-    );
 }
 
 /// Starts `slow_openai.py` on a free port; returns it (killed when dropped) and its URL.

@@ -19,8 +19,6 @@
 
 use crate::common;
 
-use std::path::Path;
-
 use crate::common::{free_port, start_gantry, tiny_model};
 use serde_json::json;
 
@@ -29,7 +27,6 @@ async fn workers_show_what_is_on_them_and_the_console_guards_and_fits_a_phone() 
     let dir = tempfile::tempdir().unwrap();
     let model_path = tiny_model(dir.path());
     let (gantry, base) = start_gantry(dir.path(), &["--simulate-gpus", "1x24GiB"]).await;
-    let initial = std::fs::read_to_string(dir.path().join("data/initial_admin_password")).unwrap();
     let token = std::fs::read_to_string(dir.path().join("data/registration_token")).unwrap();
 
     let names = [
@@ -50,15 +47,6 @@ async fn workers_show_what_is_on_them_and_the_console_guards_and_fits_a_phone() 
         "dark_phone",
         "light_chosen",
     ];
-    let paths = gantry_testkit::browser::screenshot_paths(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        &names.map(|name| format!("workers-{}", name.replace('_', "-"))),
-    );
-    let screenshots: serde_json::Map<String, serde_json::Value> = names
-        .iter()
-        .zip(&paths)
-        .map(|(name, path)| (name.to_string(), json!(path)))
-        .collect();
     // The second worker runs the copied command as it is, plus what keeps it on this
     // machine's loopback and out of other tests' ports.
     let ports = gantry_testkit::reserve_ports(20);
@@ -82,28 +70,21 @@ async fn workers_show_what_is_on_them_and_the_console_guards_and_fits_a_phone() 
         "--model-dirs".into(),
         dir.path().display().to_string(),
     ];
-    let expected = json!({
-        "base": base,
-        "chromium": gantry_testkit::browser::chromium(),
-        "initial_password": initial.trim(),
-        "new_password": "a-console-password",
-        "model_path": model_path,
-        "llama_server": common::llama_server(),
-        "token": token.trim(),
-        "gantry": env!("CARGO_BIN_EXE_gantry"),
-        "joined_args": joined,
-        "joined_log": dir.path().join("joined.log"),
-        "screenshots": screenshots,
-    });
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console_workers_browser.py");
-    let checked = tokio::time::timeout(
-        std::time::Duration::from_secs(300),
-        gantry_testkit::browser::run_checks(&script, &expected, &paths),
+    common::console_checks(
+        &gantry,
+        dir.path(),
+        &base,
+        "console_workers_browser.py",
+        "workers-",
+        &names,
+        json!({
+            "model_path": model_path,
+            "llama_server": common::llama_server(),
+            "token": token.trim(),
+            "gantry": env!("CARGO_BIN_EXE_gantry"),
+            "joined_args": joined,
+            "joined_log": dir.path().join("joined.log"),
+        }),
     )
     .await;
-    assert!(
-        checked.is_ok(),
-        "the browser checks took over 5 minutes\n{}",
-        common::tail(&gantry.log_text(), 40)
-    );
 }

@@ -186,6 +186,57 @@ impl Drop for Process {
     }
 }
 
+/// Drives the console of `gantry` (started by [`start_gantry`] in `dir`) in chromium with
+/// `tests/<script>`: passes it the server's URL, the generated admin password and a new
+/// one, a screenshot path for each of `names` (`<prefix><name>.png`, `_` as `-`, under the
+/// test target's `ui-screenshots/`) and the fields of `extra`; fails when the script does,
+/// or when it takes over 5 minutes (with the tail of gantry's log).
+pub async fn console_checks(
+    gantry: &Process,
+    dir: &Path,
+    base: &str,
+    script: &str,
+    prefix: &str,
+    names: &[&str],
+    extra: Value,
+) {
+    let initial = std::fs::read_to_string(dir.join("data/initial_admin_password")).unwrap();
+    let files: Vec<String> = names
+        .iter()
+        .map(|name| format!("{prefix}{}", name.replace('_', "-")))
+        .collect();
+    let paths =
+        gantry_testkit::browser::screenshot_paths(Path::new(env!("CARGO_TARGET_TMPDIR")), &files);
+    let screenshots: serde_json::Map<String, Value> = names
+        .iter()
+        .zip(&paths)
+        .map(|(name, path)| (name.to_string(), json!(path)))
+        .collect();
+    let mut expected = json!({
+        "base": base,
+        "chromium": gantry_testkit::browser::chromium(),
+        "initial_password": initial.trim(),
+        "new_password": "a-console-password",
+        "screenshots": screenshots,
+    });
+    if let (Some(fields), Value::Object(extra)) = (expected.as_object_mut(), extra) {
+        fields.extend(extra);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let checked = tokio::time::timeout(
+        Duration::from_secs(300),
+        gantry_testkit::browser::run_checks(&script, &expected, &paths),
+    )
+    .await;
+    assert!(
+        checked.is_ok(),
+        "the browser checks took over 5 minutes\n{}",
+        tail(&gantry.log_text(), 40)
+    );
+}
+
 /// `gantry start` (server and embedded worker) on a free port, with the test
 /// llama-server and a reserved block of backend ports, plus `extra` arguments; returns
 /// the process and its base URL once `/healthz` answers.
