@@ -216,7 +216,7 @@ export function modelForm(onDone, preset) {
     commandField,
     field('Backend arguments', args, 'Passed to the backend as written (quotes group words).', 'wide'),
     field('Worker selector', selector, 'Labels a worker must have: k=v, comma-separated.'),
-    field('Description', description),
+    field('Description', description, null, 'wide'),
     offloadField),
   estimateBox,
   error,
