@@ -185,6 +185,14 @@ impl Store {
     /// Connects and runs the embedded migrations. For SQLite the file is created if
     /// missing and switched to WAL.
     pub async fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        Self::open_with_schema(config, migrations::latest_version()).await
+    }
+
+    /// [`Store::open`] with the schema migrated up to `version` only.
+    pub(crate) async fn open_with_schema(
+        config: &StoreConfig,
+        version: i64,
+    ) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
         let engine = if config.url.starts_with("sqlite:") {
             Engine::Sqlite
@@ -250,7 +258,7 @@ impl Store {
             write_priority: Arc::default(),
             workers_generation: Arc::default(),
         };
-        migrations::run(&store).await?;
+        migrations::run(&store, version).await?;
         match engine {
             Engine::Postgres => {
                 // The notifier sends on a connection of its own: from the shared pool,

@@ -307,7 +307,9 @@ pub(crate) fn latest_version() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-pub(crate) async fn run(store: &Store) -> Result<(), StoreError> {
+/// Applies every migration after the recorded version up to `up_to` (the latest, but in
+/// tests of upgrades from an older schema: `testing::create_schema_at`).
+pub(crate) async fn run(store: &Store, up_to: i64) -> Result<(), StoreError> {
     let id_column = match store.engine {
         Engine::Sqlite => "INTEGER PRIMARY KEY AUTOINCREMENT",
         Engine::Postgres => "BIGSERIAL PRIMARY KEY",
@@ -338,7 +340,10 @@ pub(crate) async fn run(store: &Store) -> Result<(), StoreError> {
             known: latest_version(),
         });
     }
-    for migration in MIGRATIONS.iter().filter(|m| m.version > applied) {
+    for migration in MIGRATIONS
+        .iter()
+        .filter(|m| m.version > applied && m.version <= up_to)
+    {
         for statement in migration.statements {
             let Some(statement) = for_engine(statement, store.engine, id_column) else {
                 continue;

@@ -31,6 +31,21 @@ pub async fn fresh_postgres_database(base_url: &str) -> Result<String, StoreErro
     Ok(format!("{prefix}/{name}"))
 }
 
+/// Creates the schema as the gantry of schema `version` left it (migrations 1 to
+/// `version`), for tests of upgrades: write the rows that version would have, then
+/// [`crate::Store::open`] migrates the rest.
+pub async fn create_schema_at(config: &crate::StoreConfig, version: i64) -> Result<(), StoreError> {
+    if !(1..=crate::migrations::latest_version()).contains(&version) {
+        return Err(StoreError::Config(format!(
+            "schema version {version} is not one this build knows (1 to {})",
+            crate::migrations::latest_version()
+        )));
+    }
+    let store = crate::Store::open_with_schema(config, version).await?;
+    store.close().await;
+    Ok(())
+}
+
 impl crate::Store {
     /// Overwrites the stored placement record of an instance with `raw` text, as a damaged
     /// row or a record written by another version would read. For tests of what happens

@@ -690,76 +690,60 @@ async fn reopening_a_database_keeps_data_and_skips_applied_migrations(engine: Te
 /// `worker_heartbeats`: a database from before it keeps its workers' times.
 async fn upgrading_to_the_heartbeat_table_keeps_each_workers_last_heartbeat(engine: TestEngine) {
     let db = TestDatabase::new(engine).await;
-    let store = db.open().await;
-    let heard = store
-        .create_worker(
-            "w1",
-            &BTreeMap::new(),
-            "10.0.0.1:10150",
-            &worker_status("w1", 1),
-            "d1",
-        )
+    // The database as version 7 left it: the time in the worker's row, w2 never heard.
+    let config = gantry_store::StoreConfig {
+        url: db.url.clone(),
+        max_connections: 2,
+    };
+    gantry_store::testing::create_schema_at(&config, 7)
         .await
         .unwrap();
-    let silent = store
-        .create_worker(
-            "w2",
-            &BTreeMap::new(),
-            "10.0.0.2:10150",
-            &worker_status("w2", 1),
-            "d2",
-        )
+    assert!(gantry_store::testing::create_schema_at(&config, 0)
         .await
-        .unwrap();
-    store.close().await;
-
-    // The database as version 7 left it: the time in the worker's row, w2 never heard
-    // (and the additions of versions 9 and 10 undone, so that they apply again after 8).
+        .is_err());
     let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
-    for statement in [
-        "DROP TABLE worker_heartbeats",
-        "ALTER TABLE workers ADD COLUMN last_heartbeat_at BIGINT",
-        "DROP TABLE model_providers",
-        "DROP TABLE model_routes",
-        "DROP TABLE gateway_key_load",
-        "ALTER TABLE api_keys DROP COLUMN allowed_routes",
-        "ALTER TABLE api_keys DROP COLUMN requests_per_minute",
-        "ALTER TABLE api_keys DROP COLUMN tokens_per_minute",
-        "DROP INDEX IF EXISTS workers_by_id",
-        "DROP INDEX IF EXISTS model_instances_by_id",
-        "DELETE FROM gantry_migrations WHERE version >= 8",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
-    sqlx::query("UPDATE workers SET last_heartbeat_at = $1 WHERE id = $2")
-        .bind(1_700_000_123_456_i64)
-        .bind(heard.id)
-        .execute(&pool)
+    let version: i64 = sqlx::Row::get(
+        &sqlx::query("SELECT MAX(version) AS v FROM gantry_migrations")
+            .fetch_one(&pool)
+            .await
+            .unwrap(),
+        "v",
+    );
+    assert_eq!(version, 7);
+    let mut ids = Vec::new();
+    for (name, heard_at) in [("w1", Some(1_700_000_123_456_i64)), ("w2", None)] {
+        let status = serde_json::to_string(&worker_status(name, 1)).unwrap();
+        let row = sqlx::query(
+            "INSERT INTO workers (name, state, state_message, labels, address, status, \
+             credential_digest, api_token, last_heartbeat_at, created_at, updated_at) \
+             VALUES ($1, 'ready', '', '{}', '10.0.0.1:10150', $2, $3, 'token', $4, 1, 1) \
+             RETURNING id",
+        )
+        .bind(name)
+        .bind(status)
+        .bind(format!("digest-{name}"))
+        .bind(heard_at)
+        .fetch_one(&pool)
         .await
         .unwrap();
+        ids.push(sqlx::Row::get::<i64, _>(&row, "id"));
+    }
     pool.close().await;
+    let (heard, silent) = (ids[0], ids[1]);
 
     let upgraded = db.open().await;
     assert!(upgraded.migrations_done().await.unwrap());
     assert_eq!(
-        upgraded
-            .get_worker(heard.id)
-            .await
-            .unwrap()
-            .last_heartbeat_at,
+        upgraded.get_worker(heard).await.unwrap().last_heartbeat_at,
         Some(gantry_types::Timestamp::from_millis(1_700_000_123_456))
     );
     assert_eq!(
-        upgraded
-            .get_worker(silent.id)
-            .await
-            .unwrap()
-            .last_heartbeat_at,
+        upgraded.get_worker(silent).await.unwrap().last_heartbeat_at,
         None
     );
     // And heartbeats land in the new table.
     let after = upgraded
-        .record_heartbeat_of_ready(heard.id)
+        .record_heartbeat_of_ready(heard)
         .await
         .unwrap()
         .unwrap();
