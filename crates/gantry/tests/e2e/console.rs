@@ -17,17 +17,7 @@ async fn a_newcomer_deploys_a_model_chats_with_it_and_cleans_up_in_a_real_browse
     // A catalog of one model, on this machine, instead of the built-in one (whose models
     // come from Hugging Face, which the tests cannot reach).
     let catalog = dir.path().join("catalog.yaml");
-    std::fs::write(
-        &catalog,
-        format!(
-            "- name: tiny-catalog\n  title: Tiny test model\n  description: Random weights, for tests.\n  \
-             tags: [chat, tiny]\n  parameters: 1M\n  size: 0.5 MB\n  \
-             source: {{type: local_path, path: {}}}\n  backend: llama.cpp\n  \
-             backend_args: [-c, \"256\", -t, \"1\", -tb, \"1\", -np, \"1\"]\n",
-            model_path.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&catalog, common::tiny_catalog_entry(&model_path)).unwrap();
     let catalog_arg = catalog.display().to_string();
     let (gantry, base) = start_gantry(
         dir.path(),

@@ -35,24 +35,18 @@ async fn the_playground_streams_markdown_and_counts_truthfully_and_the_model_pag
     let catalog = dir.path().join("catalog.yaml");
     std::fs::write(
         &catalog,
-        format!(
-            "- name: tiny-catalog\n  title: Tiny test model\n  description: Random weights, for tests.\n  \
-             tags: [chat, tiny]\n  parameters: 1M\n  size: 0.5 MB\n  \
-             source: {{type: local_path, path: {}}}\n  backend: llama.cpp\n  \
-             backend_args: [-c, \"256\", -t, \"1\", -tb, \"1\", -np, \"1\"]\n\
-             - name: llama-3.2-3b-instruct\n  title: Llama 3.2 3B Instruct (Q4_K_M)\n  \
+        common::tiny_catalog_entry(&model_path)
+            + "- name: llama-3.2-3b-instruct\n  title: Llama 3.2 3B Instruct (Q4_K_M)\n  \
              description: Meta's Llama 3.2 chat model at 3B; fits a small GPU.\n  tags: [chat]\n  \
              parameters: 3.2B\n  size: 2.0 GB\n  \
-             source: {{type: huggingface, repo_id: bartowski/Llama-3.2-3B-Instruct-GGUF, \
-             file: Llama-3.2-3B-Instruct-Q4_K_M.gguf}}\n  backend: llama.cpp\n  \
+             source: {type: huggingface, repo_id: bartowski/Llama-3.2-3B-Instruct-GGUF, \
+             file: Llama-3.2-3B-Instruct-Q4_K_M.gguf}\n  backend: llama.cpp\n  \
              backend_args: [--ctx-size, \"8192\"]\n\
              - name: nomic-embed-text\n  title: Nomic Embed Text v1.5 (Q4_K_M)\n  \
              tags: [embedding, small]\n  parameters: 137M\n  size: 0.1 GB\n  \
-             source: {{type: huggingface, repo_id: nomic-ai/nomic-embed-text-v1.5-GGUF, \
-             file: nomic-embed-text-v1.5.Q4_K_M.gguf}}\n  backend: llama.cpp\n  \
+             source: {type: huggingface, repo_id: nomic-ai/nomic-embed-text-v1.5-GGUF, \
+             file: nomic-embed-text-v1.5.Q4_K_M.gguf}\n  backend: llama.cpp\n  \
              backend_args: [--embedding]\n",
-            model_path.display()
-        ),
     )
     .unwrap();
     let catalog_arg = catalog.display().to_string();

@@ -19,7 +19,7 @@
 
 use crate::common;
 
-use crate::common::{free_port, start_gantry, tiny_model};
+use crate::common::{start_gantry, tiny_model};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,27 +49,17 @@ async fn workers_show_what_is_on_them_and_the_console_guards_and_fits_a_phone() 
     ];
     // The second worker runs the copied command as it is, plus what keeps it on this
     // machine's loopback and out of other tests' ports.
-    let ports = gantry_testkit::reserve_ports(20);
-    let joined = [
+    let mut joined = vec![
         "--data-dir".to_string(),
         dir.path().join("joined").display().to_string(),
         "--worker-name".into(),
         "joined".into(),
         "--simulate-gpus".into(),
         "1x8GiB".into(),
-        "--worker-host".into(),
-        "127.0.0.1".into(),
-        "--worker-port".into(),
-        free_port().to_string(),
-        "--advertise-host".into(),
-        "127.0.0.1".into(),
-        "--backend-host".into(),
-        "127.0.0.1".into(),
-        "--port-range".into(),
-        format!("{}-{}", ports.start(), ports.end()),
         "--model-dirs".into(),
         dir.path().display().to_string(),
     ];
+    joined.extend(common::loopback_worker_args());
     common::console_checks(
         &gantry,
         dir.path(),

@@ -186,6 +186,37 @@ impl Drop for Process {
     }
 }
 
+/// A model catalog entry (YAML) for the tiny model at `model_path`, on this machine, with
+/// the arguments that keep its llama-server small.
+pub fn tiny_catalog_entry(model_path: &Path) -> String {
+    format!(
+        "- name: tiny-catalog\n  title: Tiny test model\n  description: Random weights, for tests.\n  \
+         tags: [chat, tiny]\n  parameters: 1M\n  size: 0.5 MB\n  \
+         source: {{type: local_path, path: {}}}\n  backend: llama.cpp\n  \
+         backend_args: [-c, \"256\", -t, \"1\", -tb, \"1\", -np, \"1\"]\n",
+        model_path.display()
+    )
+}
+
+/// A worker's arguments that keep it on this machine's loopback: its API on a free port,
+/// what it advertises and where its backends listen, and a block of backend ports of its
+/// own, so that parallel tests do not collide.
+pub fn loopback_worker_args() -> Vec<String> {
+    let ports = gantry_testkit::reserve_ports(20);
+    vec![
+        "--worker-host".into(),
+        "127.0.0.1".into(),
+        "--worker-port".into(),
+        free_port().to_string(),
+        "--advertise-host".into(),
+        "127.0.0.1".into(),
+        "--backend-host".into(),
+        "127.0.0.1".into(),
+        "--port-range".into(),
+        format!("{}-{}", ports.start(), ports.end()),
+    ]
+}
+
 /// Drives the console of `gantry` (started by [`start_gantry`] in `dir`) in chromium with
 /// `tests/<script>`: passes it the server's URL, the generated admin password and a new
 /// one, a screenshot path for each of `names` (`<prefix><name>.png`, `_` as `-`, under the
@@ -500,21 +531,8 @@ impl Cluster {
             self.registration_token(),
             "--name".into(),
             name.into(),
-            "--worker-host".into(),
-            "127.0.0.1".into(),
-            "--worker-port".into(),
-            free_port().to_string(),
-            "--advertise-host".into(),
-            "127.0.0.1".into(),
-            "--backend-host".into(),
-            "127.0.0.1".into(),
-            "--port-range".into(),
-            // Each worker gets its own block so parallel tests do not collide.
-            {
-                let ports = gantry_testkit::reserve_ports(20);
-                format!("{}-{}", ports.start(), ports.end())
-            },
         ];
+        args.extend(loopback_worker_args());
         if !extra.contains(&"--llama-server-path") {
             args.extend([
                 "--llama-server-path".into(),
