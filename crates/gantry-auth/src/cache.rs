@@ -408,6 +408,7 @@ mod tests {
 
     fn user(id: i64) -> User {
         User {
+            cluster_admin_of: Vec::new(),
             id,
             username: format!("user{id}"),
             role: Role::User,

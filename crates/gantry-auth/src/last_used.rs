@@ -115,6 +115,7 @@ mod tests {
         let store = db.open().await;
         let user = store
             .create_user(&NewUser {
+                cluster_admin_of: Vec::new(),
                 username: "alice".into(),
                 password_hash: "hash".into(),
                 role: Role::User,

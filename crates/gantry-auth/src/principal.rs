@@ -58,6 +58,50 @@ impl Principal {
         }
     }
 
+    /// An admin, or the administrator of cluster `cluster_id`.
+    pub fn require_cluster_admin(&self, cluster_id: i64) -> Result<&User, Forbidden> {
+        match self {
+            Principal::User { user, .. }
+                if user.role == Role::Admin || user.cluster_admin_of.contains(&cluster_id) =>
+            {
+                Ok(user)
+            }
+            Principal::User { .. } => Err(Forbidden(
+                "this action needs the admin role or the administration of the cluster it \
+                 concerns; an admin can grant it (cluster_admin_of on your user)",
+            )),
+            Principal::Worker { .. } => Err(WORKERS_ONLY_CALL_WORKER_ENDPOINTS),
+            Principal::Server { .. } => Err(SERVERS_ONLY_CALL_COORDINATOR_ENDPOINTS),
+        }
+    }
+
+    /// An admin, or a user who administers at least one cluster: what may call a
+    /// cluster-scoped endpoint at all (which cluster is checked once the request says).
+    pub fn require_any_cluster_admin(&self) -> Result<&User, Forbidden> {
+        match self {
+            Principal::User { user, .. }
+                if user.role == Role::Admin || !user.cluster_admin_of.is_empty() =>
+            {
+                Ok(user)
+            }
+            Principal::User { .. } => Err(Forbidden(
+                "this action needs the admin role or the administration of a cluster",
+            )),
+            Principal::Worker { .. } => Err(WORKERS_ONLY_CALL_WORKER_ENDPOINTS),
+            Principal::Server { .. } => Err(SERVERS_ONLY_CALL_COORDINATOR_ENDPOINTS),
+        }
+    }
+
+    /// The clusters whose workers and settings the caller may see: `None` for an admin
+    /// (every cluster), else the ones they administer (none for most users).
+    pub fn visible_clusters(&self) -> Option<Vec<i64>> {
+        match self {
+            Principal::User { user, .. } if user.role == Role::Admin => None,
+            Principal::User { user, .. } => Some(user.cluster_admin_of.clone()),
+            _ => Some(Vec::new()),
+        }
+    }
+
     /// Any person; refused for workers.
     pub fn require_user(&self) -> Result<&User, Forbidden> {
         match self {

@@ -68,6 +68,12 @@ impl Sealer {
         Self::new(server_secret, "model provider api key")
     }
 
+    /// The sealer of clusters' registration tokens, which any server opens to show a
+    /// cluster's join command.
+    pub fn registration_tokens(server_secret: &[u8]) -> Self {
+        Self::new(server_secret, "cluster registration token")
+    }
+
     /// Seals `plaintext`.
     pub fn seal(&self, plaintext: &str) -> String {
         let mut nonce = [0u8; NONCE_LEN];

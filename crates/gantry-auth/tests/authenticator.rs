@@ -31,6 +31,7 @@ impl Fixture {
         let store = db.open().await;
         let user = store
             .create_user(&NewUser {
+                cluster_admin_of: Vec::new(),
                 username: "alice".into(),
                 password_hash: password::hash("alice-password".into()).await.unwrap(),
                 role: Role::User,

@@ -7,17 +7,25 @@ use std::fmt::Write as _;
 use gantry_types::usage::{UsageQuery, UsageReport};
 use gantry_types::{
     ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyQuery, ApiKeyUpdate, BackendInstallRequest,
-    BackendInstallStatus, ChangePasswordRequest, InstancePatch, InstanceQuery, ListResponse,
-    LogQuery, LoginRequest, LoginResponse, Model, ModelCreate, ModelEstimate, ModelInstance,
-    ModelProvider, ModelProviderCreate, ModelProviderUpdate, ModelQuery, ModelRoute,
-    ModelRouteCreate, ModelRouteUpdate, ModelUpdate, ProviderModels, User, UserCreate, UserQuery,
-    UserUpdate, Worker, WorkerJoin, WorkerLabelsUpdate, WorkerQuery,
+    BackendInstallStatus, ChangePasswordRequest, Cluster, ClusterCreate, ClusterRegistration,
+    ClusterUpdate, InstancePatch, InstanceQuery, ListResponse, LogQuery, LoginRequest,
+    LoginResponse, Model, ModelCreate, ModelEstimate, ModelInstance, ModelProvider,
+    ModelProviderCreate, ModelProviderUpdate, ModelQuery, ModelRoute, ModelRouteCreate,
+    ModelRouteUpdate, ModelUpdate, ProviderModels, User, UserCreate, UserQuery, UserUpdate, Worker,
+    WorkerJoin, WorkerLabelsUpdate, WorkerQuery,
 };
 use reqwest::Method;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::transport::Call;
+
+/// The query of a cluster's registration answer.
+#[derive(Serialize)]
+struct RegistrationQuery<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image: Option<&'a str>,
+}
 use crate::{Client, ClientError, WatchStream};
 
 /// A list query, whose `watch` the client sets itself: on for the watch form of a list,
@@ -341,6 +349,68 @@ impl Client {
     ) -> Result<reqwest::Response, ClientError> {
         let path = format!("/api/v1/model-instances/{id}/logs");
         self.send(Call::new(Method::GET, &path).query(query).streaming())
+            .await
+    }
+
+    // Clusters.
+
+    /// The clusters the caller may see, by id (the list is not paged).
+    pub async fn list_clusters(&self) -> Result<Vec<Cluster>, ClientError> {
+        self.json(Call::new(Method::GET, "/api/v1/clusters")).await
+    }
+
+    pub async fn get_cluster(&self, id: i64) -> Result<Cluster, ClientError> {
+        let path = format!("/api/v1/clusters/{id}");
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    /// Adds a cluster with a registration token of its own.
+    pub async fn create_cluster(&self, cluster: &ClusterCreate) -> Result<Cluster, ClientError> {
+        self.json(
+            Call::new(Method::POST, "/api/v1/clusters")
+                .body(cluster)
+                .creating(),
+        )
+        .await
+    }
+
+    pub async fn update_cluster(
+        &self,
+        id: i64,
+        update: &ClusterUpdate,
+    ) -> Result<Cluster, ClientError> {
+        let path = format!("/api/v1/clusters/{id}");
+        self.json(Call::new(Method::PATCH, &path).body(update))
+            .await
+    }
+
+    /// Deletes a cluster that holds no worker and no model.
+    pub async fn delete_cluster(&self, id: i64) -> Result<(), ClientError> {
+        let path = format!("/api/v1/clusters/{id}");
+        self.empty(Call::new(Method::DELETE, &path)).await
+    }
+
+    /// The cluster's registration token with the command (and, for `kubernetes`, the
+    /// manifests) that join a machine to it; `image` is the DaemonSet's image.
+    pub async fn cluster_registration(
+        &self,
+        id: i64,
+        image: Option<&str>,
+    ) -> Result<ClusterRegistration, ClientError> {
+        let path = format!("/api/v1/clusters/{id}/registration-token");
+        let query = RegistrationQuery { image };
+        self.json(Call::new(Method::GET, &path).query(&query)).await
+    }
+
+    /// Replaces the cluster's registration token and answers the new one.
+    pub async fn rotate_cluster_token(
+        &self,
+        id: i64,
+        image: Option<&str>,
+    ) -> Result<ClusterRegistration, ClientError> {
+        let path = format!("/api/v1/clusters/{id}/registration-token");
+        let query = RegistrationQuery { image };
+        self.json(Call::new(Method::POST, &path).query(&query))
             .await
     }
 

@@ -8,8 +8,9 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use gantry_store::{NewUser, Store, REGISTRATION_TOKEN_DIGEST};
-use gantry_types::Role;
+use gantry_auth::sealed::Sealer;
+use gantry_store::{ClusterToken, NewUser, Store};
+use gantry_types::{Role, DEFAULT_CLUSTER_ID};
 
 use crate::auth::{password, secrets};
 use crate::config::ServerConfig;
@@ -105,6 +106,7 @@ pub async fn ensure_admin(store: &Store, config: &ServerConfig) -> anyhow::Resul
         }
     };
     let new = NewUser {
+        cluster_admin_of: Vec::new(),
         username: "admin".into(),
         password_hash: password::hash(password).await?,
         role: Role::Admin,
@@ -127,37 +129,68 @@ pub async fn ensure_admin(store: &Store, config: &ServerConfig) -> anyhow::Resul
     Ok(())
 }
 
-/// Creates the cluster's worker registration token when none exists, writing it to
-/// `data_dir/registration_token`. Returns the file's path when this server has it.
+/// Makes sure the default cluster has a registration token, creating it on a fresh
+/// database and writing it to `data_dir/registration_token` (what `gantry start` joins its
+/// own worker with). A token from before clusters existed is known in clear only to the
+/// server whose data directory holds it: that server seals it into the cluster's row, so
+/// every server can show it from then on. A file left behind by a rotation is rewritten
+/// with the current token. Returns the file's path when this server has the current
+/// token there.
 pub async fn ensure_registration_token(
     store: &Store,
     data_dir: &Path,
+    sealer: &Sealer,
 ) -> anyhow::Result<Option<PathBuf>> {
     let path = data_dir.join(REGISTRATION_TOKEN_FILE);
-    if store
-        .get_setting(REGISTRATION_TOKEN_DIGEST)
-        .await?
-        .is_some()
-    {
-        if path.exists() {
+    let held = match fs::read_to_string(&path) {
+        Ok(text) => Some(text.trim().to_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+    };
+    let default = store.get_cluster(DEFAULT_CLUSTER_ID).await?;
+    let Some(current) = default.token_digest.as_deref() else {
+        let token = secrets::generate_registration_token();
+        write_secret_file(&path, &token)?;
+        let digest = secrets::digest(&token);
+        let sealed = sealer.seal(&token);
+        let first = ClusterToken {
+            digest: &digest,
+            sealed: &sealed,
+        };
+        if store.set_first_default_token(first).await? {
+            tracing::info!(path = %path.display(), "generated the default cluster's worker registration token");
             return Ok(Some(path));
         }
-        tracing::info!(
-            "the registration token was created by another server; find it in that server's data directory"
-        );
-        return Ok(None);
-    }
-    let token = secrets::generate_registration_token();
-    write_secret_file(&path, &token)?;
-    if store
-        .insert_setting_if_absent(REGISTRATION_TOKEN_DIGEST, &secrets::digest(&token))
-        .await?
-    {
-        tracing::info!(path = %path.display(), "generated worker registration token");
-        Ok(Some(path))
-    } else {
+        // Another server starting at the same moment made the token first.
         let _ = fs::remove_file(&path);
-        Ok(None)
+        return Ok(None);
+    };
+    match held {
+        Some(token) if secrets::digest(&token) == current => {
+            if default.token_sealed.is_none() {
+                let sealed = sealer.seal(&token);
+                let known = ClusterToken {
+                    digest: current,
+                    sealed: &sealed,
+                };
+                if store.seal_cluster_token(DEFAULT_CLUSTER_ID, known).await? {
+                    tracing::info!("stored the default cluster's registration token sealed, so that every server can show its join command");
+                }
+            }
+            Ok(Some(path))
+        }
+        Some(_) => match default.token_sealed.as_deref().map(|s| sealer.open(s)) {
+            Some(Ok(token)) => {
+                write_secret_file(&path, &token)?;
+                tracing::info!(path = %path.display(), "the default cluster's registration token was rotated; rewrote the token file");
+                Ok(Some(path))
+            }
+            _ => {
+                tracing::warn!(path = %path.display(), "the registration token file holds an old token; see the current one with GET /api/v1/clusters/1/registration-token");
+                Ok(None)
+            }
+        },
+        None => Ok(None),
     }
 }
 

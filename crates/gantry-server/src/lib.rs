@@ -129,8 +129,12 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
     .await
     .with_context(|| format!("open the database at {}", gantry_store::redact_url(&url)))?;
     bootstrap::ensure_admin(&store, &config).await?;
+    let registration_tokens = Arc::new(gantry_auth::sealed::Sealer::registration_tokens(
+        &jwt_secret,
+    ));
     let registration_token_file =
-        bootstrap::ensure_registration_token(&store, &config.data_dir).await?;
+        bootstrap::ensure_registration_token(&store, &config.data_dir, &registration_tokens)
+            .await?;
 
     let mode = config.effective_scheduling_mode();
     if mode == config::SchedulingMode::Distributed && !config.is_multi_server() {
@@ -219,6 +223,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         histories: history::WorkerHistories::default(),
         catalog,
         provider_keys: Arc::new(gantry_auth::sealed::Sealer::provider_keys(&jwt_secret)),
+        registration_tokens,
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);

@@ -49,6 +49,8 @@ pub struct Shared {
     pub catalog: gantry_types::ModelCatalog,
     /// Seals and opens model providers' API keys (a key derived from the server secret).
     pub provider_keys: Arc<gantry_auth::sealed::Sealer>,
+    /// Seals and opens clusters' registration tokens.
+    pub registration_tokens: Arc<gantry_auth::sealed::Sealer>,
 }
 
 /// The client of model sources a server analyses models with: the configured hubs, and

@@ -11,7 +11,7 @@ use crate::rows::{int, json, opt_int, opt_text, parse_enum, text, to_json, u32_o
 use crate::{Store, StoreError};
 
 /// An instance with the names of its model and worker.
-const COLUMNS: &str = "i.id, i.name, i.model_id, m.name AS model_name, i.replica, \
+const COLUMNS: &str = "i.id, i.name, i.model_id, m.name AS model_name, i.cluster_id, i.replica, \
      i.worker_id, w.name AS worker_name, i.gpu_indexes, i.port, i.address, i.state, \
      i.state_message, i.placement, i.download, i.install, i.backend_version, i.restart_count, i.created_at, i.updated_at";
 const FROM: &str = "model_instances i JOIN models m ON m.id = i.model_id \
@@ -24,6 +24,7 @@ const FROM: &str = "model_instances i JOIN models m ON m.id = i.model_id \
 pub(crate) const RETURNING: &str = "model_instances.id AS id, model_instances.name AS name, \
      model_instances.model_id AS model_id, \
      (SELECT m.name FROM models m WHERE m.id = model_instances.model_id) AS model_name, \
+     model_instances.cluster_id AS cluster_id, \
      model_instances.replica AS replica, model_instances.worker_id AS worker_id, \
      (SELECT w.name FROM workers w WHERE w.id = model_instances.worker_id) AS worker_name, \
      model_instances.gpu_indexes AS gpu_indexes, model_instances.port AS port, \
@@ -62,6 +63,7 @@ pub(crate) fn decode(row: &AnyRow) -> Result<ModelInstance, StoreError> {
         name: text(row, T, "name")?,
         model_id: int(row, T, "model_id")?,
         model_name: text(row, T, "model_name")?,
+        cluster_id: int(row, T, "cluster_id")?,
         replica: u32_of(int(row, T, "replica")?, T, "replica")?,
         worker_id: opt_int(row, T, "worker_id")?,
         worker_name: opt_text(row, T, "worker_name")?,

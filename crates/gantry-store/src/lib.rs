@@ -27,6 +27,7 @@ mod api_keys;
 mod backends;
 mod changes;
 mod checkpoint;
+mod clusters;
 mod error;
 mod fence;
 mod instances;
@@ -65,6 +66,7 @@ use tokio::sync::broadcast;
 pub use api_keys::{ApiKeyRecord, NewApiKey};
 pub use backends::StoredBackend;
 pub use changes::{Change, ChangeKind};
+pub use clusters::{ClusterToken, StoredCluster};
 pub use error::StoreError;
 pub use fence::{fenced_writes, Fence, FencedWrites};
 pub use instances::ManualPlacement;
@@ -84,7 +86,7 @@ pub use usage::{
     usage_minute_of, UsageByApiKey, UsageByModel, UsageByTarget, UsageFilter, UsageIncrement,
     UsagePoint, UsageSums, USAGE_BUCKET_MILLIS, USAGE_DAY_MILLIS,
 };
-pub use users::{NewUser, UserRecord};
+pub use users::{NewUser, UserChanges, UserRecord};
 pub use workers::WorkerRegistration;
 
 /// Which database engine backs the store.

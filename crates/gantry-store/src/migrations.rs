@@ -2,8 +2,10 @@
 //! start-up inside one transaction each.
 //!
 //! Both engines run the same statements; `{id}` stands for the one thing they spell
-//! differently, an auto-generated 64-bit primary key, and a statement that begins with
-//! `{sqlite}` runs on SQLite only (an index the other engine has no use for). On
+//! differently, an auto-generated 64-bit primary key; `{now}` is the time the migration
+//! runs, in milliseconds. A statement that begins with `{sqlite}` runs on SQLite only (an
+//! index the other engine has no use for), one that begins with `{postgres}` on
+//! PostgreSQL only (a constraint SQLite cannot add to an existing table). On
 //! PostgreSQL an advisory lock serialises servers that start at the same moment.
 
 use sqlx::Row;
@@ -290,16 +292,68 @@ const MIGRATIONS: &[Migration] = &[Migration {
         "{sqlite} CREATE INDEX workers_by_id ON workers (id)",
         "{sqlite} CREATE INDEX model_instances_by_id ON model_instances (id)",
     ],
+}, Migration {
+    version: 11,
+    name: "clusters",
+    statements: &[
+        // registration_token_sealed: the token sealed with the server secret, so that any
+        // server can show it (gantry-auth's sealed.rs); the digest is what registration
+        // checks. A database from before clusters gets the default cluster (id 1: the
+        // table's first row) with the one token it had; its plaintext is sealed in by
+        // the server whose data directory holds it (bootstrap.rs).
+        "CREATE TABLE clusters (
+            id {id},
+            name TEXT NOT NULL UNIQUE,
+            description TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            registration_token_digest TEXT UNIQUE,
+            registration_token_sealed TEXT,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        "INSERT INTO clusters (name, description, provider, registration_token_digest,
+            registration_token_sealed, created_at, updated_at)
+            SELECT 'default', 'Every worker and model from before clusters existed, and \
+            every model deployed without naming a cluster.', 'custom',
+            (SELECT value FROM settings WHERE key = 'registration_token_digest'), NULL,
+            {now}, {now}",
+        // Everything that exists belongs to the default cluster. The settings row of the
+        // token stays for servers of the previous release, which check it during a
+        // rolling upgrade; the default cluster's token is kept equal to it.
+        "ALTER TABLE workers ADD COLUMN cluster_id BIGINT NOT NULL DEFAULT 1",
+        "ALTER TABLE models ADD COLUMN cluster_id BIGINT NOT NULL DEFAULT 1",
+        // The model's cluster, which never changes, on each instance for list filters.
+        "ALTER TABLE model_instances ADD COLUMN cluster_id BIGINT NOT NULL DEFAULT 1",
+        "CREATE INDEX workers_cluster ON workers (cluster_id)",
+        "CREATE INDEX models_cluster ON models (cluster_id)",
+        "CREATE INDEX model_instances_cluster ON model_instances (cluster_id)",
+        // SQLite cannot add a column that references another table with a default other
+        // than NULL; there the store's conditional inserts (a worker or model only into a
+        // cluster that exists, a cluster deleted only when empty) keep the same rule on
+        // its single writer.
+        "{postgres} ALTER TABLE workers ADD CONSTRAINT workers_cluster_fk \
+            FOREIGN KEY (cluster_id) REFERENCES clusters (id)",
+        "{postgres} ALTER TABLE models ADD CONSTRAINT models_cluster_fk \
+            FOREIGN KEY (cluster_id) REFERENCES clusters (id)",
+        // The clusters a user administers (a JSON list of ids).
+        "ALTER TABLE users ADD COLUMN cluster_admin_of TEXT NOT NULL DEFAULT '[]'",
+    ],
 }];
 
 /// A migration statement as `engine` runs it, `None` when it is not for that engine.
-fn for_engine(statement: &str, engine: Engine, id_column: &str) -> Option<String> {
-    let statement = match statement.strip_prefix("{sqlite} ") {
-        Some(sqlite_only) if engine == Engine::Sqlite => sqlite_only,
-        Some(_) => return None,
-        None => statement,
+fn for_engine(statement: &str, engine: Engine, id_column: &str, now: i64) -> Option<String> {
+    let statement = if let Some(sqlite_only) = statement.strip_prefix("{sqlite} ") {
+        (engine == Engine::Sqlite).then_some(sqlite_only)?
+    } else if let Some(postgres_only) = statement.strip_prefix("{postgres} ") {
+        (engine == Engine::Postgres).then_some(postgres_only)?
+    } else {
+        statement
     };
-    Some(statement.replace("{id}", id_column))
+    Some(
+        statement
+            .replace("{id}", id_column)
+            .replace("{now}", &now.to_string()),
+    )
 }
 
 /// The newest schema version this build knows.
@@ -345,7 +399,8 @@ pub(crate) async fn run(store: &Store, up_to: i64) -> Result<(), StoreError> {
         .filter(|m| m.version > applied && m.version <= up_to)
     {
         for statement in migration.statements {
-            let Some(statement) = for_engine(statement, store.engine, id_column) else {
+            let now = gantry_types::Timestamp::now().as_millis();
+            let Some(statement) = for_engine(statement, store.engine, id_column, now) else {
                 continue;
             };
             sqlx::query(&statement).execute(&mut *tx).await?;
@@ -390,17 +445,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sqlite_only_statement_runs_on_sqlite_alone() {
+    fn an_engine_only_statement_runs_on_that_engine_alone() {
         let index = "{sqlite} CREATE INDEX t_by_id ON t (id)";
         assert_eq!(
-            for_engine(index, Engine::Sqlite, "ID").as_deref(),
+            for_engine(index, Engine::Sqlite, "ID", 0).as_deref(),
             Some("CREATE INDEX t_by_id ON t (id)")
         );
-        assert_eq!(for_engine(index, Engine::Postgres, "ID"), None);
+        assert_eq!(for_engine(index, Engine::Postgres, "ID", 0), None);
+        let constraint = "{postgres} ALTER TABLE t ADD CONSTRAINT c CHECK (id > 0)";
+        assert_eq!(for_engine(constraint, Engine::Sqlite, "ID", 0), None);
+        assert_eq!(
+            for_engine(constraint, Engine::Postgres, "ID", 0).as_deref(),
+            Some("ALTER TABLE t ADD CONSTRAINT c CHECK (id > 0)")
+        );
         let table = "CREATE TABLE t (id {id})";
         assert_eq!(
-            for_engine(table, Engine::Postgres, "BIGSERIAL PRIMARY KEY").as_deref(),
+            for_engine(table, Engine::Postgres, "BIGSERIAL PRIMARY KEY", 0).as_deref(),
             Some("CREATE TABLE t (id BIGSERIAL PRIMARY KEY)")
+        );
+        let row = "INSERT INTO t (at) VALUES ({now})";
+        assert_eq!(
+            for_engine(row, Engine::Sqlite, "ID", 42).as_deref(),
+            Some("INSERT INTO t (at) VALUES (42)")
         );
     }
 }

@@ -52,7 +52,7 @@ impl ModelSpec {
     }
 }
 
-const COLUMNS: &str = "id, name, backend, replicas, spec, created_at, updated_at";
+const COLUMNS: &str = "id, name, cluster_id, backend, replicas, spec, created_at, updated_at";
 
 fn decode(row: &AnyRow) -> Result<Model, StoreError> {
     const T: &str = "models";
@@ -60,6 +60,7 @@ fn decode(row: &AnyRow) -> Result<Model, StoreError> {
     Ok(Model {
         id: int(row, T, "id")?,
         name: text(row, T, "name")?,
+        cluster_id: int(row, T, "cluster_id")?,
         backend: BackendName::new(text(row, T, "backend")?),
         replicas: u32_of(int(row, T, "replicas")?, T, "replicas")?,
         description: spec.description,
@@ -91,24 +92,29 @@ const LISTING: Listing<Model> = Listing {
 };
 
 impl Store {
-    /// Inserts a model. `Conflict` if the name is taken. Its instances are created by the
-    /// model controller (see the server's `service::replicas`).
+    /// Inserts a model into its cluster. `Conflict` if the name is taken, `NotFound` when
+    /// the cluster is not there (the insert is conditional on it, so a cluster deleted
+    /// meanwhile is never left with a model). Its instances are created by the model
+    /// controller (see the server's `service::replicas`).
     pub async fn create_model(&self, create: &ModelCreate) -> Result<Model, StoreError> {
         let now = Timestamp::now();
         let model = create.to_model(0, now);
         let mut tx = self.writes.begin().await?;
         let row = sqlx::query(&format!(
-            "INSERT INTO models (name, backend, replicas, spec, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $5) RETURNING {COLUMNS}"
+            "INSERT INTO models (name, cluster_id, backend, replicas, spec, created_at, \
+             updated_at) SELECT $1, $6, $2, $3, $4, $5, $5 \
+             WHERE EXISTS (SELECT 1 FROM clusters WHERE id = $6) RETURNING {COLUMNS}"
         ))
         .bind(&model.name)
         .bind(model.backend.as_str())
         .bind(i64::from(model.replicas))
         .bind(to_json(&ModelSpec::of(&model)))
         .bind(now.as_millis())
-        .fetch_one(&mut *tx)
+        .bind(model.cluster_id)
+        .fetch_optional(&mut *tx)
         .await
-        .map_err(|e| StoreError::conflict_on_unique(e, "model", &model.name))?;
+        .map_err(|e| StoreError::conflict_on_unique(e, "model", &model.name))?
+        .ok_or_else(|| StoreError::not_found("cluster", model.cluster_id))?;
         let model = decode(&row)?;
         tx.commit().await?;
         self.publish(Change::Model(ChangeKind::Created, model.clone()));
@@ -189,10 +195,10 @@ impl Store {
         let now = Timestamp::now().as_millis();
         let mut created = Vec::with_capacity(replicas.len());
         let sql = format!(
-            "INSERT INTO model_instances (name, model_id, replica, worker_id, gpu_indexes, \
-             port, address, state, state_message, placement, restart_count, created_at, \
-             updated_at) SELECT $1, $2, $3, NULL, '[]', NULL, NULL, 'pending', '', NULL, 0, \
-             $4, $4 WHERE EXISTS (SELECT 1 FROM models WHERE id = $2){} \
+            "INSERT INTO model_instances (name, model_id, cluster_id, replica, worker_id, \
+             gpu_indexes, port, address, state, state_message, placement, restart_count, \
+             created_at, updated_at) SELECT $1, $2, m.cluster_id, $3, NULL, '[]', NULL, NULL, \
+             'pending', '', NULL, 0, $4, $4 FROM models m WHERE m.id = $2{} \
              ON CONFLICT DO NOTHING RETURNING id",
             fence.clause(self.engine, 5)
         );

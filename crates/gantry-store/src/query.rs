@@ -43,6 +43,18 @@ impl Filter {
             .push(format!("{column} = ${}", self.args.len()));
     }
 
+    /// Adds `<column> IN (values…)`, or a clause nothing passes when `values` is empty;
+    /// `column` must be a trusted identifier. The values are integers, written inline.
+    pub(crate) fn one_of(&mut self, column: &str, values: &[i64]) {
+        if values.is_empty() {
+            self.clauses.push("1 = 0".to_owned());
+            return;
+        }
+        let list: Vec<String> = values.iter().map(i64::to_string).collect();
+        self.clauses
+            .push(format!("{column} IN ({})", list.join(", ")));
+    }
+
     /// Adds "`<column>` contains `needle`, ignoring ASCII case" (`LOWER(column) LIKE
     /// %needle%`, with the needle lowered the same way and its wildcards escaped).
     pub(crate) fn contains(&mut self, column: &str, needle: &str) {
@@ -77,6 +89,7 @@ impl Filter {
                     f.eq(&qualified(column), arg);
                 }
                 Condition::Contains { column, text } => f.contains(&qualified(column), text),
+                Condition::OneOf { column, values } => f.one_of(&qualified(column), values),
             }
         }
         f

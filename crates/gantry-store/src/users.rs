@@ -5,7 +5,7 @@ use sqlx::any::AnyRow;
 
 use crate::changes::{Change, ChangeKind};
 use crate::query::{Filter, Listing, Page};
-use crate::rows::{int, parse_enum, text};
+use crate::rows::{int, json, parse_enum, text, to_json};
 use crate::{Store, StoreError};
 
 /// A user with the secrets the API never shows.
@@ -26,10 +26,21 @@ pub struct NewUser {
     pub role: Role,
     pub full_name: String,
     pub require_password_change: bool,
+    /// The clusters the user administers.
+    pub cluster_admin_of: Vec<i64>,
+}
+
+/// What [`Store::update_user`] changes; `None` leaves a field as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UserChanges<'a> {
+    pub role: Option<Role>,
+    pub full_name: Option<&'a str>,
+    pub require_password_change: Option<bool>,
+    pub cluster_admin_of: Option<&'a [i64]>,
 }
 
 const COLUMNS: &str = "id, username, password_hash, role, full_name, require_password_change, \
-                       session_version, created_at, updated_at";
+                       session_version, cluster_admin_of, created_at, updated_at";
 
 fn decode(row: &AnyRow) -> Result<UserRecord, StoreError> {
     const T: &str = "users";
@@ -40,6 +51,7 @@ fn decode(row: &AnyRow) -> Result<UserRecord, StoreError> {
             role: parse_enum(&text(row, T, "role")?, Role::parse, T, "role")?,
             full_name: text(row, T, "full_name")?,
             require_password_change: int(row, T, "require_password_change")? != 0,
+            cluster_admin_of: json(row, T, "cluster_admin_of")?,
             created_at: Timestamp::from_millis(int(row, T, "created_at")?),
             updated_at: Timestamp::from_millis(int(row, T, "updated_at")?),
         },
@@ -70,7 +82,8 @@ impl Store {
         let now = Timestamp::now().as_millis();
         let row = sqlx::query(&format!(
             "INSERT INTO users (username, password_hash, role, full_name, require_password_change, \
-             session_version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 1, $6, $6) \
+             session_version, cluster_admin_of, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, 1, $7, $6, $6) \
              RETURNING {COLUMNS}"
         ))
         .bind(&new.username)
@@ -79,6 +92,7 @@ impl Store {
         .bind(&new.full_name)
         .bind(i64::from(new.require_password_change))
         .bind(now)
+        .bind(to_json(&new.cluster_admin_of))
         .fetch_one(&self.writes)
         .await
         .map_err(|e| StoreError::conflict_on_unique(e, "user", &new.username))?;
@@ -93,7 +107,8 @@ impl Store {
         let now = Timestamp::now().as_millis();
         let result = sqlx::query(
             "INSERT INTO users (username, password_hash, role, full_name, require_password_change, \
-             session_version, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 1, $6, $6) \
+             session_version, cluster_admin_of, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, 1, $7, $6, $6) \
              ON CONFLICT (username) DO NOTHING",
         )
         .bind(&new.username)
@@ -102,6 +117,7 @@ impl Store {
         .bind(&new.full_name)
         .bind(i64::from(new.require_password_change))
         .bind(now)
+        .bind(to_json(&new.cluster_admin_of))
         .execute(&self.writes)
         .await?;
         Ok(result.rows_affected() == 1)
@@ -144,26 +160,26 @@ impl Store {
     pub async fn update_user(
         &self,
         id: i64,
-        role: Option<Role>,
-        full_name: Option<&str>,
-        require_password_change: Option<bool>,
+        changes: &UserChanges<'_>,
     ) -> Result<Option<User>, StoreError> {
-        let demoting = role == Some(Role::User);
+        let demoting = changes.role == Some(Role::User);
         let mut tx = self.writes.begin().await?;
         if demoting {
             self.lock_admins(&mut tx).await?;
         }
         let row = sqlx::query(&format!(
             "UPDATE users SET role = COALESCE($2, role), full_name = COALESCE($3, full_name), \
-             require_password_change = COALESCE($4, require_password_change), updated_at = $5 \
+             require_password_change = COALESCE($4, require_password_change), updated_at = $5, \
+             cluster_admin_of = COALESCE($7, cluster_admin_of) \
              WHERE id = $1 AND ($6 = 0 OR {KEEPS_AN_ADMIN}) RETURNING {COLUMNS}"
         ))
         .bind(id)
-        .bind(role.map(|r| r.as_str()))
-        .bind(full_name)
-        .bind(require_password_change.map(i64::from))
+        .bind(changes.role.map(|r| r.as_str()))
+        .bind(changes.full_name)
+        .bind(changes.require_password_change.map(i64::from))
         .bind(Timestamp::now().as_millis())
         .bind(i64::from(demoting))
+        .bind(changes.cluster_admin_of.map(|ids| to_json(&ids)))
         .fetch_optional(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -274,4 +290,42 @@ impl Store {
         let n: i64 = row.try_get("n")?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
+}
+
+/// Takes cluster `cluster_id` from every user who administers it, inside `tx` (the
+/// cluster's deletion); returns those users as written, to publish once it commits.
+pub(crate) async fn users_administering(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    cluster_id: i64,
+) -> Result<Vec<User>, StoreError> {
+    // Few users administer clusters; the list is JSON, so the match is made here.
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM users WHERE cluster_admin_of <> '[]'"
+    ))
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut changed = Vec::new();
+    for row in &rows {
+        let user = decode(row)?.user;
+        if !user.cluster_admin_of.contains(&cluster_id) {
+            continue;
+        }
+        let kept: Vec<i64> = user
+            .cluster_admin_of
+            .iter()
+            .copied()
+            .filter(|id| *id != cluster_id)
+            .collect();
+        let row = sqlx::query(&format!(
+            "UPDATE users SET cluster_admin_of = $2, updated_at = $3 WHERE id = $1 \
+             RETURNING {COLUMNS}"
+        ))
+        .bind(user.id)
+        .bind(to_json(&kept))
+        .bind(Timestamp::now().as_millis())
+        .fetch_one(&mut **tx)
+        .await?;
+        changed.push(decode(&row)?.user);
+    }
+    Ok(changed)
 }

@@ -26,7 +26,7 @@ pub struct WorkerRegistration<'a> {
 }
 
 /// A worker's columns, with its last heartbeat's time.
-const COLUMNS: &str = "w.id, w.name, w.state, w.state_message, w.labels, w.address, \
+const COLUMNS: &str = "w.id, w.name, w.cluster_id, w.state, w.state_message, w.labels, w.address, \
      w.status, h.at AS last_heartbeat_at, w.created_at, w.updated_at";
 /// `workers` with its heartbeat row.
 const FROM: &str = "workers w LEFT JOIN worker_heartbeats h ON h.worker_id = w.id";
@@ -39,6 +39,7 @@ fn decode(row: &AnyRow) -> Result<Worker, StoreError> {
     Ok(Worker {
         id: int(row, T, "id")?,
         name: text(row, T, "name")?,
+        cluster_id: int(row, T, "cluster_id")?,
         state: parse_enum(&text(row, T, "state")?, WorkerState::parse, T, "state")?,
         state_message: text(row, T, "state_message")?,
         labels: json(row, T, "labels")?,
@@ -118,9 +119,8 @@ async fn by_ids(
 }
 
 impl Store {
-    /// Inserts a worker in state `ready`; `Conflict` if the name is taken.
-    /// `credential_digest` identifies the worker's calls; `api_token` is what servers
-    /// present when they call the worker's own HTTP API (its logs).
+    /// Inserts a worker of the default cluster in state `ready`; `Conflict` if the name is
+    /// taken. `credential_digest` identifies the worker's calls.
     pub async fn create_worker(
         &self,
         name: &str,
@@ -129,37 +129,52 @@ impl Store {
         status: &WorkerStatus,
         credential_digest: &str,
     ) -> Result<Worker, StoreError> {
-        self.register_worker(name, labels, address, status, credential_digest, "")
-            .await
+        let registration = WorkerRegistration {
+            labels,
+            address,
+            status,
+        };
+        self.register_worker(
+            gantry_types::DEFAULT_CLUSTER_ID,
+            name,
+            &registration,
+            credential_digest,
+            "",
+        )
+        .await
     }
 
-    /// Like [`Store::create_worker`], with the token for calling the worker's API.
+    /// Inserts a worker of cluster `cluster_id` in state `ready`: `Conflict` if the name is
+    /// taken, `NotFound` when the cluster is not there. `api_token` is what servers present
+    /// when they call the worker's own HTTP API (its logs).
     pub async fn register_worker(
         &self,
+        cluster_id: i64,
         name: &str,
-        labels: &BTreeMap<String, String>,
-        address: &str,
-        status: &WorkerStatus,
+        registration: &WorkerRegistration<'_>,
         credential_digest: &str,
         api_token: &str,
     ) -> Result<Worker, StoreError> {
         let now = Timestamp::now().as_millis();
         let mut tx = self.writes.begin().await?;
         let row = sqlx::query(
-            "INSERT INTO workers (name, state, state_message, labels, address, status, \
-             credential_digest, api_token, created_at, updated_at) \
-             VALUES ($1, 'ready', '', $2, $3, $4, $5, $6, $7, $7) RETURNING id",
+            "INSERT INTO workers (name, cluster_id, state, state_message, labels, address, \
+             status, credential_digest, api_token, created_at, updated_at) \
+             SELECT $1, $8, 'ready', '', $2, $3, $4, $5, $6, $7, $7 \
+             WHERE EXISTS (SELECT 1 FROM clusters WHERE id = $8) RETURNING id",
         )
         .bind(name)
-        .bind(to_json(labels))
-        .bind(address)
-        .bind(to_json(status))
+        .bind(to_json(registration.labels))
+        .bind(registration.address)
+        .bind(to_json(registration.status))
         .bind(credential_digest)
         .bind(api_token)
         .bind(now)
-        .fetch_one(&mut *tx)
+        .bind(cluster_id)
+        .fetch_optional(&mut *tx)
         .await
-        .map_err(|e| StoreError::conflict_on_unique(e, "worker", name))?;
+        .map_err(|e| StoreError::conflict_on_unique(e, "worker", name))?
+        .ok_or_else(|| StoreError::not_found("cluster", cluster_id))?;
         let id = int(&row, "workers", "id")?;
         sqlx::query(UPSERT_HEARTBEAT)
             .bind(id)

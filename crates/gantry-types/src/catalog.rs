@@ -40,6 +40,7 @@ impl CatalogEntry {
         ModelCreate {
             name: self.name.clone(),
             description: self.description.clone(),
+            cluster_id: None,
             source: self.source.clone(),
             backend: self.backend.clone(),
             backend_version: None,

@@ -15,6 +15,7 @@ const GIB: u64 = 1 << 30;
 /// Model `id` named `name`: llama.cpp on `/models/<name>.gguf`, one replica, no arguments.
 pub fn model(id: i64, name: &str) -> Model {
     Model {
+        cluster_id: crate::cluster::DEFAULT_CLUSTER_ID,
         id,
         name: name.to_owned(),
         description: String::new(),
@@ -42,6 +43,7 @@ pub fn model(id: i64, name: &str) -> Model {
 /// updated) at millisecond `id`, so a higher id is newer.
 pub fn instance(id: i64, model: &Model, replica: u32, state: InstanceState) -> ModelInstance {
     ModelInstance {
+        cluster_id: crate::cluster::DEFAULT_CLUSTER_ID,
         id,
         name: format!("{}-{replica}", model.name),
         model_id: model.id,
@@ -68,6 +70,7 @@ pub fn instance(id: i64, model: &Model, replica: u32, state: InstanceState) -> M
 pub fn worker(id: i64, gpus: u32) -> Worker {
     let name = format!("w{id}");
     Worker {
+        cluster_id: crate::cluster::DEFAULT_CLUSTER_ID,
         id,
         status: worker_status(&name, gpus),
         name,

@@ -71,6 +71,9 @@ pub struct ModelInstance {
     pub name: String,
     pub model_id: i64,
     pub model_name: String,
+    /// The model's cluster.
+    #[serde(default = "crate::cluster::default_cluster_id")]
+    pub cluster_id: i64,
     /// The replica number within its model, the lowest free one at creation.
     pub replica: u32,
     pub worker_id: Option<i64>,

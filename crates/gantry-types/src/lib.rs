@@ -10,6 +10,7 @@ pub mod auth;
 pub mod backend;
 pub mod catalog;
 pub mod claim;
+pub mod cluster;
 pub mod coordination;
 pub mod error;
 pub mod estimate;
@@ -40,6 +41,10 @@ pub use backend::{
 pub use catalog::{CatalogEntry, ModelCatalog};
 pub use claim::{
     EngineMemory, FixedMemory, LayerBreakdown, MemoryFraction, ModelMemory, ResourceClaim,
+};
+pub use cluster::{
+    Cluster, ClusterCounts, ClusterCreate, ClusterProvider, ClusterRegistration, ClusterState,
+    ClusterUpdate, DEFAULT_CLUSTER_ID,
 };
 pub use coordination::{
     ClusterStatus, CoordinatorHealth, LeaderInfo, LockAcquire, LockInfo, LockRelease,

@@ -306,6 +306,9 @@ pub struct GpuSelector {
 pub struct Model {
     pub id: i64,
     pub name: String,
+    /// The cluster the model is deployed into: only its workers run the model's instances.
+    #[serde(default = "crate::cluster::default_cluster_id")]
+    pub cluster_id: i64,
     pub description: String,
     pub source: ModelSource,
     /// `llama.cpp`, `vllm`, `sglang`, `custom`, or a defined backend's name.
@@ -341,6 +344,16 @@ pub struct ModelCreate {
     #[serde(default)]
     #[schema(max_length = 2000, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: String,
+    /// The cluster to deploy into (default: the default cluster, id 1). The model's
+    /// instances run on that cluster's workers only; its name stays unique across
+    /// clusters, so the gateway and routes reach it by name alone.
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(nullable = false, minimum = 1)]
+    pub cluster_id: Option<i64>,
     /// Where the model's files come from. A `local_path` must exist on the server, which
     /// reads the model's header to estimate its memory (422 otherwise; `custom` models'
     /// files are never read there), and lie under the `model_dirs` of the workers that run it.
@@ -386,6 +399,9 @@ impl ModelCreate {
         Model {
             id,
             name: self.name.clone(),
+            cluster_id: self
+                .cluster_id
+                .unwrap_or(crate::cluster::DEFAULT_CLUSTER_ID),
             description: self.description.clone(),
             source: self.source.clone(),
             backend: self.backend.clone(),
@@ -418,6 +434,7 @@ impl Validate for ModelCreate {
     fn validate(&self) -> Result<(), FieldError> {
         check_name("name", &self.name)?;
         check_text("description", &self.description, 2000)?;
+        crate::cluster::check_cluster_id("cluster_id", self.cluster_id)?;
         self.source.validate()?;
         check_replicas(self.replicas)?;
         check_backend_args(&self.backend_args)?;
@@ -451,6 +468,15 @@ impl Validate for ModelCreate {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelUpdate {
+    /// A model stays in the cluster it was deployed into: this may only name that
+    /// cluster (to delete and deploy again elsewhere is how a model moves).
+    #[serde(
+        default,
+        deserialize_with = "crate::validate::not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(nullable = false, minimum = 1)]
+    pub cluster_id: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 2000, pattern = r"^[^\x00-\x08\x0B-\x1F\x7F-\x9F]*$")]
     pub description: Option<String>,
@@ -502,6 +528,7 @@ pub struct ModelUpdate {
 
 impl Validate for ModelUpdate {
     fn validate(&self) -> Result<(), FieldError> {
+        crate::cluster::check_cluster_id("cluster_id", self.cluster_id)?;
         if let Some(description) = &self.description {
             check_text("description", description, 2000)?;
         }
@@ -543,6 +570,9 @@ impl Model {
     /// Applies a validated update in place.
     pub fn apply(&mut self, update: ModelUpdate) {
         let ModelUpdate {
+            // A model's cluster does not change; the service refuses an update naming
+            // another one before applying it.
+            cluster_id: _,
             description,
             source,
             backend_version,

@@ -39,6 +39,11 @@ pub enum Condition<'a> {
     },
     /// The column's text contains `text`, ignoring ASCII case.
     Contains { column: &'static str, text: &'a str },
+    /// The column is one of the integers (none: nothing matches).
+    OneOf {
+        column: &'static str,
+        values: &'a [i64],
+    },
 }
 
 impl Condition<'_> {
@@ -53,6 +58,13 @@ impl Condition<'_> {
                 Some(Value::Text(have)) => have
                     .to_ascii_lowercase()
                     .contains(&text.to_ascii_lowercase()),
+                _ => false,
+            },
+            Condition::OneOf {
+                column: name,
+                values,
+            } => match column(name) {
+                Some(Value::Int(have)) => values.contains(&have),
                 _ => false,
             },
         }
@@ -132,6 +144,9 @@ macro_rules! list_query {
         $query:ident => $filter:ident {
             $( $(#[doc = $doc:literal])* $field:ident : $ty:ty $(as $schema:ty)?, )*
         }
+        $( scope {
+            $( $(#[doc = $sdoc:literal])* $sfield:ident : $sty:ty, )*
+        } )?
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, IntoParams)]
@@ -166,13 +181,17 @@ macro_rules! list_query {
         #[derive(Debug, Clone, Default, PartialEq)]
         pub struct $filter {
             $( $(#[doc = $doc])* pub $field: Option<$ty>, )*
+            $($( $(#[doc = $sdoc])* pub $sfield: Option<$sty>, )*)?
         }
 
         impl ListQuery for $query {
             type Filter = $filter;
 
             fn filter(&self) -> $filter {
-                $filter { $( $field: self.$field.clone(), )* }
+                $filter {
+                    $( $field: self.$field.clone(), )*
+                    $($( $sfield: None, )*)?
+                }
             }
 
             fn paging(&self) -> (Option<u32>, Option<u32>) {
@@ -198,6 +217,26 @@ macro_rules! list_query {
     };
 }
 
+/// A list's cluster conditions: the one the query names, and the ones the caller may see.
+fn cluster_conditions<'a>(
+    conditions: &mut Vec<Condition<'a>>,
+    cluster_id: Option<i64>,
+    within: &'a Option<Vec<i64>>,
+) {
+    if let Some(cluster_id) = cluster_id {
+        conditions.push(Condition::Equals {
+            column: "cluster_id",
+            value: Value::Int(cluster_id),
+        });
+    }
+    if let Some(values) = within {
+        conditions.push(Condition::OneOf {
+            column: "cluster_id",
+            values,
+        });
+    }
+}
+
 list_query! {
     /// `GET /api/v1/models`.
     ModelQuery => ModelFilter {
@@ -206,6 +245,12 @@ list_query! {
         backend: String,
         /// Part of the name, any case.
         search: String,
+        /// Models deployed into this cluster.
+        cluster_id: i64,
+    }
+    scope {
+        /// Set by the server, never by the query: the clusters the caller may see.
+        within_clusters: Vec<i64>,
     }
 }
 
@@ -232,6 +277,7 @@ impl ListFilter for ModelFilter {
                 text: search,
             });
         }
+        cluster_conditions(&mut conditions, self.cluster_id, &self.within_clusters);
         conditions
     }
 
@@ -239,6 +285,7 @@ impl ListFilter for ModelFilter {
         match column {
             "name" => Some(Value::Text(&item.name)),
             "backend" => Some(Value::Text(item.backend.as_str())),
+            "cluster_id" => Some(Value::Int(item.cluster_id)),
             _ => None,
         }
     }
@@ -250,6 +297,12 @@ list_query! {
         model_id: i64,
         worker_id: i64,
         state: InstanceState,
+        /// Instances of models deployed into this cluster.
+        cluster_id: i64,
+    }
+    scope {
+        /// Set by the server, never by the query: the clusters the caller may see.
+        within_clusters: Vec<i64>,
     }
 }
 
@@ -276,12 +329,14 @@ impl ListFilter for InstanceFilter {
                 value: Value::Text(state.as_str()),
             });
         }
+        cluster_conditions(&mut conditions, self.cluster_id, &self.within_clusters);
         conditions
     }
 
     fn column<'i>(item: &'i ModelInstance, column: &str) -> Option<Value<'i>> {
         match column {
             "model_id" => Some(Value::Int(item.model_id)),
+            "cluster_id" => Some(Value::Int(item.cluster_id)),
             "worker_id" => item.worker_id.map(Value::Int),
             "state" => Some(Value::Text(item.state.as_str())),
             _ => None,
@@ -295,6 +350,12 @@ list_query! {
         state: WorkerState,
         /// Exactly this name.
         name: String,
+        /// Workers of this cluster.
+        cluster_id: i64,
+    }
+    scope {
+        /// Set by the server, never by the query: the clusters the caller may see.
+        within_clusters: Vec<i64>,
     }
 }
 
@@ -315,6 +376,7 @@ impl ListFilter for WorkerFilter {
                 value: Value::Text(name),
             });
         }
+        cluster_conditions(&mut conditions, self.cluster_id, &self.within_clusters);
         conditions
     }
 
@@ -322,6 +384,7 @@ impl ListFilter for WorkerFilter {
         match column {
             "state" => Some(Value::Text(item.state.as_str())),
             "name" => Some(Value::Text(&item.name)),
+            "cluster_id" => Some(Value::Int(item.cluster_id)),
             _ => None,
         }
     }
@@ -430,6 +493,7 @@ mod tests {
                 model_id: Some(3),
                 worker_id: None,
                 state: Some(InstanceState::Running),
+                ..InstanceFilter::default()
             }
         );
         let bad = InstanceQuery {
@@ -438,5 +502,27 @@ mod tests {
         };
         assert_eq!(bad.validate().expect_err("too many").field, "per_page");
         assert!(serde_json::from_str::<ModelQuery>(r#"{"colour": "red"}"#).is_err());
+        assert!(
+            serde_json::from_str::<ModelQuery>(r#"{"within_clusters": [1]}"#).is_err(),
+            "the caller's clusters are the server's to set, never the query's"
+        );
+    }
+
+    #[test]
+    fn a_scope_of_clusters_lets_through_only_what_is_in_them() {
+        use crate::fixtures;
+        let mut worker = fixtures::worker(1, 0);
+        worker.cluster_id = 2;
+        let mut filter = WorkerFilter::default();
+        assert!(filter.matches(&worker));
+        filter.within_clusters = Some(vec![1, 2]);
+        assert!(filter.matches(&worker));
+        filter.within_clusters = Some(vec![1]);
+        assert!(!filter.matches(&worker));
+        filter.within_clusters = Some(Vec::new());
+        assert!(!filter.matches(&worker), "no clusters: nothing");
+        filter.within_clusters = None;
+        filter.cluster_id = Some(2);
+        assert!(filter.matches(&worker));
     }
 }

@@ -42,6 +42,11 @@ pub struct User {
     /// Set for the generated bootstrap password: until the user changes it, every call
     /// but `change-password` and `logout` answers 403 `password_change_required`.
     pub require_password_change: bool,
+    /// The clusters this user administers without being an admin: they deploy, scale and
+    /// delete models there and see and label its workers. Empty for most users; an
+    /// admin administers every cluster whatever this says.
+    #[serde(default)]
+    pub cluster_admin_of: Vec<i64>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -62,6 +67,10 @@ pub struct UserCreate {
     /// Make the user choose a new password at first login.
     #[serde(default)]
     pub require_password_change: bool,
+    /// Ids of the clusters the user administers (see [`User::cluster_admin_of`]).
+    #[serde(default)]
+    #[schema(max_items = 100)]
+    pub cluster_admin_of: Vec<i64>,
 }
 
 fn default_role() -> Role {
@@ -72,7 +81,8 @@ impl Validate for UserCreate {
     fn validate(&self) -> Result<(), FieldError> {
         check_username("username", &self.username)?;
         check_password("password", &self.password)?;
-        check_text("full_name", &self.full_name, 200)
+        check_text("full_name", &self.full_name, 200)?;
+        check_cluster_ids("cluster_admin_of", &self.cluster_admin_of)
     }
 }
 
@@ -87,6 +97,9 @@ pub struct UserUpdate {
     #[schema(min_length = 8, max_length = 256)]
     pub password: Option<String>,
     pub require_password_change: Option<bool>,
+    /// Replaces the clusters the user administers (`[]`: none).
+    #[schema(max_items = 100)]
+    pub cluster_admin_of: Option<Vec<i64>>,
 }
 
 impl Validate for UserUpdate {
@@ -97,6 +110,24 @@ impl Validate for UserUpdate {
         if let Some(password) = &self.password {
             check_password("password", password)?;
         }
+        if let Some(ids) = &self.cluster_admin_of {
+            check_cluster_ids("cluster_admin_of", ids)?;
+        }
         Ok(())
     }
+}
+
+/// A list of cluster ids: at most 100, each once. Whether they exist is the service's to
+/// check.
+fn check_cluster_ids(field: &str, ids: &[i64]) -> Result<(), FieldError> {
+    if ids.len() > 100 {
+        return Err(FieldError::new(field, "may name at most 100 clusters"));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for id in ids {
+        if !seen.insert(id) {
+            return Err(FieldError::new(field, format!("names cluster {id} twice")));
+        }
+    }
+    Ok(())
 }

@@ -188,6 +188,9 @@ pub struct FoundBackend {
 pub struct Worker {
     pub id: i64,
     pub name: String,
+    /// The cluster whose registration token the worker joined with.
+    #[serde(default = "crate::cluster::default_cluster_id")]
+    pub cluster_id: i64,
     pub state: WorkerState,
     pub state_message: String,
     pub labels: BTreeMap<String, String>,

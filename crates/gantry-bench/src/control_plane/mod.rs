@@ -254,6 +254,7 @@ fn model_body(config: &Config, name: String, replicas: u32, held: bool) -> Model
         worker_selector.insert(HOLD_LABEL.to_owned(), "held".to_owned());
     }
     ModelCreate {
+        cluster_id: None,
         name,
         description: "gantry-bench control-plane load (simulated workers)".to_owned(),
         source: ModelSource::LocalPath {

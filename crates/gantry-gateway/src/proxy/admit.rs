@@ -388,6 +388,8 @@ async fn route_after_miss(
         Err(e) => return Err(internal(e)),
     };
     let running = InstanceFilter {
+        within_clusters: None,
+        cluster_id: None,
         model_id: Some(found.id),
         worker_id: None,
         state: Some(InstanceState::Running),

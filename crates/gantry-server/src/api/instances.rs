@@ -11,8 +11,7 @@ use gantry_types::{
     ErrorCode, InstancePatch, InstanceQuery, ListResponse, LogQuery, ModelInstance,
 };
 
-use crate::auth::AdminAuth;
-use crate::auth::Auth;
+use crate::auth::{Auth, ClusterAdminAuth};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::service;
@@ -50,11 +49,12 @@ pub async fn get(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn update(
     State(state): State<AppState>,
-    AdminAuth(principal): AdminAuth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiPath(id): ApiPath<i64>,
     ApiJson(request): ApiJson<InstancePatch>,
 ) -> ApiResult<Json<ModelInstance>> {
-    let admin = principal.require_admin()?;
+    let cluster_id = state.store.get_instance(id).await?.cluster_id;
+    let admin = principal.require_cluster_admin(cluster_id)?;
     let instance = service::instances::place_by_hand(&state.store, id, request).await?;
     tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, worker_id = ?instance.worker_id, gpus = ?instance.gpu_indexes, "placed instance by hand");
     Ok(Json(instance))
@@ -68,10 +68,11 @@ pub async fn update(
     responses((status = 204), (status = 404, body = gantry_types::ErrorBody)))]
 pub async fn delete(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<StatusCode> {
-    let admin = principal.require_admin()?;
+    let cluster_id = state.store.get_instance(id).await?.cluster_id;
+    let admin = principal.require_cluster_admin(cluster_id)?;
     let instance = state.store.delete_instance(id).await?;
     tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, "deleted instance");
     Ok(StatusCode::NO_CONTENT)
@@ -88,10 +89,11 @@ pub async fn delete(
         (status = 502, body = gantry_types::ErrorBody)))]
 pub async fn restart(
     State(state): State<AppState>,
-    AdminAuth(principal): AdminAuth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<StatusCode> {
-    let admin = principal.require_admin()?;
+    let cluster_id = state.store.get_instance(id).await?.cluster_id;
+    let admin = principal.require_cluster_admin(cluster_id)?;
     let instance = service::instances::restart(&state.store, &state.worker_http, id).await?;
     tracing::info!(by = %admin.username, instance_id = id, instance = %instance.name, worker_id = ?instance.worker_id, "restarted instance");
     Ok(StatusCode::NO_CONTENT)

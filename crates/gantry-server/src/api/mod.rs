@@ -6,6 +6,7 @@ pub mod api_keys;
 pub mod auth;
 pub mod backends;
 pub mod catalog;
+pub mod clusters;
 pub mod coordinator;
 pub mod health;
 pub mod instances;
@@ -80,6 +81,17 @@ pub fn router(state: AppState) -> Router {
                 .delete(routes::delete),
         )
         .route("/model-catalog", get(catalog::list))
+        .route("/clusters", get(clusters::list).post(clusters::create))
+        .route(
+            "/clusters/{id}",
+            get(clusters::get)
+                .patch(clusters::update)
+                .delete(clusters::delete),
+        )
+        .route(
+            "/clusters/{id}/registration-token",
+            get(clusters::registration).post(clusters::rotate),
+        )
         .route("/workers", get(workers::list))
         .route("/workers/join", get(workers::join))
         .route("/workers/{id}", get(workers::get).delete(workers::delete))
@@ -298,7 +310,22 @@ where
     Q::Filter: Listed + Send + 'static,
     <Q::Filter as ListFilter>::Item: serde::Serialize + Clone + Send + 'static,
 {
-    let filter = query.filter();
+    list_or_watch_filtered(state, query, query.filter(), of).await
+}
+
+/// [`list_or_watch`] with the query's filter as the caller narrowed it (to the clusters
+/// they may see).
+pub async fn list_or_watch_filtered<Q>(
+    state: &crate::state::AppState,
+    query: &Q,
+    filter: Q::Filter,
+    of: ChangeOf<<Q::Filter as ListFilter>::Item>,
+) -> Result<Response, ApiError>
+where
+    Q: ListQuery,
+    Q::Filter: Listed + Send + 'static,
+    <Q::Filter as ListFilter>::Item: serde::Serialize + Clone + Send + 'static,
+{
     if query.watch() {
         // Subscribe before reading, so no change between the two is lost.
         let changes = state.store.subscribe();

@@ -9,8 +9,7 @@ use gantry_store::Change;
 use gantry_types::{ListResponse, Model, ModelCreate, ModelEstimate, ModelQuery, ModelUpdate};
 
 use super::created;
-use crate::auth::AdminAuth;
-use crate::auth::Auth;
+use crate::auth::{Auth, ClusterAdminAuth};
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::service;
@@ -36,10 +35,11 @@ pub async fn list(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    AdminAuth(principal): AdminAuth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiJson(request): ApiJson<ModelCreate>,
 ) -> ApiResult<Response> {
-    let admin = principal.require_admin()?;
+    let cluster_id = service::models::cluster_of(&state.store, &request).await?;
+    let admin = principal.require_cluster_admin(cluster_id)?;
     let model = service::models::create(&state.store, &request).await?;
     tracing::info!(by = %admin.username, model_id = model.id, model = %model.name, replicas = model.replicas, backend = model.backend.as_str(), "created model");
     Ok(created(model))
@@ -57,10 +57,11 @@ pub async fn create(
         (status = 403, body = gantry_types::ErrorBody), (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn estimate(
     State(state): State<AppState>,
-    AdminAuth(principal): AdminAuth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiJson(request): ApiJson<ModelCreate>,
 ) -> ApiResult<Json<ModelEstimate>> {
-    let admin = principal.require_admin()?;
+    let cluster_id = service::models::cluster_of(&state.store, &request).await?;
+    let admin = principal.require_cluster_admin(cluster_id)?;
     let estimate = service::models::estimate(&state.store, &state.sources, &request).await?;
     let fitting = estimate.workers.iter().filter(|w| w.fits).count();
     tracing::info!(by = %admin.username, model = %request.name, backend = request.backend.as_str(),
@@ -91,11 +92,12 @@ pub async fn get(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn update(
     State(state): State<AppState>,
-    AdminAuth(principal): AdminAuth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiPath(id): ApiPath<i64>,
     ApiJson(request): ApiJson<ModelUpdate>,
 ) -> ApiResult<Json<Model>> {
-    let admin = principal.require_admin()?;
+    let cluster_id = state.store.get_model(id).await?.cluster_id;
+    let admin = principal.require_cluster_admin(cluster_id)?;
     let (model, rolls) = service::models::update(&state.store, id, request).await?;
     tracing::info!(by = %admin.username, model_id = id, model = %model.name, replicas = model.replicas, rolls_instances = rolls, "updated model");
     Ok(Json(model))
@@ -107,10 +109,11 @@ pub async fn update(
     responses((status = 204), (status = 404, body = gantry_types::ErrorBody)))]
 pub async fn delete(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<StatusCode> {
-    let admin = principal.require_admin()?;
+    let cluster_id = state.store.get_model(id).await?.cluster_id;
+    let admin = principal.require_cluster_admin(cluster_id)?;
     let model = service::models::delete(&state.store, id).await?;
     tracing::info!(by = %admin.username, model_id = id, model = %model.name, "deleted model");
     Ok(StatusCode::NO_CONTENT)

@@ -7,8 +7,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    agent, api_keys, auth, backends, catalog, coordinator, health, instances, model_files, models,
-    providers, routes, uploads, usage, users, worker_backends, workers,
+    agent, api_keys, auth, backends, catalog, clusters, coordinator, health, instances,
+    model_files, models, providers, routes, uploads, usage, users, worker_backends, workers,
 };
 
 /// The management API's description.
@@ -29,6 +29,8 @@ use super::{
         users::list, users::create, users::get, users::update, users::delete,
         api_keys::list, api_keys::create, api_keys::get, api_keys::update, api_keys::delete,
         backends::list, backends::create, backends::get, backends::update, backends::delete,
+        clusters::list, clusters::create, clusters::get, clusters::update, clusters::delete,
+        clusters::registration, clusters::rotate,
         workers::list, workers::join, workers::get, workers::delete, workers::set_labels,
         workers::history,
         worker_backends::list, worker_backends::install, worker_backends::remove,
@@ -69,7 +71,8 @@ use super::{
         (name = "auth", description = "Sessions and passwords"),
         (name = "users", description = "Users (admin)"),
         (name = "api-keys", description = "API keys"),
-        (name = "workers", description = "GPU nodes (admin)"),
+        (name = "clusters", description = "Clusters: sets of workers with their own registration tokens, into which models are deployed"),
+        (name = "workers", description = "GPU nodes (admins, and the administrators of their clusters)"),
         (name = "coordinator", description = "Servers, the leader and distributed locks (admin)"),
         (name = "inference-backends", description = "Inference backends: built-in and custom, their versions and installs"),
         (name = "models", description = "Models: the desired state"),

@@ -37,6 +37,7 @@ pub async fn create(
     ApiJson(request): ApiJson<UserCreate>,
 ) -> ApiResult<Response> {
     let admin = principal.require_admin()?;
+    service::users::check_clusters(&state.store, &request.cluster_admin_of).await?;
     if state
         .store
         .user_record_by_name(&request.username)
@@ -51,6 +52,7 @@ pub async fn create(
     let user = state
         .store
         .create_user(&NewUser {
+            cluster_admin_of: request.cluster_admin_of,
             username: request.username,
             password_hash: password::hash(request.password).await?,
             role: request.role,

@@ -7,34 +7,44 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use gantry_store::Change;
+use gantry_types::query::ListQuery;
 use gantry_types::{
     ListResponse, ServerInfo, Timestamp, Worker, WorkerHistory, WorkerJoin, WorkerLabelsUpdate,
     WorkerQuery,
 };
 
-use crate::auth::AdminAuth;
-use crate::auth::Auth;
+use crate::auth::{Auth, ClusterAdminAuth, Principal};
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::service;
 use crate::state::AppState;
 
-/// Lists workers.
+/// Lists workers: every one for an admin, those of the clusters they administer for a
+/// cluster administrator.
 #[utoipa::path(get, path = "/api/v1/workers", tag = "workers", security(("bearer" = [])), params(WorkerQuery),
     responses((status = 200, body = ListResponse<Worker>), (status = 403, body = gantry_types::ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiQuery(query): ApiQuery<WorkerQuery>,
 ) -> ApiResult<Response> {
-    principal.require_admin()?;
-    super::list_or_watch(&state, &query, Change::worker).await
+    let mut filter = query.filter();
+    filter.within_clusters = principal.visible_clusters();
+    super::list_or_watch_filtered(&state, &query, filter, Change::worker).await
 }
 
-/// How a new machine joins the cluster as a worker: the active servers' URLs, the
-/// registration token when the server that answers holds it (the one that created it keeps
-/// it in its data directory; the others answer `null`), and the `gantry worker` command
-/// line with both.
+/// A worker, for an admin or the administrator of its cluster.
+async fn worker_for(state: &AppState, principal: &Principal, id: i64) -> ApiResult<Worker> {
+    let worker = state.store.get_worker(id).await?;
+    principal.require_cluster_admin(worker.cluster_id)?;
+    Ok(worker)
+}
+
+/// How a new machine joins the default cluster as a worker: the active servers' URLs, the
+/// default cluster's registration token, and the `gantry worker` command line with both.
+/// The token is `null` only while it is one from before clusters existed that just the
+/// server holding it in its data directory knows. Other clusters: `GET
+/// /api/v1/clusters/{id}/registration-token`.
 #[utoipa::path(get, path = "/api/v1/workers/join", tag = "workers", security(("bearer" = [])),
     responses((status = 200, body = WorkerJoin), (status = 403, body = gantry_types::ErrorBody)))]
 pub async fn join(
@@ -42,18 +52,29 @@ pub async fn join(
     Auth(principal): Auth,
 ) -> ApiResult<Json<WorkerJoin>> {
     let admin = principal.require_admin()?;
-    // This server first: the one the admin reached is the likeliest to be reachable.
-    let mut server_urls = vec![state.cluster.url.clone()];
-    for server in super::coordinator::servers_of(&state).await? {
-        if server.active && !server_urls.contains(&server.url) {
-            server_urls.push(server.url);
-        }
-    }
-    let join = service::workers::join(&state.store, &state.config.data_dir, server_urls).await?;
+    let joining = service::clusters::Joining {
+        sealer: &state.registration_tokens,
+        server_urls: active_server_urls(&state).await?,
+        data_dir: &state.config.data_dir,
+        image: String::new(),
+    };
+    let join = service::workers::join(&state.store, &joining).await?;
     if join.token.is_some() {
         tracing::info!(by = %admin.username, "showed the worker registration token");
     }
     Ok(Json(join))
+}
+
+/// The active servers' URLs, this server's first: the one the caller reached is the
+/// likeliest to be reachable.
+pub(crate) async fn active_server_urls(state: &AppState) -> ApiResult<Vec<String>> {
+    let mut server_urls = vec![state.cluster.url.clone()];
+    for server in super::coordinator::servers_of(state).await? {
+        if server.active && !server_urls.contains(&server.url) {
+            server_urls.push(server.url);
+        }
+    }
+    Ok(server_urls)
 }
 
 /// Shows a worker with its last reported hardware.
@@ -62,11 +83,10 @@ pub async fn join(
     responses((status = 200, body = Worker), (status = 404, body = gantry_types::ErrorBody)))]
 pub async fn get(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<Json<Worker>> {
-    principal.require_admin()?;
-    Ok(Json(state.store.get_worker(id).await?))
+    Ok(Json(worker_for(&state, &principal, id).await?))
 }
 
 /// Removes a worker; its instances go back to `pending` to be placed elsewhere.
@@ -92,11 +112,12 @@ pub async fn delete(
         (status = 422, body = gantry_types::ErrorBody)))]
 pub async fn set_labels(
     State(state): State<AppState>,
-    AdminAuth(principal): AdminAuth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiPath(id): ApiPath<i64>,
     ApiJson(request): ApiJson<WorkerLabelsUpdate>,
 ) -> ApiResult<Json<Worker>> {
-    let admin = principal.require_admin()?;
+    let cluster_id = state.store.get_worker(id).await?.cluster_id;
+    let admin = principal.require_cluster_admin(cluster_id)?;
     let worker = state.store.set_worker_labels(id, &request.labels).await?;
     tracing::info!(by = %admin.username, worker_id = id, "set worker labels");
     Ok(Json(worker))
@@ -126,13 +147,12 @@ impl gantry_types::Validate for HistoryQuery {
         (status = 404, body = gantry_types::ErrorBody)))]
 pub async fn history(
     State(state): State<AppState>,
-    Auth(principal): Auth,
+    ClusterAdminAuth(principal): ClusterAdminAuth,
     ApiPath(id): ApiPath<i64>,
     ApiQuery(query): ApiQuery<HistoryQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Json<WorkerHistory>> {
-    principal.require_admin()?;
-    state.store.get_worker(id).await?;
+    worker_for(&state, &principal, id).await?;
     let mine = state.histories.of(id, Timestamp::now());
     if query.local == Some(true) {
         return Ok(Json(WorkerHistory {

@@ -8,6 +8,6 @@ pub mod principal;
 
 pub use gantry_auth::{jwt, password, secrets, Principal};
 pub use principal::{
-    AdminAuth, AdminOrServerAuth, Auth, AuthAllowingPasswordChange, UserAllowingPasswordChange,
-    UserAuth,
+    AdminAuth, AdminOrServerAuth, Auth, AuthAllowingPasswordChange, ClusterAdminAuth,
+    UserAllowingPasswordChange, UserAuth,
 };

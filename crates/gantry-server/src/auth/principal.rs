@@ -80,6 +80,21 @@ impl FromRequestParts<AppState> for AdminAuth {
     }
 }
 
+/// The caller when an admin or the administrator of some cluster, refused with 403
+/// before the body is read; the handler checks the cluster the request concerns.
+#[derive(Debug, Clone)]
+pub struct ClusterAdminAuth(pub Principal);
+
+impl FromRequestParts<AppState> for ClusterAdminAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Auth(principal) = Auth::from_request_parts(parts, state).await?;
+        principal.require_any_cluster_admin()?;
+        Ok(Self(principal))
+    }
+}
+
 impl FromRequestParts<AppState> for UserAuth {
     type Rejection = ApiError;
 

@@ -43,7 +43,7 @@ use super::analyze::{
 use super::instance::with_reschedule_note;
 use super::pass::EVERYTHING;
 use super::run_loop::Action;
-use super::snapshot::build_snapshot;
+use super::snapshot::build_cluster_snapshots;
 use gantry_source::Sources;
 
 /// How many decisions (placements and pending reasons) a pass writes at a time, one
@@ -220,8 +220,12 @@ impl Placer {
         // what the ledger starts from should be as fresh as can be.
         let (workers, placed) =
             tokio::try_join!(self.workers(store), store.placed_instance_claims())?;
-        let snapshot = build_snapshot(&workers, &placed);
-        let mut ledger = SnapshotState::new(&snapshot);
+        let snapshots =
+            build_cluster_snapshots(&workers, &placed, models.iter().map(|m| m.cluster_id));
+        let mut ledgers: HashMap<i64, SnapshotState> = snapshots
+            .iter()
+            .map(|(cluster, snapshot)| (*cluster, SnapshotState::new(snapshot)))
+            .collect();
         let snapshot_built = began.elapsed();
         let mut waiting = Duration::ZERO;
 
@@ -247,7 +251,7 @@ impl Placer {
                 writes.push(write_batch(store, fence, std::mem::take(&mut batch)));
                 let wait_began = Instant::now();
                 while let Some(written) = next_written(&mut writes).await {
-                    if let Err(e) = self.settle(written, &mut ledger) {
+                    if let Err(e) = self.settle(written, &mut ledgers) {
                         failed.get_or_insert(e);
                     }
                     unplaceable.clear();
@@ -293,13 +297,20 @@ impl Placer {
             let mut request = placement_request(instance.id, model, analysis);
             request.prefer_installed = preferred_install(model, defined_backend.as_ref());
             let avoid = self.avoid_worker.get(&instance.id).copied();
-            match place_preferring_elsewhere(&mut ledger, &snapshot, &request, avoid) {
+            // Both exist: the snapshots were built for every model's cluster.
+            let (Some(snapshot), Some(ledger)) = (
+                snapshots.get(&model.cluster_id),
+                ledgers.get_mut(&model.cluster_id),
+            ) else {
+                continue;
+            };
+            match place_preferring_elsewhere(ledger, snapshot, &request, avoid) {
                 Ok(placement) => batch.placements.push(Decided::new(
                     instance,
                     model,
                     (analysis.as_ref(), defined_backend),
                     placement,
-                    &snapshot,
+                    snapshot,
                 )),
                 Err(unschedulable) => {
                     let reason = unschedulable_message(&unschedulable);
@@ -319,7 +330,7 @@ impl Placer {
         }
         let wait_began = Instant::now();
         while let Some(written) = writes.next().await {
-            if let Err(e) = self.settle(written, &mut ledger) {
+            if let Err(e) = self.settle(written, &mut ledgers) {
                 failed.get_or_insert(e);
             }
         }
@@ -412,13 +423,15 @@ impl Placer {
     fn settle(
         &mut self,
         written: Written<'_>,
-        ledger: &mut SnapshotState,
+        ledgers: &mut HashMap<i64, SnapshotState>,
     ) -> Result<(), StoreError> {
         let Written { batch, outcome } = written;
         let Rows { placed, reasons } = outcome?;
         for (decided, written) in batch.placements.iter().zip(placed) {
             if written.is_none() {
-                ledger.release(&PlacedClaim::from(&decided.placement));
+                if let Some(ledger) = ledgers.get_mut(&decided.model.cluster_id) {
+                    ledger.release(&PlacedClaim::from(&decided.placement));
+                }
                 continue;
             }
             self.avoid_worker.remove(&decided.instance.id);

@@ -16,7 +16,7 @@
 //!   what runs there is unknown, and booking nothing could put a second model on a GPU that
 //!   is already full. It is counted and logged by the store.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use gantry_sched::{ClusterSnapshot, GpuShare, GpuView, PlacedClaim, SystemReserve, WorkerView};
 use gantry_store::{PlacedInstanceClaim, StoredPlacement};
@@ -24,9 +24,49 @@ use gantry_types::{Worker, WorkerState};
 
 /// The snapshot of `workers` with the claims of `placed`.
 pub fn build_snapshot(workers: &[Worker], placed: &[PlacedInstanceClaim]) -> ClusterSnapshot {
-    let workers: Vec<WorkerView> = workers.iter().map(worker_view).collect();
+    snapshot_of(workers.iter(), placed.iter())
+}
+
+/// One snapshot per cluster, each of the cluster's workers and the claims placed on them:
+/// a model's instances are placed on its cluster's workers only, and what the scheduler
+/// says when nothing fits counts those alone. Every id of `clusters` has a snapshot, an
+/// empty one for a cluster without workers.
+pub fn build_cluster_snapshots(
+    workers: &[Worker],
+    placed: &[PlacedInstanceClaim],
+    clusters: impl IntoIterator<Item = i64>,
+) -> HashMap<i64, ClusterSnapshot> {
+    let mut members: HashMap<i64, Vec<&Worker>> =
+        clusters.into_iter().map(|id| (id, Vec::new())).collect();
+    let mut cluster_of = HashMap::with_capacity(workers.len());
+    for worker in workers {
+        members.entry(worker.cluster_id).or_default().push(worker);
+        cluster_of.insert(worker.id, worker.cluster_id);
+    }
+    let mut claims: HashMap<i64, Vec<&PlacedInstanceClaim>> = HashMap::new();
+    for row in placed {
+        if let Some(cluster) = cluster_of.get(&row.worker_id) {
+            claims.entry(*cluster).or_default().push(row);
+        }
+    }
+    members
+        .into_iter()
+        .map(|(cluster, workers)| {
+            let placed = claims.remove(&cluster).unwrap_or_default();
+            (
+                cluster,
+                snapshot_of(workers.into_iter(), placed.into_iter()),
+            )
+        })
+        .collect()
+}
+
+fn snapshot_of<'a>(
+    workers: impl Iterator<Item = &'a Worker>,
+    placed: impl Iterator<Item = &'a PlacedInstanceClaim>,
+) -> ClusterSnapshot {
+    let workers: Vec<WorkerView> = workers.map(worker_view).collect();
     let placed = placed
-        .iter()
         .filter_map(|row| placed_claim(row, &workers))
         .collect();
     ClusterSnapshot { workers, placed }

@@ -55,6 +55,13 @@ pub async fn place_by_hand(
         }
         Err(e) => return Err(e.into()),
     };
+    if worker.cluster_id != current.cluster_id {
+        return Err(ApiError::validation(format!(
+            "worker_id: worker {} is in cluster {}, and instance {} belongs to cluster {} \
+             (its model's): pick a worker of that cluster",
+            worker.name, worker.cluster_id, current.name, current.cluster_id
+        )));
+    }
     check_gpus(&worker, &gpus)?;
     let model = store.get_model(current.model_id).await?;
     let record = PlacementRecord::by_hand(&model);

@@ -13,6 +13,7 @@
 //! and a message that says what to do; `error.rs` turns them into responses.
 
 pub mod backends;
+pub mod clusters;
 pub mod instances;
 pub mod models;
 pub mod providers;

@@ -12,7 +12,7 @@ use gantry_source::Sources;
 use gantry_store::{Store, StoreError, WorkerFilter};
 use gantry_types::{
     BackendKind, Model, ModelCreate, ModelEstimate, ModelSource, ModelUpdate, PlacementVerdict,
-    Timestamp, UploadState, WorkerVerdict,
+    Timestamp, UploadState, WorkerVerdict, DEFAULT_CLUSTER_ID,
 };
 
 use crate::controllers::analyze::{analyze_model, AnalysisInput};
@@ -23,8 +23,20 @@ use crate::controllers::placement::{
 use crate::controllers::snapshot::build_snapshot;
 use crate::error::{ApiError, ApiResult};
 
+/// The cluster a request deploys into: the one it names (422 when there is none such),
+/// else the default.
+pub async fn cluster_of(store: &Store, create: &ModelCreate) -> ApiResult<i64> {
+    match create.cluster_id {
+        Some(id) => Ok(super::clusters::named_in_request(store, "cluster_id", id)
+            .await?
+            .id),
+        None => Ok(DEFAULT_CLUSTER_ID),
+    }
+}
+
 /// Declares a model; its instances appear with the next controller pass.
 pub async fn create(store: &Store, create: &ModelCreate) -> ApiResult<Model> {
+    cluster_of(store, create).await?;
     check_source(store, &create.source, create.backend.kind()).await?;
     super::backends::check_model_backend(store, &create.backend, create.backend_version.as_deref())
         .await?;
@@ -34,13 +46,14 @@ pub async fn create(store: &Store, create: &ModelCreate) -> ApiResult<Model> {
 /// What a model not created yet would need and where it would go now: the same checks as
 /// [`create`] (so a body creation would refuse is refused alike), the same analysis as the
 /// scheduler's (local files or remote headers), then the scheduler's placement of its
-/// replicas and of one instance on each worker, against the cluster as it is. Stores
-/// nothing.
+/// replicas and of one instance on each worker of its cluster, against the cluster as it
+/// is. Stores nothing.
 pub async fn estimate(
     store: &Store,
     sources: &Sources,
     create: &ModelCreate,
 ) -> ApiResult<ModelEstimate> {
+    let cluster_id = cluster_of(store, create).await?;
     check_source(store, &create.source, create.backend.kind()).await?;
     super::backends::check_model_backend(store, &create.backend, create.backend_version.as_deref())
         .await?;
@@ -56,9 +69,11 @@ pub async fn estimate(
     let parts = claim_parts(&analysis.claim)
         .map_err(|e| ApiError::internal(format!("split the estimate into parts: {e}")))?;
 
-    let (workers, _) = store
-        .list_workers(&WorkerFilter::default(), EVERYTHING)
-        .await?;
+    let in_cluster = WorkerFilter {
+        cluster_id: Some(cluster_id),
+        ..WorkerFilter::default()
+    };
+    let (workers, _) = store.list_workers(&in_cluster, EVERYTHING).await?;
     let placed = store.placed_instance_claims().await?;
     let snapshot = build_snapshot(&workers, &placed);
     // Instance id 0: nothing is created, and the placements say so.
@@ -196,6 +211,13 @@ async fn check_local_path(path: &str) -> ApiResult<()> {
 /// replicas, selectors or descriptions restarts nothing.
 pub async fn update(store: &Store, id: i64, update: ModelUpdate) -> ApiResult<(Model, bool)> {
     let mut model = store.get_model(id).await?;
+    if let Some(cluster_id) = update.cluster_id.filter(|c| *c != model.cluster_id) {
+        return Err(ApiError::validation(format!(
+            "cluster_id: model {} is deployed into cluster {}, and a model stays in its \
+             cluster; to run it in cluster {cluster_id}, delete it and deploy it there",
+            model.name, model.cluster_id
+        )));
+    }
     let before = model.launch_template();
     model.apply(update);
     if model.source != before.source {

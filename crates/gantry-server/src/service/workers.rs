@@ -1,10 +1,10 @@
 //! Workers: registration, heartbeats and the other calls of the worker agent, and the
 //! rules of a worker's state on them.
 
-use gantry_store::{Store, StoreError, WorkerRegistration, REGISTRATION_TOKEN_DIGEST};
+use gantry_store::{Store, StoreError, WorkerRegistration};
 use gantry_types::{
     InstanceStateReport, ModelInstance, Worker, WorkerJoin, WorkerRegister, WorkerRegistered,
-    WorkerState, WorkerStatus,
+    WorkerState, WorkerStatus, DEFAULT_CLUSTER_ID,
 };
 
 use crate::auth::secrets::{
@@ -35,36 +35,23 @@ pub struct Registration {
     pub created: bool,
 }
 
-/// How a new machine joins as a worker: the servers at `server_urls`, with the registration
-/// token when this server holds it in `data_dir` (the server that created it does) and it
-/// is still the cluster's (its digest is the stored one).
-pub async fn join(
-    store: &Store,
-    data_dir: &std::path::Path,
-    server_urls: Vec<String>,
-) -> ApiResult<WorkerJoin> {
-    let path = data_dir.join(crate::bootstrap::REGISTRATION_TOKEN_FILE);
-    let held = match tokio::fs::read_to_string(&path).await {
-        Ok(text) => Some(text.trim().to_owned()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot read the registration token file");
-            None
-        }
-    };
-    let stored = store.get_setting(REGISTRATION_TOKEN_DIGEST).await?;
-    let token = held.filter(|token| stored.as_deref() == Some(digest(token).as_str()));
-    let command = token.as_ref().map(|token| {
-        format!(
-            "gantry worker --server-url {} --token {token}",
-            server_urls.join(",")
-        )
-    });
-    Ok(WorkerJoin {
-        server_urls,
-        token,
-        command,
-    })
+/// How a new machine joins the default cluster as a worker: the servers, the cluster's
+/// token and the command; no token (and no command) while its token is one only another
+/// server's data directory holds.
+pub async fn join(store: &Store, joining: &super::clusters::Joining<'_>) -> ApiResult<WorkerJoin> {
+    match super::clusters::registration(store, joining, DEFAULT_CLUSTER_ID).await {
+        Ok(registration) => Ok(WorkerJoin {
+            server_urls: registration.server_urls,
+            token: Some(registration.token),
+            command: Some(registration.command),
+        }),
+        Err(e) if e.status() == axum::http::StatusCode::CONFLICT => Ok(WorkerJoin {
+            server_urls: joining.server_urls.clone(),
+            token: None,
+            command: None,
+        }),
+        Err(e) => Err(e),
+    }
 }
 
 /// Registers a worker with the cluster's registration token, or refreshes the
@@ -119,19 +106,21 @@ pub async fn register(
             current.name
         )));
     }
+    let invalid = || {
+        ApiError::unauthorized(
+            "invalid registration token: it is no cluster's current token (it may have been \
+             rotated); an admin shows the current one with GET \
+             /api/v1/clusters/{id}/registration-token",
+        )
+    };
     if !bearer.starts_with(REGISTRATION_TOKEN_PREFIX) {
-        return Err(ApiError::unauthorized(
-            "invalid registration token: use the one in the server's data directory \
-             (registration_token)",
-        ));
+        return Err(invalid());
     }
-    let expected = store.get_setting(REGISTRATION_TOKEN_DIGEST).await?;
-    if expected.as_deref() != Some(digest(bearer).as_str()) {
-        return Err(ApiError::unauthorized(
-            "invalid registration token: use the one in the server's data directory \
-             (registration_token)",
-        ));
-    }
+    let cluster = match store.cluster_by_token_digest(&digest(bearer)).await {
+        Ok(cluster) => cluster,
+        Err(StoreError::NotFound { .. }) => return Err(invalid()),
+        Err(e) => return Err(e.into()),
+    };
     if store.get_worker_by_name(&request.name).await.is_ok() {
         return Err(ApiError::conflict(format!(
             "a worker named {} is already registered: start it with its saved credential, \
@@ -143,14 +132,15 @@ pub async fn register(
     let api_token = random_alphanumeric(48);
     let worker = store
         .register_worker(
+            cluster.id,
             &request.name,
-            &request.labels,
-            &request.address,
-            &request.status,
+            &registration,
             &digest(&credential),
             &api_token,
         )
         .await?;
+    tracing::info!(worker = %worker.name, worker_id = worker.id, cluster = %cluster.name,
+        cluster_id = cluster.id, "worker joined its cluster");
     Ok(Registration {
         registered: WorkerRegistered {
             worker,

@@ -2,11 +2,13 @@
 //! operation the spec marks as needing credentials answers 401 without them, and 403 to a
 //! worker's credential unless it is one of the worker agent's own operations; every
 //! admin-only operation (of an admin tag, or listed in [`ADMIN_OPERATIONS`]) and every
-//! worker agent's operation answers 403 to a user's session; and a user sees and deletes
-//! only their own API keys.
+//! worker agent's operation answers 403 to a user's session, and to the administrator of
+//! another cluster unless [`CLUSTER_ADMIN_OPERATIONS`] lets them; and a user sees and
+//! deletes only their own API keys.
 //!
-//! Path parameters are `1`, bodies `{}`: the point is that the credential is refused
-//! before anything else is looked at.
+//! Path parameters are `1` (the default cluster, and a worker, model and instance of it),
+//! bodies `{}` (or the smallest valid one, where the object is looked at after the body):
+//! the point is that the credential is refused before anything else is looked at.
 
 use std::time::Duration;
 
@@ -28,9 +30,24 @@ const ADMIN_OPERATIONS: &[(&str, &str)] = &[
     ("PATCH", "/api/v1/model-instances/1"),
     ("DELETE", "/api/v1/model-instances/1"),
     ("POST", "/api/v1/model-instances/1/restart"),
+    ("POST", "/api/v1/clusters"),
+    ("GET", "/api/v1/clusters/1"),
+    ("PATCH", "/api/v1/clusters/1"),
+    ("DELETE", "/api/v1/clusters/1"),
+    ("GET", "/api/v1/clusters/1/registration-token"),
+    ("POST", "/api/v1/clusters/1/registration-token"),
     ("POST", "/api/v1/inference-backends"),
     ("PATCH", "/api/v1/inference-backends/1"),
     ("DELETE", "/api/v1/inference-backends/1"),
+];
+
+/// Admin operations the administrator of a cluster may call too, for their own cluster:
+/// with another cluster's objects they are refused all the same, but these answer (a
+/// list of their cluster's workers, a body checked before the cluster it names).
+const CLUSTER_ADMIN_OPERATIONS: &[(&str, &str)] = &[
+    ("GET", "/api/v1/workers"),
+    ("POST", "/api/v1/models"),
+    ("POST", "/api/v1/models/estimate"),
 ];
 
 struct Operation {
@@ -97,9 +114,16 @@ async fn status_of(
         request = request.bearer_auth(token);
     }
     if matches!(operation.method, Method::POST | Method::PUT | Method::PATCH) {
+        let body = if operation.path.ends_with("/labels") {
+            r#"{"labels": {}}"#
+        } else if operation.path.starts_with("/api/v1/model-instances/") {
+            r#"{"worker_id": null}"#
+        } else {
+            "{}"
+        };
         request = request
             .header("content-type", "application/json")
-            .body("{}");
+            .body(body);
     }
     request.send().await.unwrap().status()
 }
@@ -132,6 +156,31 @@ async fn every_secured_operation_refuses_the_wrong_credentials(engine: TestEngin
         .await
         .unwrap()
         .token;
+    // Carol administers another cluster than the default one, where worker, model and
+    // instance 1 are.
+    let east = server
+        .client()
+        .create_cluster(&gantry_types::ClusterCreate {
+            name: "east".into(),
+            description: String::new(),
+            provider: gantry_types::ClusterProvider::Custom,
+        })
+        .await
+        .unwrap();
+    let mut carol = user("carol", "carol-password-1");
+    carol.cluster_admin_of = vec![east.id];
+    server.client().create_user(&carol).await.unwrap();
+    let cluster_admin_token = gantry_client::Client::new(&server.base)
+        .login("carol", "carol-password-1")
+        .await
+        .unwrap()
+        .token;
+    let model = server
+        .client()
+        .create_model(&crate::common::tiny_model("in-default", 1))
+        .await
+        .unwrap();
+    server.instances_of(model.id, 1).await;
 
     let mut wrong = Vec::new();
     let mut secured = 0;
@@ -164,6 +213,16 @@ async fn every_secured_operation_refuses_the_wrong_credentials(engine: TestEngin
             let as_user = status_of(&http, &server.base, operation, Some(&user_token)).await;
             if as_user != StatusCode::FORBIDDEN {
                 wrong.push(format!("{what} as a user: {as_user}, not 403"));
+            }
+            let may = CLUSTER_ADMIN_OPERATIONS
+                .contains(&(operation.method.as_str(), operation.path.as_str()));
+            let as_cluster_admin =
+                status_of(&http, &server.base, operation, Some(&cluster_admin_token)).await;
+            if may == (as_cluster_admin == StatusCode::FORBIDDEN) {
+                wrong.push(format!(
+                    "{what} as another cluster's administrator: {as_cluster_admin}, {}",
+                    if may { "refused" } else { "not 403" }
+                ));
             }
         }
     }

@@ -9,6 +9,7 @@ mod common;
 
 mod agent;
 mod api;
+mod clusters;
 mod coordinator_api;
 mod estimate;
 mod gateway;

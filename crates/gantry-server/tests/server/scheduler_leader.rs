@@ -84,6 +84,9 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
         provider_keys: Arc::new(gantry_auth::sealed::Sealer::provider_keys(
             b"a-test-secret-that-is-long-enough",
         )),
+        registration_tokens: Arc::new(gantry_auth::sealed::Sealer::registration_tokens(
+            b"a-test-secret-that-is-long-enough",
+        )),
         histories: Default::default(),
         catalog: Default::default(),
     });

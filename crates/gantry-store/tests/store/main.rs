@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod clusters;
 mod coordination;
 mod heartbeats;
 mod lease;

@@ -97,6 +97,7 @@ async fn key_limits_and_shared_load_round_trip(engine: TestEngine) {
     let store = db.open().await;
     let user = store
         .create_user(&NewUser {
+            cluster_admin_of: Vec::new(),
             username: "u".into(),
             password_hash: "x".into(),
             role: Role::User,

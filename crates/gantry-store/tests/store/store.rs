@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use gantry_store::testing::PagedList;
 use gantry_store::{
     ApiKeyFilter, Change, ChangeKind, InstanceFilter, ModelFilter, NewApiKey, NewUser, Page,
-    StoreError, UserFilter, WorkerFilter,
+    StoreError, UserChanges, UserFilter, WorkerFilter,
 };
 use gantry_store::{Fence, Listed, UploadDone};
 use gantry_testkit::{test_both_engines, TestDatabase, TestEngine};
@@ -18,6 +18,7 @@ use gantry_types::{
 
 fn new_user(name: &str, role: Role) -> NewUser {
     NewUser {
+        cluster_admin_of: Vec::new(),
         username: name.to_string(),
         password_hash: format!("hash-of-{name}"),
         role,
@@ -64,7 +65,14 @@ async fn users_are_created_listed_updated_and_deleted(engine: TestEngine) {
 
     // Alice is the only admin: the writes that would leave none are not made.
     let kept = store
-        .update_user(alice.id, Some(Role::User), Some("Alice A"), None)
+        .update_user(
+            alice.id,
+            &UserChanges {
+                role: Some(Role::User),
+                full_name: Some("Alice A"),
+                ..UserChanges::default()
+            },
+        )
         .await
         .unwrap();
     assert!(kept.is_none(), "the last admin was demoted: {kept:?}");
@@ -75,12 +83,27 @@ async fn users_are_created_listed_updated_and_deleted(engine: TestEngine) {
         (Role::Admin, "")
     );
     assert!(matches!(
-        store.update_user(999, Some(Role::User), None, None).await,
+        store
+            .update_user(
+                999,
+                &UserChanges {
+                    role: Some(Role::User),
+                    ..UserChanges::default()
+                }
+            )
+            .await,
         Err(gantry_store::StoreError::NotFound { .. })
     ));
 
     let bob2 = store
-        .update_user(bob.id, Some(Role::Admin), Some("Bob B"), None)
+        .update_user(
+            bob.id,
+            &UserChanges {
+                role: Some(Role::Admin),
+                full_name: Some("Bob B"),
+                ..UserChanges::default()
+            },
+        )
         .await
         .unwrap()
         .expect("another admin remains");
@@ -444,6 +467,8 @@ async fn lists_paginate_and_filter(engine: TestEngine) {
         .await
         .unwrap();
     let ready = WorkerFilter {
+        within_clusters: None,
+        cluster_id: None,
         state: Some(gantry_types::WorkerState::Ready),
         name: None,
     };

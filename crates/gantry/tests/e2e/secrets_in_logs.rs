@@ -28,6 +28,7 @@ async fn no_secret_reaches_a_log_line_at_trace_level() {
     let user_password = "user-password-secret-7";
     admin
         .create_user(&UserCreate {
+            cluster_admin_of: Vec::new(),
             username: "alice".into(),
             password: user_password.into(),
             role: Role::User,

@@ -88,6 +88,7 @@ impl TestGateway {
 
         let admin = db
             .create_user(&NewUser {
+                cluster_admin_of: Vec::new(),
                 username: "admin".into(),
                 password_hash: password::hash("admin-password-1".into()).await.unwrap(),
                 role: Role::Admin,
@@ -200,6 +201,7 @@ impl TestGateway {
         let user = self
             .db
             .create_user(&NewUser {
+                cluster_admin_of: Vec::new(),
                 username: username.into(),
                 password_hash: password::hash("user-password-1".into()).await.unwrap(),
                 role: Role::User,
