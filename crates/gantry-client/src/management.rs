@@ -11,8 +11,9 @@ use gantry_types::{
     ClusterUpdate, InstancePatch, InstanceQuery, ListResponse, LogQuery, LoginRequest,
     LoginResponse, Model, ModelCreate, ModelEstimate, ModelInstance, ModelProvider,
     ModelProviderCreate, ModelProviderUpdate, ModelQuery, ModelRoute, ModelRouteCreate,
-    ModelRouteUpdate, ModelUpdate, ProviderModels, User, UserCreate, UserQuery, UserUpdate, Worker,
-    WorkerJoin, WorkerLabelsUpdate, WorkerQuery,
+    ModelRouteUpdate, ModelUpdate, PoolEvent, ProviderModels, User, UserCreate, UserQuery,
+    UserUpdate, Worker, WorkerJoin, WorkerLabelsUpdate, WorkerPool, WorkerPoolCreate,
+    WorkerPoolUpdate, WorkerQuery,
 };
 use reqwest::Method;
 use serde::de::DeserializeOwned;
@@ -412,6 +413,58 @@ impl Client {
         let query = RegistrationQuery { image };
         self.json(Call::new(Method::POST, &path).query(&query))
             .await
+    }
+
+    // Worker pools.
+
+    /// A cluster's pools with their machines.
+    pub async fn list_pools(&self, cluster_id: i64) -> Result<Vec<WorkerPool>, ClientError> {
+        let path = format!("/api/v1/clusters/{cluster_id}/worker-pools");
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    pub async fn get_pool(&self, cluster_id: i64, id: i64) -> Result<WorkerPool, ClientError> {
+        let path = format!("/api/v1/clusters/{cluster_id}/worker-pools/{id}");
+        self.json(Call::new(Method::GET, &path)).await
+    }
+
+    /// Adds a pool; its credentials are stored sealed and never shown again.
+    pub async fn create_pool(
+        &self,
+        cluster_id: i64,
+        pool: &WorkerPoolCreate,
+    ) -> Result<WorkerPool, ClientError> {
+        let path = format!("/api/v1/clusters/{cluster_id}/worker-pools");
+        self.json(Call::new(Method::POST, &path).body(pool).creating())
+            .await
+    }
+
+    pub async fn update_pool(
+        &self,
+        cluster_id: i64,
+        id: i64,
+        update: &WorkerPoolUpdate,
+    ) -> Result<WorkerPool, ClientError> {
+        let path = format!("/api/v1/clusters/{cluster_id}/worker-pools/{id}");
+        self.json(Call::new(Method::PATCH, &path).body(update))
+            .await
+    }
+
+    /// Deletes a pool: answers it as it is now, deleting its machines.
+    pub async fn delete_pool(&self, cluster_id: i64, id: i64) -> Result<WorkerPool, ClientError> {
+        let path = format!("/api/v1/clusters/{cluster_id}/worker-pools/{id}");
+        self.json(Call::new(Method::DELETE, &path).answering(&[reqwest::StatusCode::ACCEPTED]))
+            .await
+    }
+
+    /// A pool's latest decisions, newest first.
+    pub async fn pool_events(
+        &self,
+        cluster_id: i64,
+        id: i64,
+    ) -> Result<Vec<PoolEvent>, ClientError> {
+        let path = format!("/api/v1/clusters/{cluster_id}/worker-pools/{id}/events");
+        self.json(Call::new(Method::GET, &path)).await
     }
 
     // Model providers.

@@ -132,7 +132,21 @@ pub struct ServerConfig {
     /// The bucket (of the `s3_*` store) complete uploads are moved to, so every server
     /// reaches them; `None` keeps them on the disk of the server they reached.
     pub upload_bucket: Option<String>,
+    /// How often the leader looks at its worker pools: machines to create, to watch
+    /// registering, to delete, and demand.
+    pub pool_interval: Duration,
+    /// Ports the machines of `local` pools give their backends, ten each.
+    pub local_pool_ports: std::ops::RangeInclusive<u16>,
+    /// The gantry executable `local` pools run as `gantry worker`, and that servers hand
+    /// out at `/downloads/gantry`; `None`: this process's own.
+    pub gantry_program: Option<PathBuf>,
+    /// Where the programs of `exec` pools are; `None`: `<data_dir>/pool-commands`. Only
+    /// programs there run, so the API cannot run arbitrary commands on a server.
+    pub pool_commands_dir: Option<PathBuf>,
 }
+
+/// How often pools are looked at when `pool_interval` is not set.
+pub const DEFAULT_POOL_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How long usage is kept per minute when `usage_retention` is not set: a week, so the
 /// console's 7-day chart has its hours.
@@ -179,6 +193,25 @@ impl ServerConfig {
             upload_bucket: None,
             usage_retention: DEFAULT_USAGE_RETENTION,
             model_catalog_file: None,
+            pool_interval: DEFAULT_POOL_INTERVAL,
+            local_pool_ports: 42000..=42999,
+            gantry_program: None,
+            pool_commands_dir: None,
+        }
+    }
+
+    /// Where the programs of `exec` pools are.
+    pub fn pool_commands_dir(&self) -> PathBuf {
+        self.pool_commands_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("pool-commands"))
+    }
+
+    /// The gantry executable to hand out and to run for `local` pools.
+    pub fn gantry_program(&self) -> std::io::Result<PathBuf> {
+        match &self.gantry_program {
+            Some(path) => Ok(path.clone()),
+            None => std::env::current_exe(),
         }
     }
 

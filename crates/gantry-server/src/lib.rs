@@ -224,10 +224,12 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<RunningServer> {
         catalog,
         provider_keys: Arc::new(gantry_auth::sealed::Sealer::provider_keys(&jwt_secret)),
         registration_tokens,
+        pool_credentials: Arc::new(service::pools::credentials_sealer(&jwt_secret)),
     });
     state.authenticator.spawn(&state.shutdown, &state.tasks);
     controllers::worker_health::spawn(&state);
     controllers::usage_archive::spawn(&state);
+    controllers::pools::spawn(&state);
     controllers::spawn(&state);
     cluster::registry::spawn_heartbeat(&state);
 

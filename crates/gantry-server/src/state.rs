@@ -51,6 +51,8 @@ pub struct Shared {
     pub provider_keys: Arc<gantry_auth::sealed::Sealer>,
     /// Seals and opens clusters' registration tokens.
     pub registration_tokens: Arc<gantry_auth::sealed::Sealer>,
+    /// Seals and opens worker pools' credentials.
+    pub pool_credentials: Arc<gantry_auth::sealed::Sealer>,
 }
 
 /// The client of model sources a server analyses models with: the configured hubs, and

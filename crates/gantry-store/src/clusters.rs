@@ -280,7 +280,11 @@ impl Store {
             .ok_or_else(|| StoreError::not_found("cluster", id))?;
         let cluster = decode(&row)?;
         let mut users_of = Vec::new();
-        for (table, kind) in [("workers", "worker(s)"), ("models", "model(s)")] {
+        for (table, kind) in [
+            ("workers", "worker(s)"),
+            ("models", "model(s)"),
+            ("worker_pools", "worker pool(s)"),
+        ] {
             let total: i64 = sqlx::query(&format!(
                 "SELECT COUNT(*) AS n FROM {table} WHERE cluster_id = $1"
             ))
@@ -307,8 +311,8 @@ impl Store {
                 resource: "cluster",
                 key: cluster.name,
                 by: format!(
-                    "{}; delete its models and workers (or move the machines to another \
-                     cluster by registering them with its token) first",
+                    "{}; delete its models, pools and workers (or move the machines to \
+                     another cluster by registering them with its token) first",
                     users_of.join(" and ")
                 ),
             });

@@ -38,6 +38,7 @@ mod migrations;
 mod models;
 mod notify;
 mod placement_record;
+mod pools;
 mod providers;
 mod query;
 mod reachability;
@@ -74,6 +75,7 @@ pub use key_load::KeyLoad;
 pub use lease::{LeaderSession, LEADER_LOCK_KEY};
 pub use locks::LockRelease;
 pub use placement_record::{undecodable_placement_records, StoredPlacement};
+pub use pools::{NewPool, PoolSpec, StoredMachine, StoredPool};
 pub use providers::{ProviderFields, StoredProvider};
 pub use query::{Listed, Page};
 // The list filters are the API's own: the store reads them as SQL, a watch as a predicate.

@@ -338,6 +338,58 @@ const MIGRATIONS: &[Migration] = &[Migration {
         // The clusters a user administers (a JSON list of ids).
         "ALTER TABLE users ADD COLUMN cluster_admin_of TEXT NOT NULL DEFAULT '[]'",
     ],
+}, Migration {
+    version: 12,
+    name: "worker pools",
+    statements: &[
+        // spec: JSON of what the pool's machines are (pools.rs); credentials_sealed: the
+        // provider's token sealed with the server secret; next_machine: the number the
+        // next machine's name takes, so names are never reused.
+        "CREATE TABLE worker_pools (
+            id {id},
+            cluster_id BIGINT NOT NULL,
+            name TEXT NOT NULL UNIQUE,
+            provider TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            min_machines BIGINT NOT NULL,
+            max_machines BIGINT NOT NULL,
+            credentials_sealed TEXT,
+            next_machine BIGINT NOT NULL,
+            deleting BIGINT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        "CREATE INDEX worker_pools_cluster ON worker_pools (cluster_id)",
+        "{postgres} ALTER TABLE worker_pools ADD CONSTRAINT worker_pools_cluster_fk \
+            FOREIGN KEY (cluster_id) REFERENCES clusters (id)",
+        // A machine is written before the provider is asked to create it, under the name
+        // it will have there: a leader that dies in between leaves a row the next one
+        // looks up by that name instead of making a second machine.
+        "CREATE TABLE pool_machines (
+            id {id},
+            pool_id BIGINT NOT NULL REFERENCES worker_pools(id) ON DELETE CASCADE,
+            name TEXT NOT NULL UNIQUE,
+            state TEXT NOT NULL,
+            state_message TEXT NOT NULL,
+            external_id TEXT,
+            address TEXT,
+            worker_id BIGINT,
+            idle_since BIGINT,
+            attempts BIGINT NOT NULL,
+            next_attempt_at BIGINT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL
+        )",
+        "CREATE INDEX pool_machines_pool ON pool_machines (pool_id)",
+        "CREATE TABLE pool_events (
+            id {id},
+            pool_id BIGINT NOT NULL REFERENCES worker_pools(id) ON DELETE CASCADE,
+            at BIGINT NOT NULL,
+            kind TEXT NOT NULL,
+            message TEXT NOT NULL
+        )",
+        "CREATE INDEX pool_events_pool ON pool_events (pool_id, id)",
+    ],
 }];
 
 /// A migration statement as `engine` runs it, `None` when it is not for that engine.

@@ -22,6 +22,7 @@ pub mod model;
 pub mod model_file;
 pub mod parts;
 pub mod placement;
+pub mod pool;
 pub mod query;
 pub mod route;
 pub mod time;
@@ -68,6 +69,10 @@ pub use model_file::{
 pub use parts::{ClaimParts, GpuParts, LayerRange, RamParts, ReservationParts};
 pub use placement::{
     GpuShare, LaunchTemplate, LlamaLayout, Placement, PlacementKind, PlacementRecord, Reservation,
+};
+pub use pool::{
+    MachineShape, MachineState, PoolEvent, PoolMachine, PoolProvider, WorkerPool, WorkerPoolCreate,
+    WorkerPoolUpdate,
 };
 pub use query::{
     ApiKeyFilter, ApiKeyQuery, InstanceFilter, InstanceQuery, ListFilter, ListQuery, ModelFilter,

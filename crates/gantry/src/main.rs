@@ -263,6 +263,12 @@ fn server_config(config: &Config) -> ServerConfig {
         sources: source_config(config),
         upload_max_size: config.upload_max_size,
         upload_bucket: config.s3_upload_bucket.clone(),
+        pool_interval: config.pool_interval,
+        local_pool_ports: config.local_pool_port_range.clone(),
+        pool_commands_dir: config
+            .pool_commands_dir
+            .as_ref()
+            .map(std::path::PathBuf::from),
         ..ServerConfig::new(config.data_dir.clone())
     }
 }

@@ -8,11 +8,13 @@ pub mod backends;
 pub mod catalog;
 pub mod clusters;
 pub mod coordinator;
+pub mod downloads;
 pub mod health;
 pub mod instances;
 pub mod model_files;
 pub mod models;
 pub mod openapi;
+pub mod pools;
 pub mod providers;
 pub mod routes;
 pub mod uploads;
@@ -91,6 +93,18 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/clusters/{id}/registration-token",
             get(clusters::registration).post(clusters::rotate),
+        )
+        .route(
+            "/clusters/{id}/worker-pools",
+            get(pools::list).post(pools::create),
+        )
+        .route(
+            "/clusters/{id}/worker-pools/{pool}",
+            get(pools::get).patch(pools::update).delete(pools::delete),
+        )
+        .route(
+            "/clusters/{id}/worker-pools/{pool}/events",
+            get(pools::events),
         )
         .route("/workers", get(workers::list))
         .route("/workers/join", get(workers::join))
@@ -181,6 +195,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/downloads/gantry", get(downloads::gantry))
         .merge(auth)
         .route("/api/openapi.json", get(openapi::spec))
         .route("/docs", get(openapi::docs))

@@ -7,8 +7,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    agent, api_keys, auth, backends, catalog, clusters, coordinator, health, instances,
-    model_files, models, providers, routes, uploads, usage, users, worker_backends, workers,
+    agent, api_keys, auth, backends, catalog, clusters, coordinator, downloads, health, instances,
+    model_files, models, pools, providers, routes, uploads, usage, users, worker_backends, workers,
 };
 
 /// The management API's description.
@@ -31,6 +31,8 @@ use super::{
         backends::list, backends::create, backends::get, backends::update, backends::delete,
         clusters::list, clusters::create, clusters::get, clusters::update, clusters::delete,
         clusters::registration, clusters::rotate,
+        pools::list, pools::create, pools::get, pools::update, pools::delete, pools::events,
+        downloads::gantry,
         workers::list, workers::join, workers::get, workers::delete, workers::set_labels,
         workers::history,
         worker_backends::list, worker_backends::install, worker_backends::remove,

@@ -17,6 +17,7 @@ pub mod instance;
 pub mod model;
 pub mod pass;
 pub mod placement;
+pub mod pools;
 pub mod rollout;
 pub mod run_loop;
 pub mod scheduling;

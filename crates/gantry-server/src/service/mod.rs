@@ -16,6 +16,7 @@ pub mod backends;
 pub mod clusters;
 pub mod instances;
 pub mod models;
+pub mod pools;
 pub mod providers;
 pub mod replicas;
 pub mod routes;

@@ -15,6 +15,7 @@ mod estimate;
 mod gateway;
 mod least_privilege;
 mod placement_record;
+mod pools;
 mod scheduler;
 mod scheduler_leader;
 mod scheduler_store;

@@ -87,6 +87,9 @@ async fn controllers_run_only_while_leading(engine: TestEngine) {
         registration_tokens: Arc::new(gantry_auth::sealed::Sealer::registration_tokens(
             b"a-test-secret-that-is-long-enough",
         )),
+        pool_credentials: Arc::new(gantry_server::service::pools::credentials_sealer(
+            b"a-test-secret-that-is-long-enough",
+        )),
         histories: Default::default(),
         catalog: Default::default(),
     });

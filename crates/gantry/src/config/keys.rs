@@ -137,6 +137,15 @@ config_table! {
         /// server (and worker) reaches them; unset keeps them on the disk of the server
         /// they reached.
         s3_upload_bucket: Optional<Text> = None, shown "none (`<data_dir>/uploads`)";
+        /// How often the leader looks at the worker pools: machines to create, to see
+        /// registered or to delete, and what pending replicas need.
+        pool_interval: Duration = server::DEFAULT_POOL_INTERVAL;
+        /// Ports the machines of `local` worker pools give their backends, ten each.
+        local_pool_port_range: PortRange = 42000..=42999;
+        /// Where the programs of `exec` worker pools are: a pool's command names one of
+        /// them, so the API cannot run arbitrary commands on a server. Put the same
+        /// programs on every server.
+        pool_commands_dir: Optional<Text> = None, shown "`<data_dir>/pool-commands`";
     }
     worker {
         /// Registration token, from the server's `<data_dir>/registration_token`; needed

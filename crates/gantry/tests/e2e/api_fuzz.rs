@@ -46,7 +46,7 @@ fn schemathesis() -> Command {
 async fn schemathesis_finds_nothing_the_spec_does_not_say() {
     // A limit below the free space of any machine the tests run on, so that no upload
     // the spec allows (at most this limit) is refused for want of space.
-    let cluster = Cluster::start(&["--upload-max-size", "1GiB"]).await;
+    let cluster = Cluster::start(&["--upload-max-size", "1GiB", "--pool-interval", "1h"]).await;
     let created = cluster
         .client()
         .create_api_key(&ApiKeyCreate {
