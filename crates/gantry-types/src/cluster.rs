@@ -68,6 +68,17 @@ pub enum ClusterState {
     Ready,
 }
 
+impl ClusterState {
+    /// The state as the API writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClusterState::Pending => "pending",
+            ClusterState::Provisioning => "provisioning",
+            ClusterState::Ready => "ready",
+        }
+    }
+}
+
 /// How many workers, GPUs and models a cluster has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ClusterCounts {
@@ -252,6 +263,27 @@ mod tests {
         let (state, message) = Cluster::state_of(4, &some);
         assert_eq!(state, ClusterState::Ready);
         assert!(message.starts_with("2 of 3 workers ready"), "{message}");
+    }
+
+    #[test]
+    fn states_and_providers_are_written_as_the_api_sends_them() {
+        for state in [
+            ClusterState::Pending,
+            ClusterState::Provisioning,
+            ClusterState::Ready,
+        ] {
+            assert_eq!(
+                serde_json::to_value(state).unwrap(),
+                serde_json::json!(state.as_str())
+            );
+        }
+        for provider in [ClusterProvider::Custom, ClusterProvider::Kubernetes] {
+            assert_eq!(
+                serde_json::to_value(provider).unwrap(),
+                serde_json::json!(provider.as_str())
+            );
+            assert_eq!(ClusterProvider::parse(provider.as_str()), Some(provider));
+        }
     }
 
     #[test]

@@ -1,14 +1,15 @@
 //! The client commands of `gantry`: `login`, `logout`, `models`, `instances`, `workers`,
-//! `keys`, `providers`, `routes`, `chat` and `completions`. They talk to a running cluster through
-//! `gantry-client` (the only place that knows the API's URLs) with the token that
-//! `gantry login` saved (`config_file.rs`), print an aligned table or, with `-o json`, the
-//! API's JSON (`output.rs`), and turn the server's error answers into one plain line
-//! (`explain`). Each resource has its file.
+//! `clusters`, `keys`, `providers`, `routes`, `chat` and `completions`. They talk to a
+//! running gantry through `gantry-client` (the only place that knows the API's URLs) with
+//! the token that `gantry login` saved (`config_file.rs`), print an aligned table or, with
+//! `-o json`, the API's JSON (`output.rs`), and turn the server's error answers into one
+//! plain line (`explain`). Each resource has its file.
 //!
 //! These commands are declared with clap's derive API and merged into the command line
 //! that `config/cli.rs` builds from the key table; they read none of the keys.
 
 mod chat;
+mod clusters;
 mod config_file;
 mod instances;
 mod keys;
@@ -37,8 +38,11 @@ pub enum ClientCommand {
     Models(models::ModelsArgs),
     /// List model instances and read their backends' logs.
     Instances(instances::InstancesArgs),
-    /// List the workers of the cluster.
+    /// List the workers.
     Workers(workers::WorkersArgs),
+    /// List, show, create, change and delete clusters, and print the command that joins
+    /// a machine to one.
+    Clusters(clusters::ClustersArgs),
     /// Create, list, limit and delete your API keys.
     Keys(keys::KeysArgs),
     /// Add, list, change and delete model providers: external OpenAI-compatible APIs
@@ -115,6 +119,7 @@ pub fn run(command: ClientCommand) -> anyhow::Result<()> {
             ClientCommand::Models(args) => models::run(args).await,
             ClientCommand::Instances(args) => instances::run(args).await,
             ClientCommand::Workers(args) => workers::run(args).await,
+            ClientCommand::Clusters(args) => clusters::run(args).await,
             ClientCommand::Keys(args) => keys::run(args).await,
             ClientCommand::Providers(args) => providers::run(args).await,
             ClientCommand::Routes(args) => routes::run(args).await,

@@ -1,6 +1,9 @@
 //! `gantry models ls|get|create|scale|rm`. Models are named on the command line; the
-//! name is turned into the model's id with the list's `name` filter.
+//! name is turned into the model's id with the list's `name` filter. A model is deployed
+//! into a cluster (`create --cluster`, the default cluster otherwise), which `ls` and `get`
+//! show.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -13,7 +16,7 @@ use gantry_types::{
 use serde::Serialize;
 
 use super::output::{self, fields, print_json, OutputFormat, Table};
-use super::{connect, every_page, explain, instances, Connection, Output, PAGE_SIZE};
+use super::{clusters, connect, every_page, explain, instances, Connection, Output, PAGE_SIZE};
 
 #[derive(Debug, Args)]
 pub struct ModelsArgs {
@@ -27,8 +30,12 @@ pub struct ModelsArgs {
 
 #[derive(Debug, Subcommand)]
 enum ModelsCommand {
-    /// List the models, with how many of their replicas are running.
-    Ls,
+    /// List the models, with their cluster and how many of their replicas are running.
+    Ls {
+        /// Only the models deployed into this cluster (its name or id).
+        #[arg(long, value_name = "CLUSTER")]
+        cluster: Option<String>,
+    },
     /// Show a model and its instances.
     Get { name: String },
     /// Declare a model; the scheduler places its replicas.
@@ -73,26 +80,44 @@ struct CreateArgs {
     /// What the model is, for people.
     #[arg(long, default_value = "")]
     description: String,
+    /// The cluster to deploy it into, by name or id (default: the default cluster; with
+    /// --file, this replaces the file's `cluster_id`).
+    #[arg(long, value_name = "CLUSTER")]
+    cluster: Option<String>,
 }
 
 pub async fn run(args: ModelsArgs) -> anyhow::Result<()> {
     let client = connect(&args.connection)?;
     let format = args.output.format;
     match args.command {
-        ModelsCommand::Ls => list(&client, format).await,
+        ModelsCommand::Ls { cluster } => {
+            let cluster_id = match cluster {
+                Some(text) => Some(clusters::resolve(&client, &text).await?.id),
+                None => None,
+            };
+            list(&client, format, cluster_id).await
+        }
         ModelsCommand::Get { name } => {
             let model = by_name(&client, &name).await?;
             if format == OutputFormat::Json {
                 return print_json(&model);
             }
             let instances = instances_of(&client, Some(model.id)).await?;
-            print!("{}", describe(&model));
+            let names = clusters::names(&client).await?;
+            print!("{}", describe(&model, &names));
             println!();
             print!("{}", instances::table(&instances).render());
             Ok(())
         }
         ModelsCommand::Create(create) => {
-            let request = create.request()?;
+            let cluster = match &create.cluster {
+                Some(text) => Some(clusters::resolve(&client, text).await?),
+                None => None,
+            };
+            let mut request = create.request()?;
+            if let Some(cluster) = &cluster {
+                request.cluster_id = Some(cluster.id);
+            }
             let model = client
                 .create_model(&request)
                 .await
@@ -101,7 +126,11 @@ pub async fn run(args: ModelsArgs) -> anyhow::Result<()> {
             match format {
                 OutputFormat::Json => print_json(&model),
                 OutputFormat::Table => {
-                    print!("{}", describe(&model));
+                    let names = match cluster {
+                        Some(cluster) => HashMap::from([(cluster.id, cluster.name)]),
+                        None => clusters::names(&client).await?,
+                    };
+                    print!("{}", describe(&model, &names));
                     Ok(())
                 }
             }
@@ -168,9 +197,15 @@ pub async fn instances_of(
     .await
 }
 
-async fn list(client: &Client, format: OutputFormat) -> anyhow::Result<()> {
+/// `models ls`: every model, or those of cluster `cluster_id`.
+async fn list(
+    client: &Client,
+    format: OutputFormat,
+    cluster_id: Option<i64>,
+) -> anyhow::Result<()> {
     let models = every_page(|page| {
         let query = ModelQuery {
+            cluster_id,
             page: Some(page),
             per_page: Some(PAGE_SIZE),
             ..ModelQuery::default()
@@ -178,13 +213,16 @@ async fn list(client: &Client, format: OutputFormat) -> anyhow::Result<()> {
         async move { client.list_models(&query).await }
     })
     .await?;
-    let instances = match format {
-        OutputFormat::Json => Vec::new(),
-        OutputFormat::Table => instances_of(client, None).await?,
+    let (instances, names) = match format {
+        OutputFormat::Json => (Vec::new(), HashMap::new()),
+        OutputFormat::Table => (
+            instances_of(client, None).await?,
+            clusters::names(client).await?,
+        ),
     };
     let now = Timestamp::now();
     output::print_list(format, &models, |models| {
-        let mut table = Table::new(&["ID", "NAME", "BACKEND", "READY", "SOURCE", "AGE"]);
+        let mut table = Table::new(&["ID", "NAME", "CLUSTER", "BACKEND", "READY", "SOURCE", "AGE"]);
         for model in models {
             let running = instances
                 .iter()
@@ -193,6 +231,7 @@ async fn list(client: &Client, format: OutputFormat) -> anyhow::Result<()> {
             table.row(vec![
                 model.id.to_string(),
                 model.name.clone(),
+                clusters::name_of(&names, model.cluster_id),
                 model.backend.to_string(),
                 format!("{running}/{}", model.replicas),
                 source_text(&model.source),
@@ -203,11 +242,15 @@ async fn list(client: &Client, format: OutputFormat) -> anyhow::Result<()> {
     })
 }
 
-/// A model's fields, one per line.
-fn describe(model: &Model) -> String {
+/// A model's fields, one per line; `cluster_names` names its cluster.
+fn describe(model: &Model, cluster_names: &HashMap<i64, String>) -> String {
     fields(&[
         ("ID", model.id.to_string()),
         ("NAME", model.name.clone()),
+        (
+            "CLUSTER",
+            clusters::name_of(cluster_names, model.cluster_id),
+        ),
         (
             "DESCRIPTION",
             output::or_none(Some(&model.description).filter(|d| !d.is_empty())),
@@ -453,6 +496,7 @@ mod tests {
             replicas: 2,
             backend_args: Some(" -c 256  -np 1".into()),
             description: String::new(),
+            cluster: None,
         };
         let request = args.request().unwrap();
         assert_eq!(request.name, "tiny");

@@ -1,10 +1,12 @@
-//! `gantry workers ls`.
+//! `gantry workers ls [--cluster NAME|ID]`.
+
+use std::collections::HashMap;
 
 use clap::{Args, Subcommand};
 use gantry_types::{Timestamp, Worker, WorkerQuery};
 
-use super::output::{self, Table};
-use super::{connect, every_page, Connection, Output, PAGE_SIZE};
+use super::output::{self, OutputFormat, Table};
+use super::{clusters, connect, every_page, Connection, Output, PAGE_SIZE};
 
 #[derive(Debug, Args)]
 pub struct WorkersArgs {
@@ -18,16 +20,25 @@ pub struct WorkersArgs {
 
 #[derive(Debug, Subcommand)]
 enum WorkersCommand {
-    /// List the workers: their state, GPUs and last heartbeat.
-    Ls,
+    /// List the workers: their cluster, state, GPUs and last heartbeat.
+    Ls {
+        /// Only the workers of this cluster (its name or id).
+        #[arg(long, value_name = "CLUSTER")]
+        cluster: Option<String>,
+    },
 }
 
 pub async fn run(args: WorkersArgs) -> anyhow::Result<()> {
     let client = connect(&args.connection)?;
     match args.command {
-        WorkersCommand::Ls => {
+        WorkersCommand::Ls { cluster } => {
+            let cluster_id = match cluster {
+                Some(text) => Some(clusters::resolve(&client, &text).await?.id),
+                None => None,
+            };
             let workers = every_page(|page| {
                 let query = WorkerQuery {
+                    cluster_id,
                     page: Some(page),
                     per_page: Some(PAGE_SIZE),
                     ..WorkerQuery::default()
@@ -36,16 +47,24 @@ pub async fn run(args: WorkersArgs) -> anyhow::Result<()> {
                 async move { client.list_workers(&query).await }
             })
             .await?;
+            let names = match args.output.format {
+                OutputFormat::Json => HashMap::new(),
+                OutputFormat::Table => clusters::names(&client).await?,
+            };
             let now = Timestamp::now();
-            output::print_list(args.output.format, &workers, |workers| table(workers, now))
+            output::print_list(args.output.format, &workers, |workers| {
+                table(workers, &names, now)
+            })
         }
     }
 }
 
-fn table(workers: &[Worker], now: Timestamp) -> Table {
+/// Workers as a table; `cluster_names` names their clusters (by id).
+fn table(workers: &[Worker], cluster_names: &HashMap<i64, String>, now: Timestamp) -> Table {
     let mut table = Table::new(&[
         "ID",
         "NAME",
+        "CLUSTER",
         "STATE",
         "GPUS",
         "ADDRESS",
@@ -56,6 +75,7 @@ fn table(workers: &[Worker], now: Timestamp) -> Table {
         table.row(vec![
             worker.id.to_string(),
             worker.name.clone(),
+            clusters::name_of(cluster_names, worker.cluster_id),
             worker.state.as_str().to_owned(),
             gpus(worker),
             worker.address.clone(),

@@ -1,5 +1,5 @@
-//! The command line client (`gantry login`, `models`, `instances`, `workers`, `keys`,
-//! `providers`, `routes`, `chat`, `completions`, `logout`) as a user runs it: the built
+//! The command line client (`gantry login`, `models`, `instances`, `workers`, `clusters`,
+//! `keys`, `providers`, `routes`, `chat`, `completions`, `logout`) as a user runs it: the built
 //! `gantry` binary as a child process, with its own `HOME` and `XDG_CONFIG_HOME`, against a
 //! real server — and, for the models and the chat, a real worker running the tiny model
 //! with a real `llama-server`. The cluster's state is checked through the typed client.
@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use crate::common::{manual_model_body, manual_model_create, tiny_model, Cluster, ADMIN_PASSWORD};
 use gantry_types::{
-    ApiKey, ApiKeyQuery, InstanceState, Model, ModelInstance, ModelProvider, ModelRoute,
-    ProviderModels, RouteTarget, Worker,
+    ApiKey, ApiKeyQuery, ClusterRegistration, InstanceState, Model, ModelInstance, ModelProvider,
+    ModelRoute, ProviderModels, RouteTarget, Worker, WorkerState, DEFAULT_CLUSTER_ID,
 };
 
 /// The `gantry` binary run as one user: a home and a configuration directory of its own,
@@ -641,6 +641,222 @@ async fn providers_routes_and_key_limits_from_the_command_line() {
     assert!(cluster.client().list_providers().await.unwrap().is_empty());
     let error = user.fails(&["providers", "show", "hosted"]);
     assert!(error.contains("not_found"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_are_made_joined_deployed_into_and_guarded_from_the_command_line() {
+    let cluster = Cluster::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let model_path = tiny_model(dir.path());
+    let user = User::new();
+    user.login(&cluster.base);
+
+    // The default cluster is there from the start, and cannot go.
+    let listed = user.ok(&["clusters", "ls"]);
+    let header: Vec<&str> = listed.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["ID", "NAME", "PROVIDER", "STATE", "WORKERS", "GPUS", "MODELS", "DEFAULT", "AGE"]
+    );
+    assert!(
+        listed.lines().nth(1).unwrap().starts_with("1   default"),
+        "{listed}"
+    );
+    let error = user.fails(&["clusters", "delete", "default"]);
+    assert!(
+        error.contains("the default cluster cannot be deleted") && error.contains("conflict"),
+        "{error}"
+    );
+
+    // A cluster, made once: a second of the name is refused.
+    let shown = user.ok_with(
+        &["clusters", "create", "east", "--description", "East racks"],
+        &[],
+        "",
+    );
+    assert!(
+        shown.contains("NAME         east") && shown.contains("STATE        pending"),
+        "{shown}"
+    );
+    let east: gantry_types::Cluster = user.json(&["clusters", "show", "east"]);
+    assert_eq!(
+        (east.description.as_str(), east.is_default),
+        ("East racks", false)
+    );
+    let by_id: gantry_types::Cluster = user.json(&["clusters", "show", &east.id.to_string()]);
+    assert_eq!(by_id.name, "east");
+    let error = user.fails(&["clusters", "create", "east"]);
+    assert!(error.contains("cluster east already exists"), "{error}");
+    let error = user.fails(&["clusters", "show", "west"]);
+    assert!(error.contains("no cluster named \"west\""), "{error}");
+
+    // Its join command holds its own token; run with that token, a worker joins it.
+    let command = user.ok(&["clusters", "join-command", "east"]);
+    let token = command
+        .trim()
+        .strip_prefix(&format!(
+            "gantry worker --server-url {} --token ",
+            cluster.base
+        ))
+        .unwrap_or_else(|| panic!("not a join command: {command}"))
+        .to_owned();
+    assert_ne!(token, cluster.registration_token());
+    let error = user.fails(&["clusters", "join-command", "east", "--manifests"]);
+    assert!(
+        error.contains("cluster east has no Kubernetes manifests: its provider is custom"),
+        "{error}"
+    );
+    let worker = cluster.worker_with_token("e1", &token, &["--simulate-gpus", "1x8GiB"]);
+    let worker_id = cluster.worker_id("e1", &worker).await;
+    cluster
+        .wait_for(
+            "cluster east to count its worker ready",
+            Duration::from_secs(30),
+            || cluster.client().get_cluster(east.id),
+            |c| c.counts.ready_workers == 1,
+        )
+        .await;
+    let listed = user.ok(&["clusters", "ls"]);
+    let line: Vec<&str> = listed
+        .lines()
+        .find(|l| l.contains("east"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &line[..8],
+        [
+            &east.id.to_string(),
+            "east",
+            "custom",
+            "ready",
+            "1/1",
+            "1",
+            "0",
+            "-"
+        ],
+        "{listed}"
+    );
+
+    // Workers and models name their cluster, and list by it; a model goes into the
+    // cluster named (its selector keeps it unplaced: placing is not what this is about).
+    let workers = user.ok(&["workers", "ls"]);
+    let e1 = workers.lines().find(|l| l.contains("e1")).unwrap();
+    assert!(e1.split_whitespace().nth(2) == Some("east"), "{workers}");
+    let only_east: Vec<Worker> = user.json(&["workers", "ls", "--cluster", "east"]);
+    assert_eq!(
+        only_east.iter().map(|w| w.id).collect::<Vec<_>>(),
+        [worker_id]
+    );
+    let body = dir.path().join("in-east.json");
+    std::fs::write(
+        &body,
+        manual_model_body("in-east", &model_path, 1).to_string(),
+    )
+    .unwrap();
+    let created: Model = user.json(&[
+        "models",
+        "create",
+        "-f",
+        &body.display().to_string(),
+        "--cluster",
+        "east",
+    ]);
+    assert_eq!(created.cluster_id, east.id);
+    let shown = user.ok(&["models", "get", "in-east"]);
+    assert!(shown.contains("CLUSTER          east"), "{shown}");
+    let error = user.fails(&[
+        "models",
+        "create",
+        "--name",
+        "lost",
+        "--source",
+        &model_path.display().to_string(),
+        "--cluster",
+        "west",
+    ]);
+    assert!(error.contains("no cluster named \"west\""), "{error}");
+    let models = user.ok(&["models", "ls"]);
+    let line = models.lines().find(|l| l.contains("in-east")).unwrap();
+    assert_eq!(line.split_whitespace().nth(2), Some("east"), "{models}");
+    let in_default: Vec<Model> = user.json(&["models", "ls", "--cluster", "default"]);
+    assert!(in_default.is_empty(), "{in_default:?}");
+    let in_east: Vec<Model> = user.json(&["models", "ls", "--cluster", &east.id.to_string()]);
+    assert_eq!(in_east.len(), 1);
+
+    // Not empty: the refusal names what is in it.
+    let error = user.fails(&["clusters", "rm", "east"]);
+    assert!(
+        error.contains("conflict") && error.contains("e1") && error.contains("in-east"),
+        "{error}"
+    );
+
+    // A rotated token says so on standard error; the joined worker keeps working.
+    let rotated = user.run_with(&["clusters", "join-command", "east", "--rotate"], &[], "");
+    let (stdout, stderr) = texts(&rotated);
+    assert!(rotated.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("rotated the registration token of cluster east")
+            && stderr.contains("registered workers keep working"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.starts_with("gantry worker") && !stdout.contains(&token),
+        "{stdout}"
+    );
+    let registration: ClusterRegistration = user.json(&["clusters", "join-command", "east"]);
+    assert_eq!(registration.command, stdout.trim());
+    assert!(registration.kubernetes_manifests.is_none());
+    let heartbeat = cluster.client().get_worker(worker_id).await.unwrap();
+    cluster
+        .wait_worker(
+            worker_id,
+            "heard from after the rotation",
+            Duration::from_secs(30),
+            |w| w.last_heartbeat_at > heartbeat.last_heartbeat_at && w.state == WorkerState::Ready,
+        )
+        .await;
+
+    // A cluster renamed and made a Kubernetes one prints its manifests, with the image
+    // asked for.
+    let error = user.fails(&["clusters", "update", "east"]);
+    assert!(error.contains("nothing to change"), "{error}");
+    let updated: gantry_types::Cluster = user.json(&[
+        "clusters",
+        "update",
+        "east",
+        "--name",
+        "gpu-nodes",
+        "--provider",
+        "kubernetes",
+    ]);
+    assert_eq!((updated.id, updated.name.as_str()), (east.id, "gpu-nodes"));
+    let yaml = user.ok(&[
+        "clusters",
+        "join-command",
+        "gpu-nodes",
+        "--manifests",
+        "--image",
+        "registry.example.com/gantry:1.2",
+    ]);
+    assert!(
+        yaml.contains("kind: DaemonSet")
+            && yaml.contains("image: \"registry.example.com/gantry:1.2\"")
+            && yaml.contains(&format!("token: \"{}\"", registration.token)),
+        "{yaml}"
+    );
+
+    // Emptied, it goes.
+    user.ok(&["models", "rm", "in-east"]);
+    drop(worker);
+    cluster.client().delete_worker(worker_id).await.unwrap();
+    let deleted = user.ok(&["clusters", "delete", "gpu-nodes"]);
+    assert_eq!(deleted.trim(), "cluster gpu-nodes deleted");
+    let left: Vec<gantry_types::Cluster> = user.json(&["clusters", "ls"]);
+    assert_eq!(
+        left.iter().map(|c| c.id).collect::<Vec<_>>(),
+        [DEFAULT_CLUSTER_ID]
+    );
 }
 
 /// `gantry instances logs ID -f` prints the log and keeps following until Ctrl-C

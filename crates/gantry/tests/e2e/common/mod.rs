@@ -507,20 +507,29 @@ impl Cluster {
 
     /// [`Cluster::worker`] with extra environment variables for the process.
     pub fn worker_with_env(&self, name: &str, extra: &[&str], env: &[(&str, String)]) -> Process {
-        self.worker_spawn(&self.base, name, extra, env)
+        self.worker_spawn(&self.base, name, None, extra, env)
     }
 
     pub fn worker_for(&self, server_urls: &str, name: &str, extra: &[&str]) -> Process {
-        self.worker_spawn(server_urls, name, extra, &[])
+        self.worker_spawn(server_urls, name, None, extra, &[])
     }
 
+    /// [`Cluster::worker`] joining with `token`: another cluster's registration token.
+    pub fn worker_with_token(&self, name: &str, token: &str, extra: &[&str]) -> Process {
+        self.worker_spawn(&self.base, name, Some(token), extra, &[])
+    }
+
+    /// `gantry worker` joining `server_urls` with `token` (the default cluster's
+    /// registration token when none).
     fn worker_spawn(
         &self,
         server_urls: &str,
         name: &str,
+        token: Option<&str>,
         extra: &[&str],
         env: &[(&str, String)],
     ) -> Process {
+        let token = token.map_or_else(|| self.registration_token(), str::to_owned);
         let mut args: Vec<String> = vec![
             "worker".into(),
             "--data-dir".into(),
@@ -528,7 +537,7 @@ impl Cluster {
             "--server-url".into(),
             server_urls.into(),
             "--token".into(),
-            self.registration_token(),
+            token,
             "--name".into(),
             name.into(),
         ];
