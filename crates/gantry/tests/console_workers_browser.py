@@ -61,7 +61,7 @@ def navigation_in_groups(page, shots):
     expect(nav.locator(".nav-group-title")).to_have_text(["Serve", "Operate", "Access"])
     groups = nav.locator(".nav-group")
     expect(groups.nth(0).locator("a")).to_have_text(["Overview", "Models", "Catalog", "Playground"])
-    expect(groups.nth(1).locator("a")).to_have_text(["Instances", "Workers", "Model files", "Servers"])
+    expect(groups.nth(1).locator("a")).to_have_text(["Instances", "Workers", "Clusters", "Model files", "Servers"])
     expect(groups.nth(2).locator("a")).to_have_text(["API keys", "Users", "Routes", "Providers", "Usage"])
     nav.get_by_role("link", name="Overview").click()
     expect(nav.locator("a.active")).to_have_text("Overview")

@@ -23,6 +23,7 @@ import { brand } from './lib/widgets.js';
 import { renderAccount } from './screens/account.js';
 import { renderApiKeys } from './screens/api-keys.js';
 import { renderCatalog } from './screens/catalog.js';
+import { renderClusters } from './screens/clusters.js';
 import { renderInstances } from './screens/instances.js';
 import { showFatal, showLogin, showPasswordChange } from './screens/login.js';
 import { renderModelFiles } from './screens/model-files.js';
@@ -55,7 +56,7 @@ import { renderWorkers } from './screens/workers.js';
 const SCREENS = [
   { id: 'overview', title: 'Overview', render: renderOverview },
   // A model's own page is #/models/<name>.
-  { id: 'models', title: 'Models', render: (main, parts) => (parts[0] ? renderModel(main, parts[0]) : renderModels(main)) },
+  { id: 'models', title: 'Models', render: (main, parts, params) => (parts[0] ? renderModel(main, parts[0]) : renderModels(main, params)) },
   { id: 'instances', title: 'Instances', render: renderInstances },
   { id: 'catalog', title: 'Catalog', render: renderCatalog },
   { id: 'routes', title: 'Routes', render: renderRoutes, admin: true },
@@ -63,6 +64,8 @@ const SCREENS = [
   { id: 'playground', title: 'Playground', render: renderPlayground },
   { id: 'usage', title: 'Usage', render: renderUsage },
   { id: 'workers', title: 'Workers', render: renderWorkers, admin: true },
+  // A cluster's own page, with how a machine joins it, is #/clusters/<id>.
+  { id: 'clusters', title: 'Clusters', render: renderClusters, admin: true },
   { id: 'model-files', title: 'Model files', render: renderModelFiles, admin: true },
   { id: 'servers', title: 'Servers', render: renderServers, admin: true },
   { id: 'api-keys', title: 'API keys', render: renderApiKeys },
@@ -77,7 +80,7 @@ const SCREENS = [
  */
 const NAV_GROUPS = [
   { title: 'Serve', screens: ['overview', 'models', 'catalog', 'playground'] },
-  { title: 'Operate', screens: ['instances', 'workers', 'model-files', 'servers'] },
+  { title: 'Operate', screens: ['instances', 'workers', 'clusters', 'model-files', 'servers'] },
   { title: 'Access', screens: ['api-keys', 'users', 'routes', 'providers', 'usage'] },
 ];
 

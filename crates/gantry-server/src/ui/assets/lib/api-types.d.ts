@@ -14,6 +14,8 @@ export interface User {
   role: 'admin' | 'user';
   full_name: string;
   require_password_change: boolean;
+  /** The clusters the user administers without being an admin. */
+  cluster_admin_of: number[];
   created_at: Timestamp;
   updated_at: Timestamp;
 }
@@ -30,6 +32,8 @@ export type ModelSource =
 export interface Model {
   id: number;
   name: string;
+  /** The cluster it is deployed into; its instances run on that cluster's workers. */
+  cluster_id: number;
   description: string;
   source: ModelSource;
   backend: string;
@@ -71,6 +75,8 @@ export interface Instance {
   name: string;
   model_id: number;
   model_name: string;
+  /** Its model's cluster. */
+  cluster_id: number;
   worker_id: number | null;
   worker_name: string | null;
   gpu_indexes: number[];
@@ -128,6 +134,8 @@ export interface WorkerJoin {
 export interface Worker {
   id: number;
   name: string;
+  /** The cluster whose registration token it joined with. */
+  cluster_id: number;
   state: 'ready' | 'not_ready' | 'unreachable' | 'maintenance';
   state_message: string;
   labels: Record<string, string>;
@@ -136,6 +144,32 @@ export interface Worker {
   last_heartbeat_at: Timestamp | null;
   created_at: Timestamp;
   updated_at: Timestamp;
+}
+
+/** `GET /api/v1/clusters`: a set of workers with its own registration token. */
+export interface Cluster {
+  id: number;
+  name: string;
+  description: string;
+  provider: 'custom' | 'kubernetes';
+  /** Models that name no cluster go there; it cannot be deleted. */
+  is_default: boolean;
+  state: 'pending' | 'provisioning' | 'ready';
+  state_message: string;
+  counts: { workers: number; ready_workers: number; gpus: number; models: number };
+  created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
+/** `GET /api/v1/clusters/{id}/registration-token`: how a machine joins a cluster. */
+export interface ClusterRegistration {
+  cluster_id: number;
+  cluster_name: string;
+  token: string;
+  server_urls: string[];
+  command: string;
+  /** For a `kubernetes` cluster: the YAML that joins its GPU nodes. */
+  kubernetes_manifests?: string;
 }
 
 /** `GET /api/v1/model-files/uploads`: a file uploaded to the servers in chunks. */

@@ -2,14 +2,22 @@
 // Keeping screens current. The lists that change on their own (models, instances,
 // workers) follow the API's ?watch=true NDJSON streams and fall back to polling while a
 // stream cannot be held open; a screen subscribes to them and is redrawn at most once per
-// animation frame, however many changes arrive. ticker() redraws for relative times, and
-// a screen's render answers one cleanup (combine()) that the router runs when it leaves.
+// animation frame, however many changes arrive. A screen filtered by cluster follows that
+// cluster's lists (liveIn(), the same lists with ?cluster_id=), which the server filters.
+// ticker() redraws for relative times, and a screen's render answers one cleanup
+// (combine()) that the router runs when it leaves.
 
 import { errorFrom, listAll, reportAuthFailure } from './api.js';
 import { h } from './dom.js';
 
 /** @import { ApiError } from './api.js' */
 /** @import { Instance, Model, Worker } from './api-types' */
+
+/**
+ * The lists that change on their own: every model, instance and worker the caller may
+ * see, or a cluster's.
+ * @typedef {{models: LiveList<Model>, instances: LiveList<Instance>, workers: LiveList<Worker>}} LiveLists
+ */
 
 const POLL_INTERVAL_MS = 5000;
 
@@ -264,15 +272,45 @@ export class LiveList {
   }
 }
 
+/**
+ * The lists of one cluster (`query`: `?cluster_id=ID`), or of every cluster (none).
+ * @param {string} query
+ * @returns {LiveLists}
+ */
+function liveLists(query) {
+  return {
+    models: new LiveList('/api/v1/models' + query),
+    instances: new LiveList('/api/v1/model-instances' + query),
+    workers: new LiveList('/api/v1/workers' + query),
+  };
+}
+
 /** The lists that change on their own, shared by every screen that shows them. */
-export const live = {
-  /** @type {LiveList<Model>} */
-  models: new LiveList('/api/v1/models'),
-  /** @type {LiveList<Instance>} */
-  instances: new LiveList('/api/v1/model-instances'),
-  /** @type {LiveList<Worker>} */
-  workers: new LiveList('/api/v1/workers'),
-};
+export const live = liveLists('');
+
+/** @type {Map<number, LiveLists>} the lists of each cluster a screen was filtered by */
+const byCluster = new Map();
+
+/**
+ * The lists of cluster `clusterId`, as the server filters them; every cluster's for
+ * null. Each stops on its own a while after its last screen left, like the others.
+ * @param {number | null} clusterId
+ * @returns {LiveLists}
+ */
+export function liveIn(clusterId) {
+  if (clusterId == null) return live;
+  let lists = byCluster.get(clusterId);
+  if (!lists) {
+    lists = liveLists('?cluster_id=' + clusterId);
+    byCluster.set(clusterId, lists);
+  }
+  return lists;
+}
+
+/** @returns {LiveList<any>[]} every list there is */
+function allLists() {
+  return [live, ...byCluster.values()].flatMap((lists) => [lists.models, lists.instances, lists.workers]);
+}
 
 /**
  * Shows in the top bar's #live how the lists are followed: live, polling, disconnected.
@@ -280,7 +318,7 @@ export const live = {
 function updateLiveIndicator() {
   const el = document.getElementById('live');
   if (!el) return;
-  const modes = Object.values(live).map((l) => l.mode).filter((m) => m !== 'idle');
+  const modes = allLists().map((l) => l.mode).filter((m) => m !== 'idle');
   let text = 'idle';
   let cls = '';
   if (modes.includes('offline')) {
@@ -351,5 +389,5 @@ export function combine(...cleanups) {
 
 /** Stops following every list, at once (the session ended). */
 export function stopLiveLists() {
-  for (const list of Object.values(live)) list.stop();
+  for (const list of allLists()) list.stop();
 }

@@ -77,4 +77,13 @@ export const MODEL_FIELDS = {
   worker_selector: 'The worker selector',
   custom_command: 'The command template',
   placement_strategy: 'The placement strategy',
+  cluster_id: 'The cluster',
+};
+
+/** What the cluster forms call the fields of a cluster. */
+export const CLUSTER_FIELDS = {
+  name: 'The name',
+  description: 'The description',
+  provider: 'The provider',
+  image: 'The image',
 };

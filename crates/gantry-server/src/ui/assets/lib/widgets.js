@@ -1,6 +1,7 @@
 // @ts-check
 // Small pieces of page that several screens show: states as badges, times as "12 s ago",
-// progress bars of downloads and uploads, labels as chips, and gantry's mark.
+// progress bars of downloads and uploads, labels as chips, a copy button, and gantry's
+// mark.
 
 import { h } from './dom.js';
 import { fmtAgo, fmtBytes, fmtDuration } from './format.js';
@@ -178,4 +179,36 @@ export function countBy(items, key) {
   const counts = {};
   for (const item of items) counts[item[key]] = (counts[item[key]] || 0) + 1;
   return counts;
+}
+
+/**
+ * A button that copies `text()` and says so.
+ * @param {() => string} text
+ * @param {HTMLElement} selectable what to select when the clipboard API is refused
+ * @param {string} [label] the button's text; `Copy` by default
+ * @returns {HTMLButtonElement}
+ */
+export function copyButton(text, selectable, label) {
+  const idle = label || 'Copy';
+  /** @type {HTMLButtonElement} */
+  const button = h('button', {
+    type: 'button',
+    class: 'primary',
+    onclick: async () => {
+      try {
+        await navigator.clipboard.writeText(text());
+      } catch (_) {
+        // No clipboard API on plain http to another host: the selected text copies.
+        const range = document.createRange();
+        range.selectNodeContents(selectable);
+        const selection = /** @type {Selection} */ (getSelection());
+        selection.removeAllRanges();
+        selection.addRange(range);
+        document.execCommand('copy');
+      }
+      button.textContent = 'Copied';
+      setTimeout(() => (button.textContent = idle), 2000);
+    },
+  }, idle);
+  return button;
 }

@@ -1,12 +1,14 @@
 // @ts-check
 // The instances screen: every instance with its state (a bar while it downloads), worker,
-// GPUs and address, filtered by model, state or worker, an admin's "Restart", and the logs
-// of one instance (#/instances/<id>/logs), followed every two seconds.
+// GPUs and address, filtered by model, state or worker, and by cluster where there is more
+// than one (the cluster's instances as the server lists them), an admin's "Restart", and
+// the logs of one instance (#/instances/<id>/logs), followed every two seconds.
 
 import { api } from '../lib/api.js';
+import { clusterFilter, clusterParam } from '../lib/clusters.js';
 import { confirmDialog } from '../lib/dialogs.js';
 import { h, pageHead, toast } from '../lib/dom.js';
-import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
+import { combine, follow, listStatus, live, liveIn, ticker } from '../lib/live.js';
 import { sentence } from '../lib/sentence.js';
 import { isAdmin } from '../lib/session.js';
 import { INSTANCE_STATE_CLASS, INSTANCE_STATES, instanceProgress, stateBadge, timeCell } from '../lib/widgets.js';
@@ -20,6 +22,8 @@ import { INSTANCE_STATE_CLASS, INSTANCE_STATES, instanceProgress, stateBadge, ti
  */
 export function renderInstances(main, parts, params) {
   if (parts[0] && parts[1] === 'logs') return renderLogs(main, Number(parts[0]), params);
+  const clusterId = clusterParam(params);
+  const lists = liveIn(clusterId);
   const modelFilter = h('select', { 'aria-label': 'Model' }, h('option', { value: '' }, 'all models'));
   const stateFilter = h('select', { 'aria-label': 'State' }, h('option', { value: '' }, 'all states'),
     INSTANCE_STATES.map((s) => h('option', { value: s }, s)));
@@ -31,6 +35,7 @@ export function renderInstances(main, parts, params) {
     if (modelFilter.value) q.set('model', modelFilter.value);
     if (stateFilter.value) q.set('state', stateFilter.value);
     if (wanted.worker) q.set('worker', wanted.worker);
+    if (clusterId != null) q.set('cluster', String(clusterId));
     const hash = '#/instances' + (q.toString() ? '?' + q : '');
     history.replaceState(null, '', hash);
     wanted.model = modelFilter.value;
@@ -40,12 +45,14 @@ export function renderInstances(main, parts, params) {
   modelFilter.addEventListener('change', setQuery);
   stateFilter.addEventListener('change', setQuery);
   const tableBox = h('div');
+  // The cluster's choice draws the screen again, with the model and state chosen kept.
+  const clusterChoice = clusterFilter(params, '#/instances');
   main.append(pageHead('Instances', h('div', { class: 'filters' },
-    workerFilter, h('label', null, 'Model', modelFilter), h('label', null, 'State', stateFilter))), tableBox);
+    workerFilter, clusterChoice, h('label', null, 'Model', modelFilter), h('label', null, 'State', stateFilter))), tableBox);
 
   const draw = () => {
     // Keep the model choices current without losing the selection.
-    const models = live.models.values();
+    const models = lists.models.values();
     const options = [h('option', { value: '' }, 'all models')].concat(models.map((m) => h('option', { value: String(m.id) }, m.name)));
     if (modelFilter.options.length !== options.length || models.some((m, i) => modelFilter.options[i + 1].value !== String(m.id))) {
       modelFilter.replaceChildren(...options);
@@ -53,22 +60,22 @@ export function renderInstances(main, parts, params) {
     modelFilter.value = wanted.model;
     workerFilter.replaceChildren();
     if (wanted.worker) {
-      const sample = live.instances.values().find((i) => String(i.worker_id) === wanted.worker);
+      const sample = lists.instances.values().find((i) => String(i.worker_id) === wanted.worker);
       workerFilter.append(h('span', { class: 'chip' }, 'worker ' + (sample ? sample.worker_name : wanted.worker)),
         h('button', { class: 'small', title: 'Show every worker', onclick: () => { wanted.worker = ''; setQuery(); } }, '×'));
     }
 
-    const status = listStatus([live.instances]);
+    const status = listStatus([lists.instances]);
     if (status) {
       tableBox.replaceChildren(status);
       return;
     }
-    const instances = live.instances.values().filter((i) =>
+    const instances = lists.instances.values().filter((i) =>
       (!wanted.model || String(i.model_id) === wanted.model) && (!wanted.state || i.state === wanted.state)
       && (!wanted.worker || String(i.worker_id) === wanted.worker));
     if (!instances.length) {
       tableBox.replaceChildren(h('div', { class: 'panel empty' },
-        live.instances.items.size ? 'No instance matches the filter.' : 'No instances: they appear when a model has replicas.'));
+        lists.instances.items.size ? 'No instance matches the filter.' : 'No instances: they appear when a model has replicas.'));
       return;
     }
     const columns = isAdmin() ? 9 : 8;
@@ -107,7 +114,7 @@ export function renderInstances(main, parts, params) {
         h('th', { class: 'opt' }, 'Updated'), h('th', null))),
       h('tbody', null, rows))));
   };
-  return combine(follow([live.instances, live.models], draw), ticker(draw, 10000));
+  return combine(follow([lists.instances, lists.models], draw), ticker(draw, 10000));
 }
 
 /**

@@ -1,9 +1,11 @@
 // @ts-check
 // The form that declares a model (the models screen's "New model", the catalog's and an
-// upload's "Deploy"): its source, backend and placement, and "Check fit", which asks the server
-// where replicas of it would go.
+// upload's "Deploy"): its source, backend, cluster (where there is more than one) and
+// placement, and "Check fit", which asks the server where replicas of it would go in that
+// cluster.
 
 import { api } from '../lib/api.js';
+import { loadClusters } from '../lib/clusters.js';
 import { checkField, field, h, toast } from '../lib/dom.js';
 import { describeSource, fmtBytes, joinArgs, parseLabels, splitArgs } from '../lib/format.js';
 import { MODEL_FIELDS, sentence } from '../lib/sentence.js';
@@ -57,13 +59,16 @@ export function estimateView(estimate) {
 
 /**
  * The new-model form. `preset` (a catalog entry, or one made of an upload) fills it in and
- * checks at once where the model would fit.
+ * checks at once where the model would fit. Where the caller may see more than one
+ * cluster, it asks which to deploy into: `clusterId` chosen first, else the default one.
  * @param {(model?: Model) => void} onDone called with the model created, or without one on Cancel
  * @param {CatalogEntry} [preset]
+ * @param {number | null} [clusterId]
  * @returns {HTMLFormElement}
  */
-export function modelForm(onDone, preset) {
+export function modelForm(onDone, preset, clusterId) {
   const name = h('input', { required: true, placeholder: 'llama-3-8b', maxlength: 63 });
+  const cluster = h('select', { 'aria-label': 'Cluster', 'data-cluster-select': '' });
   const description = h('input', { placeholder: 'optional' });
   const sourceType = h('select', null,
     h('option', { value: 'local_path' }, 'Local path'),
@@ -95,6 +100,21 @@ export function modelForm(onDone, preset) {
   const commandField = field('Command template', customCommand,
     'Placeholders: {model_path} {port} {gpu_ids} {host}. Split like a shell would, run without one.', 'wide');
   const offloadField = checkField('Allow CPU offload (llama.cpp)', cpuOffload);
+  const clusterField = field('Cluster', cluster, 'Its instances run on this cluster’s workers only.');
+  clusterField.classList.add('hidden');
+  // Offered once the clusters are read, and only when there is a choice; the option
+  // chosen first is the one a reset of the form goes back to.
+  loadClusters().then((clusters) => {
+    if (clusters.length < 2) return;
+    const wanted = clusters.find((c) => c.id === clusterId) || clusters.find((c) => c.is_default) || clusters[0];
+    cluster.replaceChildren(...clusters.map((c) => {
+      const option = h('option', { value: String(c.id) }, c.name + (c.is_default ? ' (default)' : ''));
+      option.defaultSelected = c === wanted;
+      return option;
+    }));
+    cluster.value = String(wanted.id);
+    clusterField.classList.remove('hidden');
+  });
 
   const sync = () => {
     pathField.classList.toggle('hidden', sourceType.value !== 'local_path');
@@ -156,6 +176,7 @@ export function modelForm(onDone, preset) {
       placement_strategy: strategy.value,
       worker_selector: parseLabels(selector.value),
     };
+    if (cluster.value) body.cluster_id = Number(cluster.value);
     if (backend.value === 'custom' && customCommand.value.trim()) body.custom_command = customCommand.value.trim();
     if (backend.value === 'llama.cpp') body.cpu_offload = cpuOffload.checked;
     return body;
@@ -208,6 +229,7 @@ export function modelForm(onDone, preset) {
   h('h2', null, preset ? 'Deploy ' + preset.title : 'New model'),
   h('div', { class: 'form-grid' },
     field('Name', name, 'Lowercase letters, digits, “-”, “_”, “.”'),
+    clusterField,
     field('Backend', backend),
     field('Replicas', replicas),
     field('Placement strategy', strategy, 'spread: emptiest worker first; binpack: fullest that fits.'),

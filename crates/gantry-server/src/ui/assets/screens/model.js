@@ -1,10 +1,11 @@
 // @ts-check
-// One model's page (#/models/<name>): its settings, its instances with their state and
-// why they are in it, where one more instance would fit now (admins), what it served in
+// One model's page (#/models/<name>): its settings (the cluster it is deployed into among
+// them), its instances with their state and why they are in it, where one more instance would fit now (admins), what it served in
 // the last 7 days, and the routes that send requests to it (admins).
 
 import { api, itemsOf } from '../lib/api.js';
 import { chartLegend, SERIES_COLOURS, stackedBars } from '../lib/charts.js';
+import { clusterName, DEFAULT_CLUSTER_ID, loadClusters } from '../lib/clusters.js';
 import { h } from '../lib/dom.js';
 import { describeSource, fmtBytes, fmtCount, joinArgs } from '../lib/format.js';
 import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
@@ -12,7 +13,7 @@ import { isAdmin } from '../lib/session.js';
 import { INSTANCE_STATE_CLASS, instanceProgress, labelChips, stateBadge, timeCell } from '../lib/widgets.js';
 import { estimateView } from './model-form.js';
 
-/** @import { Instance, Model, Route, UsageReport } from '../lib/api-types' */
+/** @import { Cluster, Instance, Model, Route, UsageReport } from '../lib/api-types' */
 
 /** How far back the page's usage goes, in days (one bar a day). */
 const USAGE_DAYS = 7;
@@ -40,6 +41,12 @@ export function renderModel(main, name) {
   /** @type {Model | null} the model as last drawn, to load what depends on it once */
   let shown = null;
   let stopped = false;
+  /** @type {Cluster[]} the clusters the caller may see, to name the model's */
+  let clusters = [];
+  loadClusters().then((read) => {
+    clusters = read;
+    if (shown && !stopped) settingsBox.replaceChildren(settingsPanel(shown, clusters));
+  });
 
   const draw = () => {
     const status = listStatus([live.models, live.instances]);
@@ -65,7 +72,7 @@ export function renderModel(main, name) {
       running + ' / ' + instances.length + ' running'));
     actions.replaceChildren(h('a', { class: 'button small', href: '#/instances?model=' + model.id }, 'In the instances list'));
     if (running) actions.append(h('a', { class: 'button small', href: '#/playground?model=' + encodeURIComponent(model.name) }, 'Chat'));
-    settingsBox.replaceChildren(settingsPanel(model));
+    settingsBox.replaceChildren(settingsPanel(model, clusters));
     instancesBox.replaceChildren(instancesPanel(model, instances));
     // What depends on the settings is read again only when they change.
     if (!shown || shown.updated_at !== model.updated_at) {
@@ -131,14 +138,32 @@ function sourceView(model) {
 }
 
 /**
+ * The cluster a model is deployed into: its name (a link to it for admins) where the
+ * caller may see it; else its id, unless it is the default cluster, which a person who
+ * sees no clusters need not hear of.
  * @param {Model} model
+ * @param {Cluster[]} clusters
+ * @returns {import('../lib/dom-types').Child}
+ */
+function clusterSetting(model, clusters) {
+  if (!clusters.some((c) => c.id === model.cluster_id)) {
+    return model.cluster_id === DEFAULT_CLUSTER_ID ? null : setting('Cluster', 'cluster ' + model.cluster_id, 'cluster');
+  }
+  const name = clusterName(clusters, model.cluster_id);
+  return setting('Cluster', isAdmin() ? h('a', { href: '#/clusters/' + model.cluster_id }, name) : name, 'cluster');
+}
+
+/**
+ * @param {Model} model
+ * @param {Cluster[]} clusters
  * @returns {HTMLElement}
  */
-function settingsPanel(model) {
+function settingsPanel(model, clusters) {
   return h('div', { class: 'panel' },
     h('h2', null, 'Settings'),
     model.description ? h('p', { class: 'muted' }, model.description) : null,
     h('dl', { class: 'settings' },
+      clusterSetting(model, clusters),
       setting('Source', sourceView(model), 'source'),
       setting('Backend', [h('span', { class: 'chip' }, model.backend), model.backend_version ? ' version ' + model.backend_version : null], 'backend'),
       setting('Replicas', String(model.replicas), 'replicas'),

@@ -1,27 +1,33 @@
 // @ts-check
 // The models screen: every model with its backend, source, replicas and how many of its
-// instances run (a bar while they download), and an admin's "New model", "Edit" and
-// "Delete".
+// instances run (a bar while they download), filtered by cluster (#/models?cluster=<id>)
+// where there is more than one, and an admin's "New model", "Edit" and "Delete".
 
-import { api, itemsOf } from '../lib/api.js';
+import { api, itemsOf, listAll } from '../lib/api.js';
+import { clusterFilter, clusterName, clusterParam } from '../lib/clusters.js';
 import { openDialog } from '../lib/dialogs.js';
 import { field, h, pageHead, toast } from '../lib/dom.js';
 import { describeSource, firstLine, formatLabels, joinArgs, parseLabels, splitArgs, truncate } from '../lib/format.js';
-import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
+import { combine, follow, listStatus, live, liveIn, ticker } from '../lib/live.js';
 import { isAdmin } from '../lib/session.js';
 import { MODEL_FIELDS, sentence } from '../lib/sentence.js';
 import { gravest } from '../lib/trouble.js';
 import { labelChips, progressBar, timeCell } from '../lib/widgets.js';
 import { modelForm } from './model-form.js';
 
-/** @import { DownloadProgress, Instance, Model, ModelSource, Route, RouteTarget } from '../lib/api-types' */
+/** @import { Cluster, DownloadProgress, Instance, Model, ModelSource, Route, RouteTarget } from '../lib/api-types' */
 
 /** @typedef {Instance & {download: DownloadProgress}} Downloading an instance downloading its model's files */
 
 /**
  * @param {HTMLElement} main
+ * @param {URLSearchParams} params
  */
-export function renderModels(main) {
+export function renderModels(main, params) {
+  const clusterId = clusterParam(params);
+  const lists = liveIn(clusterId);
+  /** @type {Cluster[]} */
+  let clusters = [];
   const tableBox = h('div');
   const formBox = h('div', { class: 'hidden' });
   const newButton = isAdmin()
@@ -34,24 +40,32 @@ export function renderModels(main) {
       },
     }, 'New model')
     : null;
-  if (isAdmin()) formBox.append(modelForm(() => formBox.classList.add('hidden')));
-  main.append(pageHead('Models', newButton), formBox, tableBox);
+  // A new model goes into the cluster the list shows, unless another is chosen.
+  if (isAdmin()) formBox.append(modelForm(() => formBox.classList.add('hidden'), undefined, clusterId));
+  const filter = clusterFilter(params, '#/models', (read) => {
+    clusters = read;
+    draw();
+  });
+  main.append(pageHead('Models', h('div', { class: 'filters' }, filter), newButton), formBox, tableBox);
 
   const draw = () => {
-    const status = listStatus([live.models, live.instances]);
+    const status = listStatus([lists.models, lists.instances]);
     if (status) {
       tableBox.replaceChildren(status);
       return;
     }
-    const models = live.models.values();
+    const models = lists.models.values();
     if (!models.length) {
+      const where = clusterId == null ? '' : ' in ' + clusterName(clusters, clusterId);
       tableBox.replaceChildren(h('div', { class: 'panel empty' },
-        isAdmin() ? 'No models yet. Declare one with “New model”.' : 'No models yet.'));
+        isAdmin() ? 'No models' + where + ' yet. Declare one with “New model”.' : 'No models' + where + ' yet.'));
       return;
     }
+    // Which cluster each model is in, where there are several and the list shows them all.
+    const showCluster = clusters.length > 1 && clusterId == null;
     /** @type {Map<number, {running: number, total: number, failed: number, downloading: Downloading[], instances: Instance[]}>} */
     const byModel = new Map();
-    for (const i of live.instances.values()) {
+    for (const i of lists.instances.values()) {
       const entry = byModel.get(i.model_id) || { running: 0, total: 0, failed: 0, downloading: [], instances: [] };
       entry.total += 1;
       entry.instances.push(i);
@@ -67,7 +81,9 @@ export function renderModels(main) {
       const why = gravest(counts.instances);
       const row = h('tr', { class: why ? 'has-detail' : null },
         h('td', { class: 'nowrap' }, h('a', { href: '#/models/' + encodeURIComponent(m.name), title: 'Settings, instances, usage and routes of ' + m.name }, h('strong', null, m.name)),
-          m.description ? h('div', { class: 'muted small' }, m.description) : null),
+          m.description ? h('div', { class: 'muted small' }, m.description) : null,
+          showCluster ? h('div', { class: 'small', 'data-model-cluster': '' }, 'cluster ',
+            h('a', { href: '#/models?cluster=' + m.cluster_id }, clusterName(clusters, m.cluster_id))) : null),
         h('td', { class: 'opt' }, h('span', { class: 'chip' }, m.backend)),
         h('td', { class: 'opt' }, h('div', { class: 'mono small', title: describeSource(m.source) }, truncate(describeSource(m.source), 48))),
         h('td', { class: 'num opt' }, m.replicas),
@@ -94,7 +110,7 @@ export function renderModels(main) {
         h('th', null))),
       h('tbody', null, rows))));
   };
-  return combine(follow([live.models, live.instances], draw), ticker(draw, 30000));
+  return combine(follow([lists.models, lists.instances], draw), ticker(draw, 30000));
 }
 
 /**
@@ -230,9 +246,16 @@ function editModel(model) {
 export async function deleteModel(model) {
   /** @type {Route[] | null} null when the routes could not be read */
   let routes = null;
+  /** @type {Set<string>} the names of the deployed models, of every cluster */
+  let deployed = new Set();
   try {
     /** @type {Route[]} */
     const all = itemsOf(await api('GET', '/api/v1/model-routes'));
+    // A list filtered by cluster follows that cluster's models only; a route's targets
+    // may be in any.
+    /** @type {Model[]} */
+    const models = live.models.loaded ? live.models.values() : await listAll('/api/v1/models');
+    deployed = new Set(models.map((m) => m.name));
     routes = all.filter((r) => targetsModel(r, model.name));
   } catch (_) {
     // Asked anyway: the warning says the routes are not known.
@@ -246,7 +269,7 @@ export async function deleteModel(model) {
     body.push(h('div', { class: 'alert warn confirm-warning', 'data-route-warning': '' },
       (routes.length === 1 ? 'A route sends' : routes.length + ' routes send') + ' requests to ' + model.name + ':',
       h('ul', null, routes.map((r) => h('li', { 'data-route': r.name },
-        h('strong', null, r.name), ' — ', afterDeletion(r, model.name))))));
+        h('strong', null, r.name), ' — ', afterDeletion(r, model.name, deployed))))));
   }
   body.push(h('p', null, 'This deletes the model and stops all of its instances. Clients calling it get errors at once.'));
   openDialog('Delete ' + model.name + '?', body, {
@@ -263,11 +286,11 @@ export async function deleteModel(model) {
  * What becomes of a route once the deployed model `name`, one of its targets, is gone.
  * @param {Route} route
  * @param {string} name
+ * @param {Set<string>} deployed the names of the deployed models
  * @returns {string}
  */
-function afterDeletion(route, name) {
+function afterDeletion(route, name, deployed) {
   const others = route.targets.filter((t) => !targetsThis(t, name));
-  const deployed = new Set(live.models.values().map((m) => m.name));
   if (others.some((t) => t.provider || deployed.has(t.model))) return 'its other targets answer instead.';
   return (others.length ? 'none of its other targets is deployed' : 'it has no other target')
     + ': its clients get errors until a model of this name runs again.';

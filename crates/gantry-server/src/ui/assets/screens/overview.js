@@ -1,11 +1,13 @@
 // @ts-check
 // The overview: counts of workers, GPUs (memory claimed and in use), models and instances,
 // the downloads under way, and what needs attention (models with failed, lost or stuck
-// instances, workers that are not ready), all following the live lists.
+// instances, workers that are not ready), all following the live lists: every cluster's,
+// or one cluster's where there is more than one to choose from (#/overview?cluster=<id>).
 
+import { clusterFilter, clusterParam } from '../lib/clusters.js';
 import { h, pageHead } from '../lib/dom.js';
 import { firstLine, fmtBytes } from '../lib/format.js';
-import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
+import { combine, follow, listStatus, liveIn, ticker } from '../lib/live.js';
 import { isAdmin } from '../lib/session.js';
 import { gravest, needsAttention } from '../lib/trouble.js';
 import { countBy, INSTANCE_STATE_CLASS, INSTANCE_STATES, instanceProgress, stateBadge, timeCell, WORKER_STATE_CLASS, WORKER_STATES } from '../lib/widgets.js';
@@ -39,10 +41,18 @@ function claimedBytes(instance) {
 
 /**
  * @param {HTMLElement} main
+ * @param {string[]} _parts
+ * @param {URLSearchParams} params
  */
-export function renderOverview(main) {
+export function renderOverview(main, _parts, params) {
+  const clusterId = clusterParam(params);
+  const live = liveIn(clusterId);
+  // Links into the other lists keep the cluster chosen here.
+  const inCluster = clusterId == null ? '' : 'cluster=' + clusterId;
+  /** @param {string} screen */
+  const to = (screen) => '#/' + screen + (inCluster ? '?' + inCluster : '');
   const body = h('div');
-  main.append(pageHead('Overview'), body);
+  main.append(pageHead('Overview', h('div', { class: 'filters' }, clusterFilter(params, '#/overview'))), body);
   /** @type {LiveList<any>[]} */
   const lists = isAdmin() ? [live.models, live.instances, live.workers] : [live.models, live.instances];
   const draw = () => {
@@ -59,7 +69,7 @@ export function renderOverview(main) {
       const gpus = workers.flatMap((w) => (w.status && w.status.gpus) || []);
       const simulated = gpus.filter((g) => g.simulated).length;
       cards.push(h('div', { class: 'card' },
-        h('h2', null, 'Workers', h('a', { href: '#/workers' }, 'View')),
+        h('h2', null, 'Workers', h('a', { href: to('workers') }, 'View')),
         h('div', { class: 'big' }, workers.length),
         breakdown(countBy(workers, 'state'), WORKER_STATES, WORKER_STATE_CLASS)));
       // Claimed: what the scheduler booked for the instances placed; used: what the
@@ -79,7 +89,7 @@ export function renderOverview(main) {
           h('span', null, what), h('div', { class: 'meter' }, bar), h('span', { class: 'num' }, fmtBytes(value)));
       };
       cards.push(h('div', { class: 'card' },
-        h('h2', null, 'GPUs', h('a', { href: '#/workers' }, 'View')),
+        h('h2', null, 'GPUs', h('a', { href: to('workers') }, 'View')),
         h('div', { class: 'big' }, gpus.length),
         h('div', { class: 'breakdown' },
           h('span', { class: 'badge idle' }, fmtBytes(total) + ' memory'),
@@ -88,11 +98,11 @@ export function renderOverview(main) {
     }
     const desired = models.reduce((sum, m) => sum + m.replicas, 0);
     cards.push(h('div', { class: 'card' },
-      h('h2', null, 'Models', h('a', { href: '#/models' }, 'View')),
+      h('h2', null, 'Models', h('a', { href: to('models') }, 'View')),
       h('div', { class: 'big' }, models.length),
       h('div', { class: 'breakdown' }, h('span', { class: 'badge idle' }, desired + ' replicas wanted'))));
     cards.push(h('div', { class: 'card' },
-      h('h2', null, 'Instances', h('a', { href: '#/instances' }, 'View')),
+      h('h2', null, 'Instances', h('a', { href: to('instances') }, 'View')),
       h('div', { class: 'big' }, instances.length),
       breakdown(countBy(instances, 'state'), INSTANCE_STATES, INSTANCE_STATE_CLASS)));
 

@@ -1,24 +1,60 @@
 // @ts-check
 // The users screen (admins): every user with their role (changed in place once confirmed;
-// the server keeps the last admin's), creating a user, resetting a password and deleting a
-// user.
+// the server keeps the last admin's) and the clusters they administer without being an
+// admin (chosen when the user is created, changed with "Clusters"), creating a user,
+// resetting a password and deleting a user.
 
 import { api, listAll } from '../lib/api.js';
+import { clusterName, loadClusters } from '../lib/clusters.js';
 import { confirmDialog, openDialog } from '../lib/dialogs.js';
 import { checkField, field, h, pageHead, toast } from '../lib/dom.js';
 import { currentUser } from '../lib/session.js';
 import { timeCell } from '../lib/widgets.js';
 
-/** @import { User } from '../lib/api-types' */
+/** @import { Cluster, User } from '../lib/api-types' */
+
+/**
+ * A tick box per cluster, those of `chosen` ticked: the clusters a user administers.
+ * @param {Cluster[]} clusters
+ * @param {number[]} chosen
+ * @returns {{element: HTMLElement, ids: () => number[]}}
+ */
+function clusterChoice(clusters, chosen) {
+  const boxes = clusters.map((c) => h('input', { type: 'checkbox', value: String(c.id), checked: chosen.includes(c.id) }));
+  const element = h('fieldset', { class: 'cluster-choice', 'data-cluster-choice': '' },
+    h('legend', null, 'Administers clusters'),
+    clusters.length
+      ? clusters.map((c, i) => h('label', { class: 'inline-check' }, boxes[i], c.name))
+      : h('span', { class: 'muted small' }, 'There are no clusters.'),
+    h('span', { class: 'hint' }, 'Deploys, scales and deletes models there, and sees and labels its workers, without being an admin.'));
+  return { element, ids: () => boxes.filter((b) => b.checked).map((b) => Number(b.value)) };
+}
+
+/**
+ * The clusters a user administers, by name: every one for an admin.
+ * @param {User} user
+ * @param {Cluster[]} clusters
+ * @returns {import('../lib/dom-types').Child}
+ */
+function administered(user, clusters) {
+  if (user.role === 'admin') return h('span', { class: 'muted' }, 'every cluster (admin)');
+  const ids = user.cluster_admin_of || [];
+  if (!ids.length) return h('span', { class: 'muted' }, '—');
+  return ids.map((id) => h('span', { class: 'chip' }, clusterName(clusters, id)));
+}
 
 /**
  * @param {HTMLElement} main
  */
 export function renderUsers(main) {
   const tableBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
+  /** @type {Cluster[]} */
+  let clusters = [];
   const load = async () => {
     try {
-      drawUsers(await listAll('/api/v1/users'));
+      const [users, read] = await Promise.all([listAll('/api/v1/users'), loadClusters()]);
+      clusters = read;
+      drawUsers(users);
     } catch (e) {
       tableBox.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, e.message)));
     }
@@ -34,15 +70,21 @@ export function renderUsers(main) {
         h('td', null, h('strong', null, u.username), self ? h('span', { class: 'muted' }, ' (you)') : null),
         h('td', null, u.full_name || h('span', { class: 'muted' }, '—')),
         h('td', null, role),
+        h('td', { class: 'opt', 'data-part': 'clusters' }, administered(u, clusters)),
         h('td', null, u.require_password_change ? h('span', { class: 'badge warn' }, 'must change password') : h('span', { class: 'muted' }, '—')),
         h('td', null, timeCell(u.created_at)),
         h('td', { class: 'actions' },
+          u.role === 'admin' ? null : h('button', {
+            class: 'small',
+            title: 'The clusters ' + u.username + ' administers',
+            onclick: () => editClusters(u, clusters, load),
+          }, 'Clusters'),
           h('button', { class: 'small', onclick: () => resetPassword(u, load) }, 'Reset password'),
           h('button', { class: 'small danger', disabled: self, title: self ? 'You cannot delete yourself' : null, onclick: () => deleteUser(u, load) }, 'Delete')));
     });
     tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', null,
       h('thead', null, h('tr', null, h('th', null, 'Username'), h('th', null, 'Full name'), h('th', null, 'Role'),
-        h('th', null, 'Password'), h('th', null, 'Created'), h('th', null))),
+        h('th', { class: 'opt' }, 'Administers'), h('th', null, 'Password'), h('th', null, 'Created'), h('th', null))),
       h('tbody', null, rows))));
   };
 
@@ -51,6 +93,9 @@ export function renderUsers(main) {
   const password = h('input', { type: 'password', required: true, minlength: 8, autocomplete: 'new-password' });
   const role = h('select', null, h('option', { value: 'user' }, 'user'), h('option', { value: 'admin' }, 'admin'));
   const mustChange = h('input', { type: 'checkbox', checked: true });
+  // Filled with the clusters when the form opens; none chosen.
+  const clustersBox = h('div', { class: 'field wide' });
+  let chosenClusters = clusterChoice([], []);
   const error = h('div', { class: 'alert', role: 'alert' });
   const submit = h('button', { class: 'primary', type: 'submit' }, 'Create user');
   const form = h('form', {
@@ -66,6 +111,7 @@ export function renderUsers(main) {
           full_name: fullName.value.trim(),
           role: role.value,
           require_password_change: mustChange.checked,
+          cluster_admin_of: role.value === 'admin' ? [] : chosenClusters.ids(),
         });
         toast('User ' + user.username + ' created.');
         form.reset();
@@ -84,7 +130,8 @@ export function renderUsers(main) {
     field('Full name', fullName),
     field('Password', password, 'At least 8 characters.'),
     field('Role', role),
-    checkField('Must choose a new password at first login', mustChange)),
+    checkField('Must choose a new password at first login', mustChange),
+    clustersBox),
   error,
   h('div', { class: 'form-actions' }, submit,
     h('button', { type: 'button', onclick: () => { form.reset(); form.classList.add('hidden'); } }, 'Cancel')));
@@ -93,9 +140,14 @@ export function renderUsers(main) {
     class: 'primary',
     onclick: () => {
       form.classList.toggle('hidden');
+      chosenClusters = clusterChoice(clusters, []);
+      clustersBox.replaceChildren(chosenClusters.element);
+      clustersBox.classList.toggle('hidden', role.value === 'admin');
       username.focus();
     },
   }, 'New user')), form, tableBox);
+  // An admin administers every cluster: the choice is for users.
+  role.addEventListener('change', () => clustersBox.classList.toggle('hidden', role.value === 'admin'));
   load();
   return () => {};
 }
@@ -149,6 +201,24 @@ function confirmRole(user, select, reload) {
       return;
     }
     reload();
+  });
+}
+
+/**
+ * The dialog that chooses the clusters a user administers.
+ * @param {User} user
+ * @param {Cluster[]} clusters
+ * @param {() => void} reload
+ */
+function editClusters(user, clusters, reload) {
+  const choice = clusterChoice(clusters, user.cluster_admin_of || []);
+  openDialog('Clusters ' + user.username + ' administers', choice.element, {
+    submitLabel: 'Save clusters',
+    onSubmit: async () => {
+      await api('PATCH', '/api/v1/users/' + user.id, { cluster_admin_of: choice.ids() });
+      toast('Clusters of ' + user.username + ' saved.');
+      reload();
+    },
   });
 }
 

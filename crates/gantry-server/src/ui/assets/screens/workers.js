@@ -1,19 +1,22 @@
 // @ts-check
 // The workers screen (admins): every worker with its state, labels, GPUs (memory claimed by
 // the instances placed there beside what the worker reports in use), the backends it runs
-// and how, and the command that joins another machine. One worker's page (#/workers/<id>):
+// and how, and the command that joins another machine to the default cluster (other
+// clusters' are on the clusters screen); filtered by cluster (#/workers?cluster=<id>)
+// where there is more than one. One worker's page (#/workers/<id>):
 // its facts, the instances placed on it, its last hour of CPU, RAM and GPU use as charts,
 // its backends, and the versions gantry installed there.
 
 import { api } from '../lib/api.js';
 import { hourChart, pct, SERIES_COLOURS } from '../lib/charts.js';
+import { clusterFilter, clusterName, clusterParam, loadClusters } from '../lib/clusters.js';
 import { confirmDialog, openDialog } from '../lib/dialogs.js';
 import { field, h, pageHead, toast } from '../lib/dom.js';
 import { firstLine, fmtBytes, formatLabels, parseLabels } from '../lib/format.js';
-import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
-import { countBy, INSTANCE_STATE_CLASS, labelChips, stateBadge, timeCell, WORKER_STATE_CLASS } from '../lib/widgets.js';
+import { combine, follow, listStatus, live, liveIn, ticker } from '../lib/live.js';
+import { copyButton, countBy, INSTANCE_STATE_CLASS, labelChips, stateBadge, timeCell, WORKER_STATE_CLASS } from '../lib/widgets.js';
 
-/** @import { GpuDevice, Instance, SystemInfo, Worker, WorkerHistory, WorkerJoin, WorkerStatus, InstalledBackendStatus } from '../lib/api-types' */
+/** @import { Cluster, GpuDevice, Instance, SystemInfo, Worker, WorkerHistory, WorkerJoin, WorkerStatus, InstalledBackendStatus } from '../lib/api-types' */
 
 /**
  * How a worker runs one backend: `found` (its program is configured or on PATH),
@@ -140,38 +143,9 @@ function backendChips(ways) {
 }
 
 /**
- * A button that copies `text()` and says so.
- * @param {() => string} text
- * @param {HTMLElement} selectable what to select when the clipboard API is refused
- * @returns {HTMLButtonElement}
- */
-function copyButton(text, selectable) {
-  /** @type {HTMLButtonElement} */
-  const button = h('button', {
-    type: 'button',
-    class: 'primary',
-    onclick: async () => {
-      try {
-        await navigator.clipboard.writeText(text());
-      } catch (_) {
-        // No clipboard API on plain http to another host: the selected text copies.
-        const range = document.createRange();
-        range.selectNodeContents(selectable);
-        const selection = /** @type {Selection} */ (getSelection());
-        selection.removeAllRanges();
-        selection.addRange(range);
-        document.execCommand('copy');
-      }
-      button.textContent = 'Copied';
-      setTimeout(() => (button.textContent = 'Copy'), 2000);
-    },
-  }, 'Copy');
-  return button;
-}
-
-/**
- * How a machine joins, folded under "Add a worker": the `gantry worker` command with the
- * registration token (admins only see this screen) and a copy button.
+ * How a machine joins the default cluster, folded under "Add a worker": the `gantry
+ * worker` command with the registration token (admins only see this screen) and a copy
+ * button, and where the other clusters' commands are.
  * @returns {HTMLDetailsElement}
  */
 function joinPanel() {
@@ -191,13 +165,15 @@ function joinPanel() {
           h('div', { class: 'join-command' }, command, copyButton(() => join.command || '', command)),
           h('p', { class: 'muted small' },
             'The token lets any machine join this cluster: keep it secret. Add --label key=value for models’ worker selectors; ',
-            'the worker must reach the server at this address, and the server the worker’s port 10150 (see docs/workers.md).'));
+            'the worker must reach the server at this address, and the server the worker’s port 10150 (see docs/workers.md).'),
+          otherClusters());
       } else {
         body.replaceChildren(
           h('p', { class: 'section-note' }, 'On the new machine, with the same gantry binary, run:'),
           h('pre', { class: 'code', 'data-join-command': '' }, 'gantry worker --server-url ' + join.server_urls.join(',') + ' --token <registration token>'),
           h('div', { class: 'alert warn' },
-            'This server does not hold the registration token: it is in the file registration_token in the data directory of the server that created it.'));
+            'This server does not hold the registration token: it is in the file registration_token in the data directory of the server that created it.'),
+          otherClusters());
       }
     } catch (e) {
       loaded = false;
@@ -211,34 +187,58 @@ function joinPanel() {
 }
 
 /**
+ * Where the join box sends a machine meant for another cluster than the default one.
+ * @returns {HTMLParagraphElement}
+ */
+function otherClusters() {
+  return h('p', { class: 'small', 'data-join-other-clusters': '' },
+    'This command joins the default cluster. Each other cluster has its own join command (and, for Kubernetes, manifests) on the ',
+    h('a', { href: '#/clusters' }, 'Clusters'), ' screen.');
+}
+
+/**
  * @param {HTMLElement} main
  * @param {string[]} parts
+ * @param {URLSearchParams} params
  */
-export function renderWorkers(main, parts) {
+export function renderWorkers(main, parts, params) {
   if (parts[0]) return renderWorker(main, Number(parts[0]));
+  const clusterId = clusterParam(params);
+  const lists = liveIn(clusterId);
+  /** @type {Cluster[]} */
+  let clusters = [];
   const tableBox = h('div');
   const join = joinPanel();
-  main.append(pageHead('Workers'), join, tableBox);
+  main.append(pageHead('Workers', h('div', { class: 'filters' }, clusterFilter(params, '#/workers', (read) => {
+    clusters = read;
+    draw();
+  }))), join, tableBox);
   let first = true;
   const draw = () => {
-    const status = listStatus([live.workers]);
+    const status = listStatus([lists.workers]);
     if (status) {
       tableBox.replaceChildren(status);
       return;
     }
-    const workers = live.workers.values();
+    const workers = lists.workers.values();
     // Nothing to list yet: how to add one is what the page is for.
-    if (first) join.open = !workers.length;
+    if (first) join.open = !workers.length && clusterId == null;
     first = false;
     if (!workers.length) {
-      tableBox.replaceChildren(h('div', { class: 'panel empty' },
-        'No workers yet. Start one on a GPU machine with the command under “Add a worker”.'));
+      tableBox.replaceChildren(h('div', { class: 'panel empty' }, clusterId == null
+        ? 'No workers yet. Start one on a GPU machine with the command under “Add a worker”.'
+        : ['No workers in ' + clusterName(clusters, clusterId) + ' yet: run ',
+          h('a', { href: '#/clusters/' + clusterId }, 'its join command'), ' on a GPU machine.']));
       return;
     }
+    // Which cluster each worker is in, where there are several and the list shows them all.
+    const showCluster = clusters.length > 1 && clusterId == null;
     const instancesOn = countBy(live.instances.values().filter((i) => i.worker_id != null), 'worker_id');
     const rows = workers.map((w) => h('tr', { 'data-worker': w.name },
       h('td', null, h('a', { href: '#/workers/' + w.id, title: 'Instances, backends and the last hour of ' + w.name }, h('strong', null, w.name)),
         h('div', { class: 'muted small mono' }, w.address),
+        showCluster ? h('div', { class: 'small', 'data-worker-cluster': '' }, 'cluster ',
+          h('a', { href: '#/workers?cluster=' + w.cluster_id }, clusterName(clusters, w.cluster_id))) : null,
         backendChips(backendWays(w.status))),
       h('td', null, stateBadge(w.state, WORKER_STATE_CLASS),
         w.state_message ? h('div', { class: 'state-message' }, w.state_message) : null),
@@ -256,7 +256,7 @@ export function renderWorkers(main, parts) {
         h('th', { class: 'opt' }, 'Host'), h('th', { class: 'num opt' }, 'Instances'), h('th', { class: 'opt' }, 'Last heartbeat'), h('th', null))),
       h('tbody', null, rows))));
   };
-  return combine(follow([live.workers, live.instances], draw), ticker(draw, 5000));
+  return combine(follow([lists.workers, live.instances], draw), ticker(draw, 5000));
 }
 
 /**
@@ -314,6 +314,8 @@ function renderWorker(main, id) {
   const ways = h('div');
   const backends = h('div');
   main.append(head, facts, h('h2', null, 'Instances on this worker'), placed, charts, h('h2', null, 'Backends'), ways, backends);
+  /** @type {Cluster[]} */
+  let clusters = [];
   const drawFacts = () => {
     const w = live.workers.items.get(id);
     head.replaceChildren(pageHead('Worker ' + (w ? w.name : id), h('a', { href: '#/workers' }, '← Workers')));
@@ -328,6 +330,8 @@ function renderWorker(main, id) {
     }
     facts.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'facts' },
       h('div', { class: 'fact' }, h('span', null, 'State'), stateBadge(w.state, WORKER_STATE_CLASS)),
+      h('div', { class: 'fact', 'data-fact': 'cluster' }, h('span', null, 'Cluster'),
+        h('a', { href: '#/clusters/' + w.cluster_id }, clusterName(clusters, w.cluster_id))),
       h('div', { class: 'fact' }, h('span', null, 'Address'), h('code', null, w.address)),
       h('div', { class: 'fact' }, h('span', null, 'Last heartbeat'), timeCell(w.last_heartbeat_at)),
       h('div', { class: 'fact' }, h('span', null, 'Labels'), labelChips(w.labels)),
@@ -337,6 +341,10 @@ function renderWorker(main, id) {
     placed.replaceChildren(instancesTable(live.instances.values().filter((i) => i.worker_id === id)));
     ways.replaceChildren(backendsTable(backendWays(w.status)));
   };
+  loadClusters().then((read) => {
+    clusters = read;
+    drawFacts();
+  });
   const load = async () => {
     try {
       /** @type {WorkerHistory} */
