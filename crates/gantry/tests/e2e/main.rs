@@ -28,6 +28,7 @@ mod model_sources;
 mod model_sources_s3;
 mod outage;
 mod packaging;
+mod pools;
 mod rolling_restart;
 mod routes;
 mod secrets_in_logs;
