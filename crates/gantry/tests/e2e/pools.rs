@@ -130,3 +130,149 @@ async fn a_local_pool_grows_for_a_model_serves_it_and_shrinks_when_it_goes() {
     let events = admin.pool_events(burst.id, pool.id).await.unwrap();
     assert!(events.iter().any(|e| e.kind == "scale_down"), "{events:?}");
 }
+
+/// A cloud whose `create` records the call, makes the machine, then takes 5 s to answer:
+/// long enough to kill the leader while it waits.
+const SLOW_CLOUD: &str = r#"#!/bin/bash
+set -eu
+dir="$(dirname "$0")/machines"
+mkdir -p "$dir"
+input=$(cat)
+name=$(printf '%s' "$input" | sed -n 's/.*"name":"\([^"]*\)".*/\1/p')
+case "${@: -1}" in
+  create)
+    echo "$name" >> "$dir/created.log"
+    printf '%s' "$input" > "$dir/$name.json"
+    sleep 5
+    echo "{\"external_id\": \"vm-$name\"}"
+    ;;
+  find)
+    if [[ -f "$dir/$name.json" ]]; then echo "{\"external_id\": \"vm-$name\"}"; else echo null; fi
+    ;;
+  delete)
+    rm -f "$dir/$name.json"
+    ;;
+esac
+"#;
+
+/// `kill -9` of the leader while its provider is creating three machines: the next
+/// leader finds each machine by the name written before it was asked for, so exactly
+/// three are made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_during_a_scale_out_leaves_exactly_the_machines_asked_for() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let db = gantry_testkit::TestDatabase::new(gantry_testkit::TestEngine::Postgres).await;
+    let commands = tempfile::tempdir().unwrap();
+    let script = commands.path().join("slow-cloud.sh");
+    std::fs::write(&script, SLOW_CLOUD).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let commands_dir = commands.path().display().to_string();
+    let mut args = crate::common::ha_server_args(&db.url);
+    args.extend(
+        [
+            "--pool-interval",
+            "300ms",
+            "--pool-commands-dir",
+            &commands_dir,
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut servers = vec![Cluster::start(&args).await, Cluster::start(&args).await];
+    let admin =
+        gantry_client::Client::with_servers(servers.iter().map(|s| s.base.clone()).collect())
+            .with_token(servers[0].client().token().unwrap());
+    let burst = admin
+        .create_cluster(&ClusterCreate {
+            name: "burst".into(),
+            description: String::new(),
+            provider: ClusterProvider::Custom,
+        })
+        .await
+        .unwrap();
+    let pool = admin
+        .create_pool(
+            burst.id,
+            &WorkerPoolCreate {
+                name: "burst".into(),
+                provider: PoolProvider::Exec,
+                instance_type: "gpu".into(),
+                image: String::new(),
+                region: String::new(),
+                gpus: "1x80GiB".into(),
+                memory: None,
+                labels: Default::default(),
+                min: 3,
+                max: 3,
+                scale_down_after: None,
+                command: Some("slow-cloud.sh".into()),
+                api_url: None,
+                credentials: None,
+            },
+        )
+        .await
+        .unwrap();
+
+    // All three creations under way: the leader is killed while it waits for them.
+    let created = commands.path().join("machines/created.log");
+    let lines = |path: &std::path::Path| -> Vec<String> {
+        std::fs::read_to_string(path)
+            .map(|text| text.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    gantry_testkit::eventually(
+        "three creations under way",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { Ok::<_, std::convert::Infallible>(lines(&created).len()) },
+        |n| *n == 3,
+        String::new,
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let status: gantry_types::ClusterStatus = gantry_testkit::answer_json(
+        http.get(format!("{}/api/v1/coordinator/cluster", servers[0].base))
+            .bearer_auth(admin.token().unwrap()),
+    )
+    .await;
+    let leader_id = status.leader.server_id.expect("someone leads");
+    let index = servers
+        .iter()
+        .position(|s| format!("server-{}", s.base.rsplit(':').next().unwrap()) == leader_id)
+        .expect("the leader is one of ours");
+    let mut leader = servers.remove(index);
+    leader.server.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = leader.server.child.take().map(|mut c| c.wait());
+    admin.set_servers(vec![servers[0].base.clone()]);
+
+    let adopted = poll(
+        "the new leader to find the three machines",
+        Duration::from_secs(60),
+        &[&servers[0].server],
+        || admin.get_pool(burst.id, pool.id),
+        |p: &gantry_types::WorkerPool| {
+            p.machines.len() == 3
+                && p.machines
+                    .iter()
+                    .all(|m| m.state == MachineState::Initializing)
+        },
+    )
+    .await;
+    let mut names: Vec<&str> = adopted.machines.iter().map(|m| m.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["burst-1", "burst-2", "burst-3"]);
+    let mut made = lines(&created);
+    made.sort();
+    assert_eq!(made, ["burst-1", "burst-2", "burst-3"], "each made once");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(lines(&created).len(), 3, "and no more since");
+    let events = admin.pool_events(burst.id, pool.id).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.message.contains("found at the provider")),
+        "{events:?}"
+    );
+}
