@@ -217,7 +217,9 @@ def check_download_progress(page, base, expected, worker_api, screenshots):
 def check_model_files(page, base, expected, screenshots):
     nav = page.locator("nav.nav")
     links = nav.locator("a").all_inner_texts()
-    assert links.index("Model files") == links.index("Workers") + 1, f"navigation: {links}"
+    # Operate: Workers, their Clusters, then the files on the workers.
+    assert links.index("Clusters") == links.index("Workers") + 1, f"navigation: {links}"
+    assert links.index("Model files") == links.index("Clusters") + 1, f"navigation: {links}"
     nav.get_by_role("link", name="Model files").click()
     expect(page).to_have_title("Model files · gantry")
     expect(nav.locator("a.active")).to_have_text("Model files")
@@ -494,7 +496,9 @@ def check_upload_as_a_source(page, expected, upload_id):
     form.get_by_role("button", name="Create model").click()
     expect(page.locator("#toasts")).to_contain_text(f'Model {expected["model"]} created with 1 replica.')
     expect(form).to_be_hidden()
-    row = page.locator("tbody tr").filter(has_text=expected["model"])
+    # The model's own row: the file uploaded is no model, so a row of why its instance
+    # waits may follow it.
+    row = page.locator("tbody tr:not(.detail)").filter(has_text=expected["model"])
     expect(row).to_contain_text(f"upload {upload_id}")
 
 
