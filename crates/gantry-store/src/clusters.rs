@@ -332,8 +332,8 @@ impl Store {
         Ok(cluster)
     }
 
-    /// Each cluster's counts of workers, ready workers, GPUs and models; a cluster with
-    /// none of them has no entry.
+    /// Each cluster's counts of workers, ready workers, GPUs, models and pool machines on
+    /// their way; a cluster with none of them has no entry.
     pub async fn cluster_counts(&self) -> Result<HashMap<i64, ClusterCounts>, StoreError> {
         let gpus = match self.engine {
             Engine::Sqlite => "json_array_length(status, '$.gpus')",
@@ -348,7 +348,13 @@ impl Store {
         let models =
             sqlx::query("SELECT cluster_id, COUNT(*) AS models FROM models GROUP BY cluster_id")
                 .fetch_all(&self.reads);
-        let (workers, models) = tokio::try_join!(workers, models)?;
+        let machines = sqlx::query(
+            "SELECT p.cluster_id AS cluster_id, COUNT(*) AS machines FROM pool_machines m \
+             JOIN worker_pools p ON p.id = m.pool_id \
+             WHERE m.state IN ('provisioning', 'initializing') GROUP BY p.cluster_id",
+        )
+        .fetch_all(&self.reads);
+        let (workers, models, machines) = tokio::try_join!(workers, models, machines)?;
         let mut counts: HashMap<i64, ClusterCounts> = HashMap::new();
         let count = |row: &AnyRow, column: &str| -> Result<u64, StoreError> {
             Ok(u64::try_from(int(row, T, column)?).unwrap_or(0))
@@ -361,6 +367,12 @@ impl Store {
         }
         for row in &models {
             counts.entry(int(row, T, "cluster_id")?).or_default().models = count(row, "models")?;
+        }
+        for row in &machines {
+            counts
+                .entry(int(row, T, "cluster_id")?)
+                .or_default()
+                .machines_on_the_way = count(row, "machines")?;
         }
         Ok(counts)
     }

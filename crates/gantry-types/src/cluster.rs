@@ -90,6 +90,9 @@ pub struct ClusterCounts {
     pub gpus: u64,
     /// Models deployed into the cluster.
     pub models: u64,
+    /// Machines its worker pools are making whose workers have not registered yet.
+    #[serde(default)]
+    pub machines_on_the_way: u64,
 }
 
 /// A cluster as the API shows it.
@@ -125,6 +128,16 @@ impl Cluster {
                 )
             };
             return (ClusterState::Ready, message);
+        }
+        if counts.machines_on_the_way > 0 {
+            return (
+                ClusterState::Provisioning,
+                format!(
+                    "{} machine(s) of its worker pools are being made; the cluster is ready \
+                     once one of their workers registers",
+                    counts.machines_on_the_way
+                ),
+            );
         }
         let message = if counts.workers == 0 {
             format!(
@@ -260,6 +273,13 @@ mod tests {
             ready_workers: 2,
             ..none
         };
+        let coming = ClusterCounts {
+            machines_on_the_way: 2,
+            ..none
+        };
+        let (state, message) = Cluster::state_of(4, &coming);
+        assert_eq!(state, ClusterState::Provisioning);
+        assert!(message.starts_with("2 machine(s)"), "{message}");
         let (state, message) = Cluster::state_of(4, &some);
         assert_eq!(state, ClusterState::Ready);
         assert!(message.starts_with("2 of 3 workers ready"), "{message}");

@@ -191,6 +191,9 @@ async fn a_pool_follows_demand_and_gives_idle_machines_back(engine: TestEngine) 
     .await;
     let names: Vec<String> = grown.machines.iter().map(|m| m.name.clone()).collect();
     assert_eq!(names, ["burst-1", "burst-2"]);
+    let coming = admin.get_cluster(burst.id).await.unwrap();
+    assert_eq!(coming.state, gantry_types::ClusterState::Provisioning);
+    assert_eq!(coming.counts.machines_on_the_way, 2);
     assert_eq!(grown.machines[0].external_id.as_deref(), Some("vm-burst-1"));
     let request: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(cloud.parent().unwrap().join("machines/burst-1.json")).unwrap(),

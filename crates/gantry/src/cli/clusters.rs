@@ -414,6 +414,7 @@ mod tests {
             ready_workers: 1,
             gpus: 4,
             models: 3,
+            ..ClusterCounts::default()
         };
         east.state = ClusterState::Ready;
         let text = table(

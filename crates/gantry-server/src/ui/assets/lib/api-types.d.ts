@@ -156,7 +156,7 @@ export interface Cluster {
   is_default: boolean;
   state: 'pending' | 'provisioning' | 'ready';
   state_message: string;
-  counts: { workers: number; ready_workers: number; gpus: number; models: number };
+  counts: { workers: number; ready_workers: number; gpus: number; models: number; machines_on_the_way: number };
   created_at: Timestamp;
   updated_at: Timestamp;
 }
