@@ -1,37 +1,11 @@
-//! The `exec` provider against a real script: machines kept as files in a directory,
-//! created, found by name, deleted, and a failure's own words.
+//! The `exec` provider against a real script (the test kit's cloud: machines kept as
+//! files): created, found by name, deleted, and a failure's own words.
 
 #![allow(clippy::unwrap_used)]
 
-use std::os::unix::fs::PermissionsExt;
-
 use gantry_provision::exec::Exec;
 use gantry_provision::MachineRequest;
-
-/// A provider script: `create` writes `<dir>/<name>.json` with what it was given and
-/// answers an id; `find` answers the machine when its file is there; `delete` removes
-/// it. A name starting with `bad` fails with a message on stderr, as a cloud would.
-const SCRIPT: &str = r#"#!/bin/bash
-set -eu
-dir="$(dirname "$0")/machines"
-mkdir -p "$dir"
-input=$(cat)
-name=$(printf '%s' "$input" | sed -n 's/.*"name":"\([^"]*\)".*/\1/p')
-case "${@: -1}" in
-  create)
-    if [[ "$name" == bad* ]]; then echo "quota exceeded: no GPUs left in region nyc2" >&2; exit 3; fi
-    printf '%s' "$input" > "$dir/$name.json"
-    printf '%s' "${GANTRY_POOL_CREDENTIALS:-none}" > "$dir/$name.credentials"
-    echo "{\"external_id\": \"vm-$name\", \"address\": \"10.1.2.3\"}"
-    ;;
-  find)
-    if [[ -f "$dir/$name.json" ]]; then echo "{\"external_id\": \"vm-$name\"}"; else echo null; fi
-    ;;
-  delete)
-    rm -f "$dir/$name.json"
-    ;;
-esac
-"#;
+use gantry_testkit::cloud::{write_cloud_script, Cloud};
 
 fn request(name: &str) -> MachineRequest {
     MachineRequest {
@@ -50,14 +24,19 @@ fn request(name: &str) -> MachineRequest {
 async fn a_script_creates_finds_and_deletes_machines() {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("provider.sh");
-    std::fs::write(&script, SCRIPT).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_cloud_script(
+        &script,
+        Cloud {
+            fail_names_starting: Some(("bad", "quota exceeded: no GPUs left in region nyc2")),
+            ..Cloud::default()
+        },
+    );
     let exec = Exec::new(dir.path(), "provider.sh --verbose", Some("secret-token")).unwrap();
 
     assert_eq!(exec.find("p-1").await.unwrap(), None);
     let made = exec.create(&request("p-1")).await.unwrap();
     assert_eq!(made.external_id, "vm-p-1");
-    assert_eq!(made.address.as_deref(), Some("10.1.2.3"));
+    assert_eq!(made.address.as_deref(), Some("127.0.0.1"));
     let given: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.path().join("machines/p-1.json")).unwrap(),
     )
@@ -82,7 +61,7 @@ async fn a_script_creates_finds_and_deletes_machines() {
 
     let failed = exec.create(&request("bad-1")).await.unwrap_err();
     assert!(
-        failed.0.contains("exited with exit status: 3")
+        failed.0.contains("exited with exit status: 2")
             && failed
                 .0
                 .contains("quota exceeded: no GPUs left in region nyc2"),

@@ -18,6 +18,7 @@ use std::time::Duration;
 use gantry_store::{Store, StoreConfig};
 
 pub mod browser;
+pub mod cloud;
 mod double;
 pub mod gateway;
 pub mod hub;

@@ -6,41 +6,17 @@
 //! `scale_down_after` are drained and deleted. A provider's failure is retried with its
 //! words shown; a deleted pool deletes its machines.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::{simulated_worker, Options, TestServer};
 use gantry_client::Client;
+use gantry_testkit::cloud::{cloud_log, write_cloud_script, Cloud};
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::{
     ClusterCreate, ClusterProvider, InstanceState, MachineState, ModelCreate, ModelUpdate,
     PoolProvider, WorkerPool, WorkerPoolCreate,
 };
-
-/// The cloud: machines are files in `<script dir>/machines`; `create` of a machine whose
-/// name starts with `bad` fails as a provider out of capacity would.
-const SCRIPT: &str = r#"#!/bin/bash
-set -eu
-dir="$(dirname "$0")/machines"
-mkdir -p "$dir"
-input=$(cat)
-name=$(printf '%s' "$input" | sed -n 's/.*"name":"\([^"]*\)".*/\1/p')
-case "${@: -1}" in
-  create)
-    if [[ "$name" == bad* ]]; then echo "out of capacity: no GPUs left in region lab-1" >&2; exit 2; fi
-    printf '%s' "$input" > "$dir/$name.json"
-    echo "{\"external_id\": \"vm-$name\", \"address\": \"127.0.0.1\"}"
-    ;;
-  find)
-    if [[ -f "$dir/$name.json" ]]; then echo "{\"external_id\": \"vm-$name\"}"; else echo null; fi
-    ;;
-  delete)
-    rm -f "$dir/$name.json"
-    echo "$name" >> "$dir/deleted.log"
-    ;;
-esac
-"#;
 
 const LONG_WAIT: Duration = Duration::from_secs(60);
 
@@ -49,8 +25,13 @@ fn script(server: &TestServer) -> PathBuf {
     let dir = server.data_path("pool-commands");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("cloud.sh");
-    std::fs::write(&path, SCRIPT).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_cloud_script(
+        &path,
+        Cloud {
+            fail_names_starting: Some(("bad", "out of capacity: no GPUs left in region lab-1")),
+            ..Cloud::default()
+        },
+    );
     path
 }
 
@@ -282,11 +263,10 @@ async fn a_pool_follows_demand_and_gives_idle_machines_back(engine: TestEngine) 
     })
     .await;
     assert!(emptied.machines.is_empty());
-    let deleted =
-        std::fs::read_to_string(cloud.parent().unwrap().join("machines/deleted.log")).unwrap();
-    let mut deleted: Vec<&str> = deleted.lines().collect();
-    deleted.sort_unstable();
-    assert_eq!(deleted, ["burst-1", "burst-2", "burst-3"]);
+    assert_eq!(
+        cloud_log(&cloud, "deleted.log"),
+        ["burst-1", "burst-2", "burst-3"]
+    );
     let events = admin.pool_events(burst.id, pool.id).await.unwrap();
     assert!(
         events

@@ -131,42 +131,23 @@ async fn a_local_pool_grows_for_a_model_serves_it_and_shrinks_when_it_goes() {
     assert!(events.iter().any(|e| e.kind == "scale_down"), "{events:?}");
 }
 
-/// A cloud whose `create` records the call, makes the machine, then takes 5 s to answer:
-/// long enough to kill the leader while it waits.
-const SLOW_CLOUD: &str = r#"#!/bin/bash
-set -eu
-dir="$(dirname "$0")/machines"
-mkdir -p "$dir"
-input=$(cat)
-name=$(printf '%s' "$input" | sed -n 's/.*"name":"\([^"]*\)".*/\1/p')
-case "${@: -1}" in
-  create)
-    echo "$name" >> "$dir/created.log"
-    printf '%s' "$input" > "$dir/$name.json"
-    sleep 5
-    echo "{\"external_id\": \"vm-$name\"}"
-    ;;
-  find)
-    if [[ -f "$dir/$name.json" ]]; then echo "{\"external_id\": \"vm-$name\"}"; else echo null; fi
-    ;;
-  delete)
-    rm -f "$dir/$name.json"
-    ;;
-esac
-"#;
-
 /// `kill -9` of the leader while its provider is creating three machines: the next
 /// leader finds each machine by the name written before it was asked for, so exactly
 /// three are made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_during_a_scale_out_leaves_exactly_the_machines_asked_for() {
-    use std::os::unix::fs::PermissionsExt;
-
     let db = gantry_testkit::TestDatabase::new(gantry_testkit::TestEngine::Postgres).await;
     let commands = tempfile::tempdir().unwrap();
+    // Each creation takes 5 s after the machine is made: long enough to kill the leader
+    // while it waits.
     let script = commands.path().join("slow-cloud.sh");
-    std::fs::write(&script, SLOW_CLOUD).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    gantry_testkit::cloud::write_cloud_script(
+        &script,
+        gantry_testkit::cloud::Cloud {
+            create_delay_seconds: 5,
+            ..Default::default()
+        },
+    );
     let commands_dir = commands.path().display().to_string();
     let mut args = crate::common::ha_server_args(&db.url);
     args.extend(
@@ -216,17 +197,12 @@ async fn a_leader_killed_during_a_scale_out_leaves_exactly_the_machines_asked_fo
         .unwrap();
 
     // All three creations under way: the leader is killed while it waits for them.
-    let created = commands.path().join("machines/created.log");
-    let lines = |path: &std::path::Path| -> Vec<String> {
-        std::fs::read_to_string(path)
-            .map(|text| text.lines().map(str::to_owned).collect())
-            .unwrap_or_default()
-    };
+    let created = || gantry_testkit::cloud::cloud_log(&script, "created.log");
     gantry_testkit::eventually(
         "three creations under way",
         Duration::from_secs(30),
         Duration::from_millis(50),
-        || async { Ok::<_, std::convert::Infallible>(lines(&created).len()) },
+        || async { Ok::<_, std::convert::Infallible>(created().len()) },
         |n| *n == 3,
         String::new,
     )
@@ -263,11 +239,13 @@ async fn a_leader_killed_during_a_scale_out_leaves_exactly_the_machines_asked_fo
     let mut names: Vec<&str> = adopted.machines.iter().map(|m| m.name.as_str()).collect();
     names.sort_unstable();
     assert_eq!(names, ["burst-1", "burst-2", "burst-3"]);
-    let mut made = lines(&created);
-    made.sort();
-    assert_eq!(made, ["burst-1", "burst-2", "burst-3"], "each made once");
+    assert_eq!(
+        created(),
+        ["burst-1", "burst-2", "burst-3"],
+        "each made once"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(lines(&created).len(), 3, "and no more since");
+    assert_eq!(created().len(), 3, "and no more since");
     let events = admin.pool_events(burst.id, pool.id).await.unwrap();
     assert!(
         events
