@@ -132,7 +132,8 @@ impl Local {
         command
             .arg("worker")
             .args(["--server-url", &request.server_urls.join(",")])
-            .args(["--token", &request.cluster_token])
+            // In the environment, not on the command line, where `ps` would show it.
+            .env("GANTRY_TOKEN", &request.cluster_token)
             .args(["--worker-name", &request.name])
             .args(["--simulate-gpus", &request.gpus])
             .arg("--data-dir")
