@@ -1,5 +1,5 @@
 //! The client commands of `gantry`: `login`, `logout`, `models`, `instances`, `workers`,
-//! `clusters`, `keys`, `providers`, `routes`, `chat` and `completions`. They talk to a
+//! `clusters`, `pools`, `keys`, `providers`, `routes`, `chat` and `completions`. They talk to a
 //! running gantry through `gantry-client` (the only place that knows the API's URLs) with
 //! the token that `gantry login` saved (`config_file.rs`), print an aligned table or, with
 //! `-o json`, the API's JSON (`output.rs`), and turn the server's error answers into one
@@ -16,6 +16,7 @@ mod keys;
 mod login;
 mod models;
 mod output;
+mod pools;
 mod providers;
 mod routes;
 mod workers;
@@ -43,6 +44,9 @@ pub enum ClientCommand {
     /// List, show, create, change and delete clusters, and print the command that joins
     /// a machine to one.
     Clusters(clusters::ClustersArgs),
+    /// List, show, create, change and delete worker pools: machines a cluster creates and
+    /// deletes through a provider as its models need them.
+    Pools(pools::PoolsArgs),
     /// Create, list, limit and delete your API keys.
     Keys(keys::KeysArgs),
     /// Add, list, change and delete model providers: external OpenAI-compatible APIs
@@ -120,6 +124,7 @@ pub fn run(command: ClientCommand) -> anyhow::Result<()> {
             ClientCommand::Instances(args) => instances::run(args).await,
             ClientCommand::Workers(args) => workers::run(args).await,
             ClientCommand::Clusters(args) => clusters::run(args).await,
+            ClientCommand::Pools(args) => pools::run(args).await,
             ClientCommand::Keys(args) => keys::run(args).await,
             ClientCommand::Providers(args) => providers::run(args).await,
             ClientCommand::Routes(args) => routes::run(args).await,

@@ -1,8 +1,10 @@
 //! The command line client (`gantry login`, `models`, `instances`, `workers`, `clusters`,
-//! `keys`, `providers`, `routes`, `chat`, `completions`, `logout`) as a user runs it: the built
-//! `gantry` binary as a child process, with its own `HOME` and `XDG_CONFIG_HOME`, against a
-//! real server — and, for the models and the chat, a real worker running the tiny model
-//! with a real `llama-server`. The cluster's state is checked through the typed client.
+//! `pools`, `keys`, `providers`, `routes`, `chat`, `completions`, `logout`) as a user runs
+//! it: the built `gantry` binary as a child process, with its own `HOME` and
+//! `XDG_CONFIG_HOME`, against a real server — and, for the models and the chat, a real
+//! worker running the tiny model with a real `llama-server`; for worker pools, an `exec`
+//! program in the server's `pool_commands_dir`. The cluster's state is checked through the
+//! typed client.
 
 use crate::common;
 
@@ -857,6 +859,228 @@ async fn clusters_are_made_joined_deployed_into_and_guarded_from_the_command_lin
         left.iter().map(|c| c.id).collect::<Vec<_>>(),
         [DEFAULT_CLUSTER_ID]
     );
+}
+
+/// The `exec` program of the pools test: a cloud out of GPUs. Every machine asked for is
+/// refused with the words a provider would use; there is none to find, and deleting one
+/// that does not exist succeeds.
+const NO_CAPACITY_SCRIPT: &str = r#"#!/bin/sh
+for action; do :; done
+cat > /dev/null
+case "$action" in
+  create) echo "out of capacity: no GPUs left in region lab-1" >&2; exit 2 ;;
+  find) echo null ;;
+esac
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_pools_are_made_shown_changed_and_deleted_from_the_command_line() {
+    let cluster = Cluster::start(&["--pool-interval", "500ms"]).await;
+    // The server runs only programs in its pool_commands_dir, <data dir>/pool-commands.
+    let commands = cluster.dir.path().join("server/pool-commands");
+    std::fs::create_dir_all(&commands).unwrap();
+    let program = commands.join("no-capacity.sh");
+    std::fs::write(&program, NO_CAPACITY_SCRIPT).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let user = User::new();
+    user.login(&cluster.base);
+
+    let listed = user.ok(&["pools", "ls"]);
+    assert_eq!(
+        listed.trim(),
+        "NAME  CLUSTER  PROVIDER  GPUS  MIN  MAX  MACHINES"
+    );
+
+    // Made with its credentials on standard input: they are set, and shown nowhere.
+    let create = [
+        "pools",
+        "create",
+        "default",
+        "burst",
+        "--provider",
+        "exec",
+        "--command",
+        "no-capacity.sh --region lab-1",
+        "--region",
+        "lab-1",
+        "--gpus",
+        "1x80GiB",
+        "--memory",
+        "64GiB",
+        "--label",
+        "tier=burst",
+        "--min",
+        "1",
+        "--max",
+        "2",
+        "--scale-down-after",
+        "30s",
+        "--credentials-file",
+        "-",
+    ];
+    let output = user.run_with(&create, &[], "lab-secret\n");
+    let (stdout, stderr) = texts(&output);
+    assert!(output.status.success(), "{stderr}");
+    for line in [
+        "NAME              burst",
+        "CLUSTER           default",
+        "COMMAND           no-capacity.sh --region lab-1",
+        "LABELS            tier=burst",
+        "CREDENTIALS       set",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
+    }
+    assert!(!stdout.contains("lab-secret"), "{stdout}");
+    assert!(
+        stderr.contains("gantry pools show default burst follows them"),
+        "{stderr}"
+    );
+    let pools = cluster
+        .client()
+        .list_pools(DEFAULT_CLUSTER_ID)
+        .await
+        .unwrap();
+    assert_eq!(pools.len(), 1);
+    let pool = &pools[0];
+    assert!(
+        pool.has_credentials && pool.min == 1 && pool.max == 2,
+        "{pool:?}"
+    );
+
+    // Refusals, in the server's words: a taken name, a program outside pool_commands_dir,
+    // an exec pool without a command.
+    let error = user.fails_with(&create, &[], "lab-secret\n");
+    assert!(error.contains("conflict"), "{error}");
+    let mut elsewhere = create.to_vec();
+    elsewhere[3] = "elsewhere";
+    elsewhere[7] = "missing.sh";
+    let error = user.fails_with(&elsewhere, &[], "lab-secret\n");
+    assert!(
+        error.contains("validation_failed") && error.contains("pool-commands"),
+        "{error}"
+    );
+    let error = user.fails(&[
+        "pools",
+        "create",
+        "default",
+        "nocommand",
+        "--provider",
+        "exec",
+        "--gpus",
+        "1x80GiB",
+    ]);
+    assert!(
+        error.contains("command") && error.contains("validation_failed"),
+        "{error}"
+    );
+    let error = user.fails(&["pools", "create", "default", "x", "--provider", "exec"]);
+    assert!(error.contains("--gpus"), "{error}");
+
+    // min 1: the leader asks for a machine at once; the provider's refusal is the
+    // machine's message and a failed event.
+    cluster
+        .wait_for(
+            "the pool's machine to fail with the provider's words",
+            Duration::from_secs(30),
+            || cluster.client().get_pool(DEFAULT_CLUSTER_ID, pool.id),
+            |p| {
+                p.machines
+                    .iter()
+                    .any(|m| m.state_message.contains("out of capacity"))
+            },
+        )
+        .await;
+    let shown = user.ok(&["pools", "show", "default", "burst"]);
+    let machine = shown
+        .lines()
+        .find(|l| l.starts_with("burst-"))
+        .unwrap_or_else(|| panic!("no machine in:\n{shown}"));
+    assert!(
+        machine.contains("provisioning")
+            && machine.contains("creating machine failed")
+            && machine.contains("out of capacity: no GPUs left in region lab-1"),
+        "{shown}"
+    );
+    let failed = shown
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("failed"))
+        .unwrap_or_else(|| panic!("no failed event in:\n{shown}"));
+    assert!(failed.contains("out of capacity"), "{shown}");
+    let events = user.ok(&["pools", "events", "default", &pool.id.to_string()]);
+    assert_eq!(
+        events
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["AGE", "EVENT", "MESSAGE"]
+    );
+    assert!(events.contains("failed"), "{events}");
+    let listed = user.ok(&["pools", "ls"]);
+    let line: Vec<&str> = listed.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        line,
+        ["burst", "default", "exec", "1x80GiB", "1", "2", "0/1"],
+        "{listed}"
+    );
+    let in_default: Vec<gantry_types::WorkerPool> = user.json(&["pools", "ls", "--cluster", "1"]);
+    assert_eq!(in_default.len(), 1);
+    let error = user.fails(&["pools", "show", "default", "l4"]);
+    assert!(
+        error.contains("cluster default has no worker pool named \"l4\""),
+        "{error}"
+    );
+
+    // Changed: bounds, labels, idle time and credentials from a file; nothing asked is
+    // an error, and bounds that do not fit are refused by the server.
+    let error = user.fails(&["pools", "update", "default", "burst"]);
+    assert!(error.contains("nothing to change"), "{error}");
+    let error = user.fails(&["pools", "update", "default", "burst", "--min", "3"]);
+    assert!(
+        error.contains("min") && error.contains("validation_failed"),
+        "{error}"
+    );
+    let secret = cluster.dir.path().join("new-secret");
+    std::fs::write(&secret, "lab-secret-2\n").unwrap();
+    let updated: gantry_types::WorkerPool = user.json(&[
+        "pools",
+        "update",
+        "default",
+        "burst",
+        "--max",
+        "3",
+        "--label",
+        "tier=spot",
+        "--scale-down-after",
+        "1m",
+        "--credentials-file",
+        &secret.display().to_string(),
+    ]);
+    assert_eq!(
+        (updated.min, updated.max, updated.scale_down_after.as_str()),
+        (1, 3, "1m")
+    );
+    assert_eq!(updated.labels.get("tier").map(String::as_str), Some("spot"));
+    assert!(updated.has_credentials);
+
+    // Deleted: it says its machines go first; then the pool is gone.
+    let deleted = user.ok(&["pools", "delete", "default", "burst"]);
+    assert!(
+        deleted.starts_with(
+            "worker pool burst of cluster default deleted: its 1 machine(s) are being deleted"
+        ),
+        "{deleted}"
+    );
+    cluster
+        .wait_for(
+            "the deleted pool to go",
+            Duration::from_secs(30),
+            || cluster.client().list_pools(DEFAULT_CLUSTER_ID),
+            |pools| pools.is_empty(),
+        )
+        .await;
+    assert_eq!(user.ok(&["pools", "ls"]).lines().count(), 1);
 }
 
 /// `gantry instances logs ID -f` prints the log and keeps following until Ctrl-C
