@@ -16,7 +16,12 @@ overview by cluster; deploy a model into the cluster from the model form and see
 that cluster's worker; be refused the deletion of a cluster that holds a worker and a
 model, with the sentence naming them; rotate the token after a confirmation that says
 registered workers keep working; see a Kubernetes cluster's manifests with the image
-chosen; make a user the administrator of a cluster. Screenshots at 1440×900 and 390×844.
+chosen; make a user the administrator of a cluster. On a new cluster's page, be refused a
+worker pool whose exec program is not in the server's pool_commands_dir, with a sentence;
+make one whose program refuses every machine, as a cloud out of GPUs would, and see the
+provider's words on its machine and in a failed event, "has credentials" and never the
+credentials; change its bounds (a min above max refused with a sentence); delete it after
+a confirmation that its machines go too. Screenshots at 1440×900 and 390×844.
 It fails (exit status 1) on the first thing that is not as expected and on any console
 error or uncaught page error, except the refusals it provokes on purpose.
 """
@@ -345,6 +350,127 @@ def users(page, expected, shots):
     assert [u["cluster_admin_of"] for u in listed["items"] if u["username"] == "carol"] == [[1, 2]], listed
 
 
+def field(scope, label):
+    """The control of the form field whose label is `label`: a field's label text is its
+    label followed at once by its hint (which starts with a capital), and a hint may name
+    another field."""
+    return scope.get_by_label(re.compile("^" + re.escape(label) + "(?![a-z])"))
+
+
+def within_width(locator, width):
+    """The element lies within the page's width: nothing of it is cut off on a phone."""
+    locator.scroll_into_view_if_needed()
+    box = locator.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width + 1, box
+
+
+def pools(page, expected, shots):
+    """A worker pool on a new cluster's page: refused with a sentence while its program is
+    not in pool_commands_dir, then made with the testkit's cloud, which refuses its
+    machines; their message and the failed event say why in the provider's words. Changed,
+    then deleted after a confirmation that its machines go too."""
+    quiet(page)
+    status, lab = api(page, expected, "POST", "/api/v1/clusters", {"name": "lab"})
+    assert status == 201, lab
+    go(page, f"clusters/{lab['id']}")
+    expect(page.locator("h1")).to_have_text("Cluster lab")
+    section = page.locator("[data-pools]")
+    expect(section.locator(".pools-empty")).to_contain_text("No worker pools")
+    section.get_by_role("button", name="New pool").click()
+    form = section.locator("form[data-pool-form]")
+    # DigitalOcean's fields first; exec's once it is chosen.
+    expect(field(form, "Provider")).to_have_value("digitalocean")
+    expect(field(form, "API URL")).to_be_visible()
+    expect(field(form, "Command")).to_be_hidden()
+    field(form, "Name").fill("burst")
+    field(form, "Provider").select_option("exec")
+    expect(field(form, "API URL")).to_be_hidden()
+    field(form, "Command").fill("missing.sh")
+    field(form, "GPUs per machine").fill("1x80GiB")
+    field(form, "Min machines").fill("1")
+    field(form, "Max machines").fill("2")
+    form.get_by_role("button", name="Create pool").click()
+    expect(form.get_by_role("alert")).to_have_text(re.compile(
+        r"^The command /\S+/pool-commands/missing\.sh is not an executable file; put the pool's program in "
+        r"/\S+/pool-commands on every server \(only programs there run\)\.$"))
+    screenshot(page, shots["pool_refused"])
+
+    field(form, "Command").fill("cloud.sh --region lab-1")
+    field(form, "Region").fill("lab-1")
+    field(form, "Labels").fill("tier=burst")
+    field(form, "Idle time").fill("30s")
+    field(form, "Credentials").fill("lab-secret")
+    form.get_by_role("button", name="Create pool").click()
+    expect(form).to_have_count(0)
+    pool = section.locator("[data-pool=burst]")
+    expect(pool.locator("[data-part=provider]")).to_have_text("exec")
+    expect(pool.locator("[data-setting=bounds]")).to_contain_text("1–2")
+    expect(pool.locator("[data-setting=command]")).to_contain_text("cloud.sh --region lab-1")
+    expect(pool.locator("[data-setting=credentials]")).to_have_text(re.compile("has credentials"))
+    # min 1: the leader asks for a machine at once; the cloud refuses it, and the machine
+    # and the pool's events say so in its words.
+    machine = pool.locator("tr[data-machine=burst-1]")
+    expect(machine.locator("[data-part=message]")).to_contain_text(
+        "out of capacity: no GPUs left in region lab-1", timeout=30_000)
+    expect(machine.locator("[data-part=message]")).to_contain_text("creating machine failed")
+    expect(machine.locator("[data-part=state] .badge")).to_have_text("provisioning")
+    failed = pool.locator("[data-events] li[data-event=failed]").first
+    expect(failed).to_contain_text("creating machine burst-1 failed")
+    expect(failed).to_contain_text("out of capacity: no GPUs left in region lab-1")
+    expect(failed.locator(".badge")).to_have_text("failed")
+    # The cluster says machines are on the way rather than asking for the join command.
+    expect(page.locator(".page-head .badge").first).to_have_text("provisioning")
+    expect(page.locator("[data-part=state-message]")).to_contain_text("machine(s) of its worker pools are being made")
+    assert "lab-secret" not in page.content(), "the page shows the pool's credentials"
+    status, listed = api(page, expected, "GET", f"/api/v1/clusters/{lab['id']}/worker-pools")
+    assert status == 200 and listed[0]["has_credentials"] and "credentials" not in listed[0], listed
+    quiet(page)
+    screenshot(page, shots["pool_failing"])
+    page.set_viewport_size(PHONE)
+    for key in (pool.get_by_role("button", name="Edit"), pool.get_by_role("button", name="Delete"),
+                machine.locator("[data-part=state]"), machine.locator("[data-part=worker]"), failed):
+        within_width(key, PHONE["width"])
+    page.evaluate("window.scrollTo(0, 0)")
+    screenshot(page, shots["pool_failing_phone"], PHONE)
+    page.set_viewport_size(DESKTOP)
+
+    # Changed from its dialog: a min above max is refused with a sentence, then the
+    # bounds, labels and idle time are saved.
+    pool.get_by_role("button", name="Edit").click()
+    dialog = page.locator("dialog")
+    expect(dialog.get_by_role("heading")).to_have_text("Edit pool burst")
+    expect(field(dialog, "Labels")).to_have_value("tier=burst")
+    field(dialog, "Min machines").fill("5")
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog.get_by_role("alert")).to_have_text("The minimum must be at most max (2).")
+    screenshot(page, shots["pool_edit_refused"])
+    field(dialog, "Min machines").fill("1")
+    field(dialog, "Max machines").fill("3")
+    field(dialog, "Labels").fill("tier=spot")
+    field(dialog, "Idle time").fill("1m")
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog).to_have_count(0)
+    expect(pool.locator("[data-setting=bounds]")).to_contain_text("1–3")
+    expect(pool.locator("[data-setting=labels] .chip")).to_have_text(["tier=spot"])
+    expect(pool.locator("[data-setting=scale-down-after]")).to_contain_text("1m")
+    status, listed = api(page, expected, "GET", f"/api/v1/clusters/{lab['id']}/worker-pools")
+    assert status == 200, listed
+    assert (listed[0]["min"], listed[0]["max"], listed[0]["labels"]) == (1, 3, {"tier": "spot"}), listed
+    assert listed[0]["has_credentials"], listed
+
+    # Deleted after a confirmation that says its machine goes too; then the pool is gone.
+    pool.get_by_role("button", name="Delete").click()
+    expect(dialog.get_by_role("heading")).to_have_text("Delete pool burst?")
+    expect(dialog).to_contain_text("Its 1 machine will be deleted at the provider")
+    screenshot(page, shots["pool_delete"])
+    dialog.get_by_role("button", name="Delete pool").click()
+    expect(dialog).to_have_count(0)
+    expect(pool).to_have_count(0, timeout=30_000)
+    expect(section.locator(".pools-empty")).to_be_visible()
+    status, body = api(page, expected, "DELETE", f"/api/v1/clusters/{lab['id']}")
+    assert status in (200, 204), body
+
+
 def main():
     expected = json.loads(sys.argv[1])
     shots = expected["screenshots"]
@@ -364,10 +490,13 @@ def main():
         rotate(page, expected, cluster_id, copied, shots)
         kubernetes(page, shots)
         users(page, expected, shots)
+        pools(page, expected, shots)
 
-    # A cluster of a name taken (409), a cluster with a worker and a model (409) and an
-    # image that is no image reference (400, a bad query) are refused on purpose.
-    on_purpose = re.compile(r"status of (400|409) .*/api/v1/clusters")
+    # A cluster of a name taken (409), a cluster with a worker and a model (409), an image
+    # that is no image reference (400, a bad query), a pool's program outside
+    # pool_commands_dir and a pool's min above its max (422) are refused on purpose. The
+    # events of a pool that went between the page's two reads answer 404.
+    on_purpose = re.compile(r"status of (400|409|422) .*/api/v1/clusters|status of 404 .*/worker-pools/\d+/events")
     try:
         run_session(expected, steps, on_purpose=lambda p: bool(on_purpose.search(p)), clipboard=True)
     finally:

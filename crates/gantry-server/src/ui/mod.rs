@@ -83,6 +83,7 @@ const FILES: &[(&str, &str)] = embed![
     "screens/account.js",
     "screens/api-keys.js",
     "screens/catalog.js",
+    "screens/cluster-pools.js",
     "screens/clusters.js",
     "screens/instances.js",
     "screens/login.js",

@@ -15,7 +15,13 @@
 //! - "Rotate token" asks first, says registered workers keep working, and shows the new
 //!   command; the joined worker stays ready;
 //! - a Kubernetes cluster shows its manifests, with the image chosen, to copy;
-//! - a user is made the administrator of a cluster from the users screen.
+//! - a user is made the administrator of a cluster from the users screen;
+//! - on a cluster's page, a worker pool of the `exec` provider whose program is not in the
+//!   server's `pool_commands_dir` is refused with a sentence; one whose program (the
+//!   testkit's cloud, refusing this pool's machines as a cloud out of GPUs would) is there
+//!   is made, shows "has credentials" and never the credentials, and its machine shows the
+//!   provider's words and a failed event; its bounds are changed (a min above max refused
+//!   with a sentence), and it is deleted after a confirmation that its machines go too.
 
 use crate::common;
 
@@ -26,7 +32,21 @@ use serde_json::json;
 async fn clusters_are_made_joined_filtered_deployed_into_and_guarded_in_the_console() {
     let dir = tempfile::tempdir().unwrap();
     let model_path = tiny_model(dir.path());
-    let (gantry, base) = start_gantry(dir.path(), &["--simulate-gpus", "1x24GiB"]).await;
+    let (gantry, base) = start_gantry(
+        dir.path(),
+        &["--simulate-gpus", "1x24GiB", "--pool-interval", "1s"],
+    )
+    .await;
+    // The exec pools' programs are in <data dir>/pool-commands.
+    let commands = dir.path().join("data/pool-commands");
+    std::fs::create_dir_all(&commands).unwrap();
+    gantry_testkit::cloud::write_cloud_script(
+        &commands.join("cloud.sh"),
+        gantry_testkit::cloud::Cloud {
+            fail_names_starting: Some(("burst", "out of capacity: no GPUs left in region lab-1")),
+            ..Default::default()
+        },
+    );
 
     let names = [
         "clusters_new",
@@ -44,6 +64,11 @@ async fn clusters_are_made_joined_filtered_deployed_into_and_guarded_in_the_cons
         "kubernetes",
         "kubernetes_phone",
         "users_clusters",
+        "pool_refused",
+        "pool_failing",
+        "pool_failing_phone",
+        "pool_edit_refused",
+        "pool_delete",
     ];
     // The machine that joins the new cluster runs the copied command as it is, plus what
     // keeps it on this machine's loopback and out of other tests' ports, and the test

@@ -161,6 +161,65 @@ export interface Cluster {
   updated_at: Timestamp;
 }
 
+/** Where a worker pool's machines come from. */
+export type PoolProvider = 'digitalocean' | 'exec' | 'local';
+
+/** One machine of a worker pool, before and after its worker registers. */
+export interface PoolMachine {
+  id: number;
+  pool_id: number;
+  /** `<pool>-<n>`: its name at the provider and its worker's. */
+  name: string;
+  state: 'provisioning' | 'initializing' | 'registered' | 'deleting';
+  /** What the provider or the leader last said of it (a failure, with its words). */
+  state_message: string;
+  external_id: string | null;
+  address: string | null;
+  worker_id: number | null;
+  worker_state: Worker['state'] | null;
+  /** Since when its worker has hosted no instance; null while it hosts some. */
+  idle_since: Timestamp | null;
+  created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
+/** `GET /api/v1/clusters/{id}/worker-pools`: machines a cluster makes and deletes. */
+export interface WorkerPool {
+  id: number;
+  cluster_id: number;
+  name: string;
+  provider: PoolProvider;
+  instance_type: string;
+  image: string;
+  region: string;
+  /** What each machine has, `8x80GiB` style. */
+  gpus: string;
+  memory: string | null;
+  labels: Record<string, string>;
+  min: number;
+  max: number;
+  /** How long a machine may host nothing before it is deleted, such as `10m`. */
+  scale_down_after: string;
+  command: string | null;
+  api_url: string | null;
+  /** The credentials themselves are write-only. */
+  has_credentials: boolean;
+  /** Deleted: its machines are being deleted, then the pool goes. */
+  deleting: boolean;
+  machines: PoolMachine[];
+  created_at: Timestamp;
+  updated_at: Timestamp;
+}
+
+/** `GET /api/v1/clusters/{id}/worker-pools/{pool}/events`: one decision, with its reason. */
+export interface PoolEvent {
+  id: number;
+  pool_id: number;
+  at: Timestamp;
+  kind: string;
+  message: string;
+}
+
 /** `GET /api/v1/clusters/{id}/registration-token`: how a machine joins a cluster. */
 export interface ClusterRegistration {
   cluster_id: number;

@@ -87,3 +87,21 @@ export const CLUSTER_FIELDS = {
   provider: 'The provider',
   image: 'The image',
 };
+
+/** What the worker pool forms call the fields of a pool. */
+export const POOL_FIELDS = {
+  name: 'The name',
+  provider: 'The provider',
+  instance_type: 'The size or instance type',
+  image: 'The image',
+  region: 'The region',
+  gpus: 'The GPUs per machine',
+  memory: 'The memory per machine',
+  labels: 'The labels',
+  min: 'The minimum',
+  max: 'The maximum',
+  scale_down_after: 'The idle time',
+  command: 'The command',
+  api_url: 'The API URL',
+  credentials: 'The credentials',
+};

@@ -2,10 +2,11 @@
 // The clusters screen (admins): every cluster with its state and what it means, its workers
 // (ready of all), GPUs and models; "New cluster", renaming or describing one, and deleting
 // an empty one (the server names what is still in it; the default cluster stays). A
-// cluster's page (#/clusters/<id>): its facts, the `gantry worker` command that joins a
-// machine to it, with a copy button, for a Kubernetes cluster the manifests that join its
-// GPU nodes, and "Rotate token" behind a confirmation. Clusters have no watch stream: the
-// screen re-reads them every few seconds, so a machine that joins shows in the counts.
+// cluster's page (#/clusters/<id>): its facts, its worker pools (cluster-pools.js), the
+// `gantry worker` command that joins a machine to it, with a copy button, for a Kubernetes
+// cluster the manifests that join its GPU nodes, and "Rotate token" behind a confirmation.
+// Clusters and pools have no watch stream: the screen re-reads them every few seconds, so
+// a machine that joins shows in the counts.
 
 import { api } from '../lib/api.js';
 import { confirmDialog, openDialog } from '../lib/dialogs.js';
@@ -13,6 +14,7 @@ import { field, h, pageHead, toast } from '../lib/dom.js';
 import { combine, ticker } from '../lib/live.js';
 import { CLUSTER_FIELDS, sentence } from '../lib/sentence.js';
 import { copyButton, stateBadge, timeCell } from '../lib/widgets.js';
+import { poolsSection } from './cluster-pools.js';
 
 /** @import { Cluster, ClusterRegistration } from '../lib/api-types' */
 
@@ -39,7 +41,8 @@ const PROVIDERS = {
  * @returns {import('../lib/dom-types').Child}
  */
 function stateText(cluster, onItsPage) {
-  if (cluster.counts.workers === 0) {
+  // A cluster whose pools are making machines says so (the server's message).
+  if (cluster.counts.workers === 0 && cluster.state !== 'provisioning') {
     if (onItsPage && cluster.provider === 'kubernetes') {
       return 'No worker has joined yet: apply the manifests below, or run the join command on a GPU machine.';
     }
@@ -229,8 +232,8 @@ function fact(label, key, ...value) {
 }
 
 /**
- * One cluster: its facts, how a machine (or, for a Kubernetes cluster, its GPU nodes)
- * joins it, and the rotation of its token.
+ * One cluster: its facts, its worker pools, how a machine (or, for a Kubernetes cluster,
+ * its GPU nodes) joins it, and the rotation of its token.
  * @param {HTMLElement} main
  * @param {number} id
  * @returns {() => void}
@@ -239,7 +242,8 @@ function renderCluster(main, id) {
   const head = h('div', { class: 'page-head' }, h('a', { href: '#/clusters' }, '← Clusters'), h('h1', null, 'Cluster ' + id));
   const factsBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
   const joinBox = h('div', { class: 'panel join-cluster', 'data-cluster-join': '' }, h('div', { class: 'muted' }, 'Loading how a machine joins…'));
-  main.append(head, factsBox, joinBox);
+  const pools = poolsSection(id);
+  main.append(head, factsBox, pools.element, joinBox);
   /** @type {Cluster | null} the cluster as last read */
   let shown = null;
   /** The image the manifests' DaemonSet runs; empty for the server's default. */
@@ -365,6 +369,7 @@ function renderCluster(main, id) {
       shown = c;
       drawFacts(c);
       if (joinStale) loadJoin();
+      await pools.load();
     } catch (e) {
       if (stopped) return;
       if (e.status === 404) {
@@ -373,6 +378,7 @@ function renderCluster(main, id) {
           'There is no cluster ' + id + ': it may have been deleted. See the ', h('a', { href: '#/clusters' }, 'Clusters'), ' screen.'));
         joinBox.replaceChildren();
         joinBox.classList.add('hidden');
+        pools.hide();
       } else {
         factsBox.replaceChildren(h('div', { class: 'panel' }, h('div', { class: 'alert' }, sentence(e))));
       }
