@@ -861,27 +861,20 @@ async fn clusters_are_made_joined_deployed_into_and_guarded_from_the_command_lin
     );
 }
 
-/// The `exec` program of the pools test: a cloud out of GPUs. Every machine asked for is
-/// refused with the words a provider would use; there is none to find, and deleting one
-/// that does not exist succeeds.
-const NO_CAPACITY_SCRIPT: &str = r#"#!/bin/sh
-for action; do :; done
-cat > /dev/null
-case "$action" in
-  create) echo "out of capacity: no GPUs left in region lab-1" >&2; exit 2 ;;
-  find) echo null ;;
-esac
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_pools_are_made_shown_changed_and_deleted_from_the_command_line() {
     let cluster = Cluster::start(&["--pool-interval", "500ms"]).await;
     // The server runs only programs in its pool_commands_dir, <data dir>/pool-commands.
     let commands = cluster.dir.path().join("server/pool-commands");
     std::fs::create_dir_all(&commands).unwrap();
-    let program = commands.join("no-capacity.sh");
-    std::fs::write(&program, NO_CAPACITY_SCRIPT).unwrap();
-    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A cloud out of GPUs: every machine of the pool is refused in a provider's words.
+    gantry_testkit::cloud::write_cloud_script(
+        &commands.join("cloud.sh"),
+        gantry_testkit::cloud::Cloud {
+            fail_names_starting: Some(("burst", "out of capacity: no GPUs left in region lab-1")),
+            ..Default::default()
+        },
+    );
     let user = User::new();
     user.login(&cluster.base);
 
@@ -900,7 +893,7 @@ async fn worker_pools_are_made_shown_changed_and_deleted_from_the_command_line()
         "--provider",
         "exec",
         "--command",
-        "no-capacity.sh --region lab-1",
+        "cloud.sh --region lab-1",
         "--region",
         "lab-1",
         "--gpus",
@@ -924,7 +917,7 @@ async fn worker_pools_are_made_shown_changed_and_deleted_from_the_command_line()
     for line in [
         "NAME              burst",
         "CLUSTER           default",
-        "COMMAND           no-capacity.sh --region lab-1",
+        "COMMAND           cloud.sh --region lab-1",
         "LABELS            tier=burst",
         "CREDENTIALS       set",
     ] {
