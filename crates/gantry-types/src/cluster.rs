@@ -167,6 +167,17 @@ pub struct ClusterCreate {
     pub provider: ClusterProvider,
 }
 
+impl ClusterCreate {
+    /// A cluster of machines you bring, without a description.
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            description: String::new(),
+            provider: ClusterProvider::Custom,
+        }
+    }
+}
+
 fn default_provider() -> ClusterProvider {
     ClusterProvider::Custom
 }

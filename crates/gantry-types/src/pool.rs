@@ -274,6 +274,29 @@ pub struct WorkerPoolCreate {
     pub credentials: Option<String>,
 }
 
+impl WorkerPoolCreate {
+    /// A pool of up to `max` machines with `gpus` each, `min` 0, every other setting
+    /// empty or the default.
+    pub fn new(name: &str, provider: PoolProvider, gpus: &str, max: u32) -> Self {
+        Self {
+            name: name.to_owned(),
+            provider,
+            instance_type: String::new(),
+            image: String::new(),
+            region: String::new(),
+            gpus: gpus.to_owned(),
+            memory: None,
+            labels: BTreeMap::new(),
+            min: 0,
+            max,
+            scale_down_after: None,
+            command: None,
+            api_url: None,
+            credentials: None,
+        }
+    }
+}
+
 /// `PATCH /api/v1/clusters/{id}/worker-pools/{pool}`: the bounds, labels, idle time and
 /// credentials; absent fields stay.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

@@ -14,8 +14,8 @@ use gantry_client::Client;
 use gantry_testkit::cloud::{cloud_log, write_cloud_script, Cloud};
 use gantry_testkit::{test_both_engines, TestEngine};
 use gantry_types::{
-    ClusterCreate, ClusterProvider, InstanceState, MachineState, ModelCreate, ModelUpdate,
-    PoolProvider, WorkerPool, WorkerPoolCreate,
+    ClusterCreate, InstanceState, MachineState, ModelCreate, ModelUpdate, PoolProvider, WorkerPool,
+    WorkerPoolCreate,
 };
 
 const LONG_WAIT: Duration = Duration::from_secs(60);
@@ -64,24 +64,35 @@ fn vllm_model(server: &TestServer, name: &str, replicas: u32, cluster: i64) -> M
 
 fn exec_pool(name: &str, command: &Path, min: u32, max: u32) -> WorkerPoolCreate {
     WorkerPoolCreate {
-        name: name.into(),
-        provider: PoolProvider::Exec,
         instance_type: "gpu-80g".into(),
         image: "ubuntu-gpu".into(),
         region: "lab-1".into(),
-        gpus: "1x80GiB".into(),
         memory: Some("64GiB".into()),
         labels: [("tier".to_owned(), "burst".to_owned())].into(),
         min,
-        max,
         scale_down_after: Some("10s".into()),
         command: Some(format!(
             "{} --region lab-1",
             command.file_name().unwrap().to_str().unwrap()
         )),
-        api_url: None,
         credentials: Some("lab-secret".into()),
+        ..WorkerPoolCreate::new(name, PoolProvider::Exec, "1x80GiB", max)
     }
+}
+
+/// A server whose leader looks at the pools every 200 ms, with the cloud's script in its
+/// `pool_commands_dir`.
+async fn start(engine: TestEngine) -> (TestServer, PathBuf) {
+    let server = TestServer::start_with(
+        engine,
+        Options {
+            configure: |config| config.pool_interval = Duration::from_millis(200),
+            ..Options::default()
+        },
+    )
+    .await;
+    let cloud = script(&server);
+    (server, cloud)
 }
 
 async fn pool_until(
@@ -131,22 +142,10 @@ async fn boot(server: &TestServer, token: &str, name: &str) -> tokio::task::Join
 }
 
 async fn a_pool_follows_demand_and_gives_idle_machines_back(engine: TestEngine) {
-    let server = TestServer::start_with(
-        engine,
-        Options {
-            configure: |config| config.pool_interval = Duration::from_millis(200),
-            ..Options::default()
-        },
-    )
-    .await;
+    let (server, cloud) = start(engine).await;
     let admin = server.client();
-    let cloud = script(&server);
     let burst = admin
-        .create_cluster(&ClusterCreate {
-            name: "burst".into(),
-            description: String::new(),
-            provider: ClusterProvider::Custom,
-        })
+        .create_cluster(&ClusterCreate::named("burst"))
         .await
         .unwrap();
     let token = admin
@@ -317,16 +316,8 @@ async fn a_pool_follows_demand_and_gives_idle_machines_back(engine: TestEngine) 
 }
 
 async fn a_failing_provider_is_retried_with_its_words_and_a_deleted_pool_goes(engine: TestEngine) {
-    let server = TestServer::start_with(
-        engine,
-        Options {
-            configure: |config| config.pool_interval = Duration::from_millis(200),
-            ..Options::default()
-        },
-    )
-    .await;
+    let (server, cloud) = start(engine).await;
     let admin = server.client();
-    let cloud = script(&server);
     // `min` machines are kept whatever the demand; this cloud has no capacity for them.
     let pool = admin
         .create_pool(
@@ -422,11 +413,7 @@ async fn a_failing_provider_is_retried_with_its_words_and_a_deleted_pool_goes(en
 
     // A cluster with a pool is not deleted.
     let spare = admin
-        .create_cluster(&ClusterCreate {
-            name: "spare".into(),
-            description: String::new(),
-            provider: ClusterProvider::Custom,
-        })
+        .create_cluster(&ClusterCreate::named("spare"))
         .await
         .unwrap();
     admin

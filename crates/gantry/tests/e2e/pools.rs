@@ -48,20 +48,8 @@ async fn a_local_pool_grows_for_a_model_serves_it_and_shrinks_when_it_goes() {
         .create_pool(
             burst.id,
             &WorkerPoolCreate {
-                name: "here".into(),
-                provider: PoolProvider::Local,
-                instance_type: String::new(),
-                image: String::new(),
-                region: String::new(),
-                gpus: "1x8GiB".into(),
-                memory: None,
-                labels: Default::default(),
-                min: 0,
-                max: 2,
                 scale_down_after: Some("10s".into()),
-                command: None,
-                api_url: None,
-                credentials: None,
+                ..WorkerPoolCreate::new("here", PoolProvider::Local, "1x8GiB", 2)
             },
         )
         .await
@@ -166,31 +154,17 @@ async fn a_leader_killed_during_a_scale_out_leaves_exactly_the_machines_asked_fo
         gantry_client::Client::with_servers(servers.iter().map(|s| s.base.clone()).collect())
             .with_token(servers[0].client().token().unwrap());
     let burst = admin
-        .create_cluster(&ClusterCreate {
-            name: "burst".into(),
-            description: String::new(),
-            provider: ClusterProvider::Custom,
-        })
+        .create_cluster(&ClusterCreate::named("burst"))
         .await
         .unwrap();
     let pool = admin
         .create_pool(
             burst.id,
             &WorkerPoolCreate {
-                name: "burst".into(),
-                provider: PoolProvider::Exec,
                 instance_type: "gpu".into(),
-                image: String::new(),
-                region: String::new(),
-                gpus: "1x80GiB".into(),
-                memory: None,
-                labels: Default::default(),
                 min: 3,
-                max: 3,
-                scale_down_after: None,
                 command: Some("slow-cloud.sh".into()),
-                api_url: None,
-                credentials: None,
+                ..WorkerPoolCreate::new("burst", PoolProvider::Exec, "1x80GiB", 3)
             },
         )
         .await
