@@ -16,7 +16,7 @@
 import { api, onAuthFailure } from './lib/api.js';
 import { h, pageElement, toast } from './lib/dom.js';
 import { stopLiveLists } from './lib/live.js';
-import { currentUser, isAdmin, session } from './lib/session.js';
+import { administersSomeCluster, currentUser, isAdmin, session } from './lib/session.js';
 import { stopTransfers } from './lib/transfers.js';
 import { applyTheme, storedTheme, themeControl } from './lib/theme.js';
 import { brand } from './lib/widgets.js';
@@ -47,9 +47,10 @@ import { renderWorkers } from './screens/workers.js';
  */
 
 /**
- * A screen of the navigation: `admin` ones are offered to admins only, `hidden` ones are
- * reached by a link instead.
- * @typedef {{id: string, title: string, render: Render, admin?: boolean, hidden?: boolean}} Screen
+ * A screen of the navigation: `admin` ones are offered to admins only, `clusterAdmin` ones
+ * to admins and the administrators of some cluster (who see their clusters' part of it),
+ * `hidden` ones are reached by a link instead.
+ * @typedef {{id: string, title: string, render: Render, admin?: boolean, clusterAdmin?: boolean, hidden?: boolean}} Screen
  */
 
 /** @type {Screen[]} */
@@ -63,9 +64,9 @@ const SCREENS = [
   { id: 'providers', title: 'Providers', render: renderProviders, admin: true },
   { id: 'playground', title: 'Playground', render: renderPlayground },
   { id: 'usage', title: 'Usage', render: renderUsage },
-  { id: 'workers', title: 'Workers', render: renderWorkers, admin: true },
+  { id: 'workers', title: 'Workers', render: renderWorkers, clusterAdmin: true },
   // A cluster's own page, with how a machine joins it, is #/clusters/<id>.
-  { id: 'clusters', title: 'Clusters', render: renderClusters, admin: true },
+  { id: 'clusters', title: 'Clusters', render: renderClusters, clusterAdmin: true },
   { id: 'model-files', title: 'Model files', render: renderModelFiles, admin: true },
   { id: 'servers', title: 'Servers', render: renderServers, admin: true },
   { id: 'api-keys', title: 'API keys', render: renderApiKeys },
@@ -83,6 +84,17 @@ const NAV_GROUPS = [
   { title: 'Operate', screens: ['instances', 'workers', 'clusters', 'model-files', 'servers'] },
   { title: 'Access', screens: ['api-keys', 'users', 'routes', 'providers', 'usage'] },
 ];
+
+/**
+ * Whether the logged-in user may open `screen`.
+ * @param {Screen} screen
+ * @returns {boolean}
+ */
+function mayOpen(screen) {
+  if (screen.admin) return Boolean(isAdmin());
+  if (screen.clusterAdmin) return administersSomeCluster();
+  return true;
+}
 
 /**
  * The groups of `screens` as the navigation lists them; empty groups left out.
@@ -205,7 +217,7 @@ function startApp() {
       if (/** @type {Element} */ (event.target).closest('a')) setMenu(false);
     },
   },
-    navGroups(SCREENS.filter((s) => !s.hidden && (!s.admin || isAdmin()))).map((g) =>
+    navGroups(SCREENS.filter((s) => !s.hidden && mayOpen(s))).map((g) =>
       h('div', { class: 'nav-group' },
         h('div', { class: 'nav-group-title' }, g.title),
         g.screens.map((s) => h('a', { href: '#/' + s.id, 'data-screen': s.id }, s.title)))),
@@ -258,7 +270,7 @@ function route() {
   if (!session.user || session.user.require_password_change || !shell) return;
   const { parts, params } = parseHash();
   let screen = SCREENS.find((s) => s.id === parts[0]) || SCREENS[0];
-  if (screen.admin && !isAdmin()) screen = SCREENS[0];
+  if (!mayOpen(screen)) screen = SCREENS[0];
   if (currentCleanup) currentCleanup();
   currentCleanup = null;
   for (const a of shell.nav.querySelectorAll('a')) a.classList.toggle('active', a.dataset.screen === screen.id);

@@ -1,12 +1,12 @@
 // @ts-check
 // The catalog screen: well-known models (the server's list, or its model_catalog_file's),
-// found by a search over their names, titles and tags, each deployed by an admin through
-// the new-model form filled in from the entry.
+// found by a search over their names, titles and tags, each deployed by an admin (or the
+// administrator of a cluster, into theirs) through the new-model form filled in from the entry.
 
 import { api } from '../lib/api.js';
 import { h, pageHead } from '../lib/dom.js';
 import { describeSource } from '../lib/format.js';
-import { isAdmin } from '../lib/session.js';
+import { administersSomeCluster } from '../lib/session.js';
 import { modelForm } from './model-form.js';
 
 /** @import { CatalogEntry } from '../lib/api-types' */
@@ -72,7 +72,7 @@ export function renderCatalog(main, parts, params) {
           entry.parameters ? h('span', { class: 'badge idle' }, entry.parameters + ' parameters') : null,
           entry.size ? h('span', { class: 'badge idle' }, '≈ ' + entry.size) : null,
           (entry.tags || []).map((t) => h('span', { class: 'chip' }, t))),
-        isAdmin() ? h('div', { class: 'form-actions' }, h('button', { class: 'primary small', onclick: () => open(entry) }, 'Deploy')) : null),
+        administersSomeCluster() ? h('div', { class: 'form-actions' }, h('button', { class: 'primary small', onclick: () => open(entry) }, 'Deploy')) : null),
     }));
     const grid = h('div', { class: 'catalog' });
     const none = h('div', { class: 'panel empty', 'data-catalog-none': '' });

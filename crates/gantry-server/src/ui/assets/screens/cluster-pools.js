@@ -7,7 +7,8 @@
 // and what the provider or the leader last said, and its latest decisions with their
 // reasons. "New pool" asks for the fields the chosen provider needs; Edit changes the
 // bounds, labels, idle time or credentials; Delete asks first, saying that the pool's
-// machines are deleted at the provider. Pools have no watch stream: the cluster's page
+// machines are deleted at the provider. The administrator of a cluster who is not an admin
+// sees its pools without these actions (pools are changed by admins only). Pools have no watch stream: the cluster's page
 // reads them again with the cluster, every few seconds.
 
 import { api } from '../lib/api.js';
@@ -61,11 +62,14 @@ const EVENT_CLASS = {
  */
 
 /**
- * The worker pools section of cluster `clusterId`'s page.
+ * The worker pools section of cluster `clusterId`'s page; `readOnly`: without "New pool",
+ * Edit and Delete, for a cluster administrator who is not an admin.
  * @param {number} clusterId
+ * @param {{readOnly?: boolean}} [options]
  * @returns {PoolsSection}
  */
-export function poolsSection(clusterId) {
+export function poolsSection(clusterId, options) {
+  const readOnly = Boolean(options && options.readOnly);
   const formBox = h('div');
   const listBox = h('div', { 'data-pool-list': '' }, h('div', { class: 'muted' }, 'Loading the worker pools…'));
   const closeForm = () => formBox.replaceChildren();
@@ -82,7 +86,7 @@ export function poolsSection(clusterId) {
     },
   }, 'New pool');
   const element = h('section', { class: 'panel', 'data-pools': '' },
-    h('div', { class: 'panel-head' }, h('h2', null, 'Worker pools'), h('span', { class: 'spacer' }), newPool),
+    h('div', { class: 'panel-head' }, h('h2', null, 'Worker pools'), h('span', { class: 'spacer' }), readOnly ? null : newPool),
     h('p', { class: 'muted small section-note' },
       'Machines this cluster makes and deletes through a provider: a new one when a pending replica fits no worker but would fit it, up to the pool’s max; '
         + 'one that has hosted nothing for the pool’s idle time is drained and deleted, down to its min.'),
@@ -107,12 +111,13 @@ export function poolsSection(clusterId) {
    */
   const draw = (pools, events) => {
     if (!pools.length) {
-      listBox.replaceChildren(h('div', { class: 'muted small pools-empty' },
-        'No worker pools: machines join this cluster only by its join command. Add a pool to have the cluster make its own as its models need them.'));
+      listBox.replaceChildren(h('div', { class: 'muted small pools-empty' }, readOnly
+        ? 'No worker pools: machines join this cluster only by its join command, which an admin has.'
+        : 'No worker pools: machines join this cluster only by its join command. Add a pool to have the cluster make its own as its models need them.'));
       return;
     }
     const sorted = pools.map((pool, i) => ({ pool, events: events[i] })).sort((a, b) => a.pool.name.localeCompare(b.pool.name));
-    listBox.replaceChildren(...sorted.map(({ pool, events }) => poolBlock(clusterId, pool, events, load)));
+    listBox.replaceChildren(...sorted.map(({ pool, events }) => poolBlock(clusterId, pool, events, readOnly ? null : load)));
   };
 
   return { element, load, hide: () => element.classList.add('hidden') };
@@ -155,7 +160,7 @@ function setting(label, key, value) {
  * @param {number} clusterId
  * @param {WorkerPool} pool
  * @param {PoolEvent[]} events newest first
- * @param {() => void} reload
+ * @param {(() => void) | null} reload after Edit or Delete; null: a read-only block, without them
  * @returns {HTMLElement}
  */
 function poolBlock(clusterId, pool, events, reload) {
@@ -185,7 +190,7 @@ function poolBlock(clusterId, pool, events, reload) {
       h('span', { class: 'chip', title: PROVIDERS[pool.provider], 'data-part': 'provider' }, pool.provider),
       pool.deleting ? h('span', { class: 'badge warn', 'data-part': 'deleting' }, 'deleting') : null,
       h('span', { class: 'spacer' }),
-      pool.deleting ? null : h('span', { class: 'page-actions' },
+      pool.deleting || !reload ? null : h('span', { class: 'page-actions' },
         h('button', { class: 'small', onclick: () => editPool(clusterId, pool, reload) }, 'Edit'),
         h('button', { class: 'small danger', onclick: () => deletePool(clusterId, pool, reload) }, 'Delete'))),
     pool.deleting

@@ -1,10 +1,12 @@
 // @ts-check
-// The clusters screen (admins): every cluster with its state and what it means, its workers
-// (ready of all), GPUs and models; "New cluster", renaming or describing one, and deleting
-// an empty one (the server names what is still in it; the default cluster stays). A
-// cluster's page (#/clusters/<id>): its facts, its worker pools (cluster-pools.js), the
-// `gantry worker` command that joins a machine to it, with a copy button, for a Kubernetes
-// cluster the manifests that join its GPU nodes, and "Rotate token" behind a confirmation.
+// The clusters screen (admins, and the administrators of given clusters, who see theirs):
+// every cluster with its state and what it means, its workers (ready of all), GPUs and
+// models; for admins "New cluster", renaming or describing one, and deleting an empty one
+// (the server names what is still in it; the default cluster stays). A cluster's page
+// (#/clusters/<id>): its facts, its worker pools (cluster-pools.js, read-only but for
+// admins), and for admins the `gantry worker` command that joins a machine to it, with a
+// copy button, for a Kubernetes cluster the manifests that join its GPU nodes, and "Rotate
+// token" behind a confirmation: registration tokens are shown to admins only.
 // Clusters and pools have no watch stream: the screen re-reads them every few seconds, so
 // a machine that joins shows in the counts.
 
@@ -13,6 +15,7 @@ import { confirmDialog, openDialog } from '../lib/dialogs.js';
 import { field, h, pageHead, toast } from '../lib/dom.js';
 import { combine, ticker } from '../lib/live.js';
 import { CLUSTER_FIELDS, sentence } from '../lib/sentence.js';
+import { isAdmin } from '../lib/session.js';
 import { copyButton, stateBadge, timeCell } from '../lib/widgets.js';
 import { poolsSection } from './cluster-pools.js';
 
@@ -43,6 +46,8 @@ const PROVIDERS = {
 function stateText(cluster, onItsPage) {
   // A cluster whose pools are making machines says so (the server's message).
   if (cluster.counts.workers === 0 && cluster.state !== 'provisioning') {
+    // Only admins see the join command.
+    if (!isAdmin()) return 'No worker has joined yet: an admin has the command that joins a machine to it.';
     if (onItsPage && cluster.provider === 'kubernetes') {
       return 'No worker has joined yet: apply the manifests below, or run the join command on a GPU machine.';
     }
@@ -78,9 +83,12 @@ export function renderClusters(main, parts) {
     const first = /** @type {HTMLInputElement | null} */ (formBox.querySelector('input'));
     if (first) first.focus();
   };
+  const admin = isAdmin();
   main.append(pageHead('Clusters',
-    h('span', { class: 'muted small' }, 'Sets of workers, each with its own join command; a model runs in the cluster it is deployed into.'),
-    h('button', { class: 'primary', onclick: () => (formBox.childElementCount ? closeForm() : openForm()) }, 'New cluster')),
+    h('span', { class: 'muted small' }, admin
+      ? 'Sets of workers, each with its own join command; a model runs in the cluster it is deployed into.'
+      : 'The clusters you administer: you deploy models into them and label their workers.'),
+    admin ? h('button', { class: 'primary', onclick: () => (formBox.childElementCount ? closeForm() : openForm()) }, 'New cluster') : null),
   formBox, tableBox);
 
   let stopped = false;
@@ -97,7 +105,7 @@ export function renderClusters(main, parts) {
   const draw = (clusters) => {
     const rows = clusters.slice().sort((a, b) => a.id - b.id).map((c) => h('tr', { 'data-cluster': c.name },
       h('td', null,
-        h('a', { href: '#/clusters/' + c.id, title: 'How a machine joins ' + c.name }, h('strong', null, c.name)),
+        h('a', { href: '#/clusters/' + c.id, title: admin ? 'How a machine joins ' + c.name : 'Its facts and worker pools' }, h('strong', null, c.name)),
         c.is_default ? [' ', h('span', { class: 'badge idle', title: 'Models that name no cluster go here; it cannot be deleted' }, 'default')] : null,
         c.description ? h('div', { class: 'muted small' }, c.description) : null),
       h('td', { class: 'opt' }, h('span', { class: 'chip', title: PROVIDERS[c.provider] }, c.provider)),
@@ -108,10 +116,11 @@ export function renderClusters(main, parts) {
       h('td', { class: 'num opt', 'data-part': 'gpus' }, c.counts.gpus),
       h('td', { class: 'num opt', 'data-part': 'models' }, h('a', { href: '#/models?cluster=' + c.id }, c.counts.models)),
       h('td', { class: 'opt' }, timeCell(c.created_at)),
-      h('td', { class: 'actions' },
-        h('a', { class: 'button small', href: '#/clusters/' + c.id }, 'Join'),
-        h('button', { class: 'small', onclick: () => editCluster(c, load) }, 'Edit'),
-        c.is_default ? null : h('button', { class: 'small danger', onclick: () => deleteCluster(c, load) }, 'Delete'))));
+      h('td', { class: 'actions' }, admin
+        ? [h('a', { class: 'button small', href: '#/clusters/' + c.id }, 'Join'),
+          h('button', { class: 'small', onclick: () => editCluster(c, load) }, 'Edit'),
+          c.is_default ? null : h('button', { class: 'small danger', onclick: () => deleteCluster(c, load) }, 'Delete')]
+        : h('a', { class: 'button small', href: '#/clusters/' + c.id }, 'Open'))));
     tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', { 'data-clusters': '' },
       h('thead', null, h('tr', null,
         h('th', null, 'Cluster'), h('th', { class: 'opt' }, 'Provider'), h('th', null, 'State'),
@@ -239,11 +248,13 @@ function fact(label, key, ...value) {
  * @returns {() => void}
  */
 function renderCluster(main, id) {
+  // A cluster administrator sees the cluster and its pools, never its token.
+  const admin = Boolean(isAdmin());
   const head = h('div', { class: 'page-head' }, h('a', { href: '#/clusters' }, '← Clusters'), h('h1', null, 'Cluster ' + id));
   const factsBox = h('div', null, h('div', { class: 'panel empty' }, 'Loading…'));
   const joinBox = h('div', { class: 'panel join-cluster', 'data-cluster-join': '' }, h('div', { class: 'muted' }, 'Loading how a machine joins…'));
-  const pools = poolsSection(id);
-  main.append(head, factsBox, pools.element, joinBox);
+  const pools = poolsSection(id, { readOnly: !admin });
+  main.append(head, factsBox, pools.element, ...(admin ? [joinBox] : []));
   /** @type {Cluster | null} the cluster as last read */
   let shown = null;
   /** The image the manifests' DaemonSet runs; empty for the server's default. */
@@ -256,12 +267,12 @@ function renderCluster(main, id) {
       stateBadge(c.state, CLUSTER_STATE_CLASS),
       ...(c.is_default ? [h('span', { class: 'badge idle', title: 'Models that name no cluster go here; it cannot be deleted' }, 'default')] : []),
       h('span', { class: 'spacer' }),
-      h('span', { class: 'page-actions' },
+      ...(admin ? [h('span', { class: 'page-actions' },
         h('button', { class: 'small', onclick: () => editCluster(c, load) }, 'Edit'),
         c.is_default ? null : h('button', {
           class: 'small danger',
           onclick: () => deleteCluster(c, () => (location.hash = '#/clusters')),
-        }, 'Delete')));
+        }, 'Delete'))] : []));
     factsBox.replaceChildren(h('div', { class: 'panel' },
       c.description ? h('p', { class: 'muted cluster-description' }, c.description) : null,
       h('div', { class: 'facts' },
@@ -368,7 +379,7 @@ function renderCluster(main, id) {
       const joinStale = !shown || shown.provider !== c.provider || shown.name !== c.name;
       shown = c;
       drawFacts(c);
-      if (joinStale) loadJoin();
+      if (joinStale && admin) loadJoin();
       await pools.load();
     } catch (e) {
       if (stopped) return;

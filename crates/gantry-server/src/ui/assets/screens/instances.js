@@ -1,7 +1,8 @@
 // @ts-check
 // The instances screen: every instance with its state (a bar while it downloads), worker,
 // GPUs and address, filtered by model, state or worker, and by cluster where there is more
-// than one (the cluster's instances as the server lists them), an admin's "Restart", and
+// than one (the cluster's instances as the server lists them), "Restart" for admins and the
+// administrators of an instance's cluster, and
 // the logs of one instance (#/instances/<id>/logs), followed every two seconds.
 
 import { api } from '../lib/api.js';
@@ -10,7 +11,7 @@ import { confirmDialog } from '../lib/dialogs.js';
 import { h, pageHead, toast } from '../lib/dom.js';
 import { combine, follow, listStatus, live, liveIn, ticker } from '../lib/live.js';
 import { sentence } from '../lib/sentence.js';
-import { isAdmin } from '../lib/session.js';
+import { administers } from '../lib/session.js';
 import { INSTANCE_STATE_CLASS, INSTANCE_STATES, instanceProgress, stateBadge, timeCell } from '../lib/widgets.js';
 
 /** @import { Instance } from '../lib/api-types' */
@@ -78,7 +79,7 @@ export function renderInstances(main, parts, params) {
         lists.instances.items.size ? 'No instance matches the filter.' : 'No instances: they appear when a model has replicas.'));
       return;
     }
-    const columns = isAdmin() ? 9 : 8;
+    const columns = 9;
     const rows = [];
     for (const i of instances) {
       const isError = i.state === 'error' && i.state_message;
@@ -99,7 +100,7 @@ export function renderInstances(main, parts, params) {
           i.worker_id == null
             ? h('button', { class: 'small', disabled: true, title: 'Not placed on a worker yet: no logs' }, 'Logs')
             : h('a', { class: 'button small', href: '#/instances/' + i.id + '/logs' }, 'Logs'),
-          isAdmin() ? h('button', i.worker_id == null
+          administers(i.cluster_id) ? h('button', i.worker_id == null
             ? { class: 'small danger', disabled: true, title: 'Not placed on a worker yet: nothing runs to restart' }
             : { class: 'small danger', title: 'Stop the backend and start it again where it is', onclick: () => restartInstance(i) }, 'Restart') : null)));
       if (isError) {

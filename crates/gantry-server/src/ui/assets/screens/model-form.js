@@ -2,13 +2,15 @@
 // The form that declares a model (the models screen's "New model", the catalog's and an
 // upload's "Deploy"): its source, backend, cluster (where there is more than one) and
 // placement, and "Check fit", which asks the server where replicas of it would go in that
-// cluster.
+// cluster. A cluster administrator who is not an admin deploys into their clusters only:
+// the form always names one of them, the first unless the list shows another.
 
 import { api } from '../lib/api.js';
 import { loadClusters } from '../lib/clusters.js';
 import { checkField, field, h, toast } from '../lib/dom.js';
 import { describeSource, fmtBytes, joinArgs, parseLabels, splitArgs } from '../lib/format.js';
 import { MODEL_FIELDS, sentence } from '../lib/sentence.js';
+import { isAdmin } from '../lib/session.js';
 
 /** @import { CatalogEntry, Estimate, Model, Page, Upload } from '../lib/api-types' */
 
@@ -60,7 +62,9 @@ export function estimateView(estimate) {
 /**
  * The new-model form. `preset` (a catalog entry, or one made of an upload) fills it in and
  * checks at once where the model would fit. Where the caller may see more than one
- * cluster, it asks which to deploy into: `clusterId` chosen first, else the default one.
+ * cluster, it asks which to deploy into: `clusterId` chosen first, else the default one
+ * (for an admin) or the first of theirs (for a cluster administrator, who is asked even
+ * for one: a model that names no cluster goes into the default one, which may not be theirs).
  * @param {(model?: Model) => void} onDone called with the model created, or without one on Cancel
  * @param {CatalogEntry} [preset]
  * @param {number | null} [clusterId]
@@ -70,11 +74,13 @@ export function modelForm(onDone, preset, clusterId) {
   const name = h('input', { required: true, placeholder: 'llama-3-8b', maxlength: 63 });
   const cluster = h('select', { 'aria-label': 'Cluster', 'data-cluster-select': '' });
   const description = h('input', { placeholder: 'optional' });
+  const admin = Boolean(isAdmin());
   const sourceType = h('select', null,
     h('option', { value: 'local_path' }, 'Local path'),
     h('option', { value: 'huggingface' }, 'Hugging Face repository'),
     h('option', { value: 'url' }, 'URL'),
-    h('option', { value: 'upload' }, 'Uploaded file'));
+    // The uploads are the admins' (the model files screen).
+    admin ? h('option', { value: 'upload' }, 'Uploaded file') : null);
   const path = h('input', { placeholder: '/models/llama-3-8b.Q4_K_M.gguf' });
   const repo = h('input', { placeholder: 'owner/name' });
   const file = h('input', { placeholder: 'optional: one file, e.g. model.Q4_K_M.gguf' });
@@ -104,9 +110,10 @@ export function modelForm(onDone, preset, clusterId) {
   clusterField.classList.add('hidden');
   // Offered once the clusters are read, and only when there is a choice; the option
   // chosen first is the one a reset of the form goes back to.
-  loadClusters().then((clusters) => {
-    if (clusters.length < 2) return;
-    const wanted = clusters.find((c) => c.id === clusterId) || clusters.find((c) => c.is_default) || clusters[0];
+  const clustersRead = loadClusters().then((clusters) => {
+    if (clusters.length < (admin ? 2 : 1)) return;
+    const wanted = clusters.find((c) => c.id === clusterId)
+      || (admin ? clusters.find((c) => c.is_default) : undefined) || clusters[0];
     cluster.replaceChildren(...clusters.map((c) => {
       const option = h('option', { value: String(c.id) }, c.name + (c.is_default ? ' (default)' : ''));
       option.defaultSelected = c === wanted;
@@ -266,9 +273,9 @@ export function modelForm(onDone, preset, clusterId) {
     }
     if (src.type === 'url') url.value = /** @type {string[]} */ ([]).concat(src.url)[0];
     sync();
-    // The uploads are listed first, so the check has the file to read.
-    if (src.type === 'upload') loadUploads(src.id).then(() => checkFit.click());
-    else checkFit.click();
+    // The uploads and clusters are read first, so the check has the file to read and asks
+    // about the cluster chosen.
+    Promise.all([src.type === 'upload' ? loadUploads(src.id) : null, clustersRead]).then(() => checkFit.click());
   }
   return form;
 }

@@ -1,7 +1,7 @@
 // @ts-check
 // One model's page (#/models/<name>): its settings (the cluster it is deployed into among
-// them), its instances with their state and why they are in it, where one more instance would fit now (admins), what it served in
-// the last 7 days, and the routes that send requests to it (admins).
+// them), its instances with their state and why they are in it, where one more instance would fit now (admins and the
+// administrators of its cluster), what it served in the last 7 days, and the routes that send requests to it (admins).
 
 import { api, itemsOf } from '../lib/api.js';
 import { chartLegend, SERIES_COLOURS, stackedBars } from '../lib/charts.js';
@@ -9,7 +9,7 @@ import { clusterName, DEFAULT_CLUSTER_ID, loadClusters } from '../lib/clusters.j
 import { h } from '../lib/dom.js';
 import { describeSource, fmtBytes, fmtCount, joinArgs } from '../lib/format.js';
 import { combine, follow, listStatus, live, ticker } from '../lib/live.js';
-import { isAdmin } from '../lib/session.js';
+import { administers, isAdmin } from '../lib/session.js';
 import { INSTANCE_STATE_CLASS, instanceProgress, labelChips, stateBadge, timeCell } from '../lib/widgets.js';
 import { estimateView } from './model-form.js';
 
@@ -76,7 +76,7 @@ export function renderModel(main, name) {
     instancesBox.replaceChildren(instancesPanel(model, instances));
     // What depends on the settings is read again only when they change.
     if (!shown || shown.updated_at !== model.updated_at) {
-      if (isAdmin()) loadEstimate(model, estimateBox);
+      if (administers(model.cluster_id)) loadEstimate(model, estimateBox);
       if (!shown) {
         loadUsage(model, usageBox);
         if (isAdmin()) loadRoutes(model, routesBox);
@@ -138,7 +138,8 @@ function sourceView(model) {
 }
 
 /**
- * The cluster a model is deployed into: its name (a link to it for admins) where the
+ * The cluster a model is deployed into: its name (a link to it for those who administer
+ * it) where the
  * caller may see it; else its id, unless it is the default cluster, which a person who
  * sees no clusters need not hear of.
  * @param {Model} model
@@ -150,7 +151,7 @@ function clusterSetting(model, clusters) {
     return model.cluster_id === DEFAULT_CLUSTER_ID ? null : setting('Cluster', 'cluster ' + model.cluster_id, 'cluster');
   }
   const name = clusterName(clusters, model.cluster_id);
-  return setting('Cluster', isAdmin() ? h('a', { href: '#/clusters/' + model.cluster_id }, name) : name, 'cluster');
+  return setting('Cluster', administers(model.cluster_id) ? h('a', { href: '#/clusters/' + model.cluster_id }, name) : name, 'cluster');
 }
 
 /**
@@ -212,7 +213,7 @@ function instancesPanel(model, instances) {
       h('td', null, h('strong', null, i.name)),
       h('td', { class: 'reason-cell' }, stateBadge(i.state, INSTANCE_STATE_CLASS), progress || reason),
       h('td', null, i.worker_id == null ? h('span', { class: 'muted' }, 'not placed')
-        : isAdmin() ? h('a', { href: '#/workers/' + i.worker_id }, i.worker_name) : i.worker_name),
+        : administers(model.cluster_id) ? h('a', { href: '#/workers/' + i.worker_id }, i.worker_name) : i.worker_name),
       h('td', { class: 'small' }, claimed(i) || h('span', { class: 'muted' }, '—')),
       h('td', null, i.address ? h('span', { class: 'mono small' }, i.address) : h('span', { class: 'muted' }, '—')),
       h('td', { class: 'num' }, i.restart_count),
@@ -249,6 +250,8 @@ async function loadEstimate(model, box) {
     backend_version: model.backend_version,
     backend_args: model.backend_args,
     replicas: 1,
+    // The model's own cluster's workers, not the default cluster's.
+    cluster_id: model.cluster_id,
     worker_selector: model.worker_selector,
     placement_strategy: model.placement_strategy,
     cpu_offload: model.cpu_offload,

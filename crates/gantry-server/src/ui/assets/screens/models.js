@@ -1,7 +1,8 @@
 // @ts-check
 // The models screen: every model with its backend, source, replicas and how many of its
 // instances run (a bar while they download), filtered by cluster (#/models?cluster=<id>)
-// where there is more than one, and an admin's "New model", "Edit" and "Delete".
+// where there is more than one, and "New model", "Edit" and "Delete" for admins and for the
+// administrators of a model's cluster (who deploy into their clusters only).
 
 import { api, itemsOf, listAll } from '../lib/api.js';
 import { clusterFilter, clusterName, clusterParam } from '../lib/clusters.js';
@@ -9,7 +10,7 @@ import { openDialog } from '../lib/dialogs.js';
 import { field, h, pageHead, toast } from '../lib/dom.js';
 import { describeSource, firstLine, formatLabels, joinArgs, parseLabels, splitArgs, truncate } from '../lib/format.js';
 import { combine, follow, listStatus, live, liveIn, ticker } from '../lib/live.js';
-import { isAdmin } from '../lib/session.js';
+import { administers, administersSomeCluster, isAdmin } from '../lib/session.js';
 import { MODEL_FIELDS, sentence } from '../lib/sentence.js';
 import { gravest } from '../lib/trouble.js';
 import { labelChips, progressBar, timeCell } from '../lib/widgets.js';
@@ -30,7 +31,10 @@ export function renderModels(main, params) {
   let clusters = [];
   const tableBox = h('div');
   const formBox = h('div', { class: 'hidden' });
-  const newButton = isAdmin()
+  // An admin deploys anywhere, a cluster administrator into their clusters (the form
+  // offers only those).
+  const deploys = administersSomeCluster();
+  const newButton = deploys
     ? h('button', {
       class: 'primary',
       onclick: () => {
@@ -41,7 +45,7 @@ export function renderModels(main, params) {
     }, 'New model')
     : null;
   // A new model goes into the cluster the list shows, unless another is chosen.
-  if (isAdmin()) formBox.append(modelForm(() => formBox.classList.add('hidden'), undefined, clusterId));
+  if (deploys) formBox.append(modelForm(() => formBox.classList.add('hidden'), undefined, clusterId));
   const filter = clusterFilter(params, '#/models', (read) => {
     clusters = read;
     draw();
@@ -58,7 +62,7 @@ export function renderModels(main, params) {
     if (!models.length) {
       const where = clusterId == null ? '' : ' in ' + clusterName(clusters, clusterId);
       tableBox.replaceChildren(h('div', { class: 'panel empty' },
-        isAdmin() ? 'No models' + where + ' yet. Declare one with “New model”.' : 'No models' + where + ' yet.'));
+        deploys ? 'No models' + where + ' yet. Declare one with “New model”.' : 'No models' + where + ' yet.'));
       return;
     }
     // Which cluster each model is in, where there are several and the list shows them all.
@@ -95,8 +99,8 @@ export function renderModels(main, params) {
         h('td', { class: 'opt' }, timeCell(m.created_at)),
         h('td', { class: 'actions' },
           counts.running ? h('a', { class: 'button small', href: '#/playground?model=' + encodeURIComponent(m.name), title: 'Chat with ' + m.name }, 'Chat') : null,
-          isAdmin() ? h('button', { class: 'small', onclick: () => editModel(m) }, 'Edit') : null,
-          isAdmin() ? h('button', { class: 'small danger', onclick: () => deleteModel(m) }, 'Delete') : null));
+          administers(m.cluster_id) ? h('button', { class: 'small', onclick: () => editModel(m) }, 'Edit') : null,
+          administers(m.cluster_id) ? h('button', { class: 'small danger', onclick: () => deleteModel(m) }, 'Delete') : null));
       // The reason gets the table's whole width under its row, so it is read whole.
       return why ? [row, h('tr', { class: 'detail', 'data-reason-of': m.name }, h('td', { colspan: 9 },
         h('div', { class: 'state-message model-reason', 'data-model-reason': why.state },
@@ -248,17 +252,22 @@ export async function deleteModel(model) {
   let routes = null;
   /** @type {Set<string>} the names of the deployed models, of every cluster */
   let deployed = new Set();
-  try {
-    /** @type {Route[]} */
-    const all = itemsOf(await api('GET', '/api/v1/model-routes'));
-    // A list filtered by cluster follows that cluster's models only; a route's targets
-    // may be in any.
-    /** @type {Model[]} */
-    const models = live.models.loaded ? live.models.values() : await listAll('/api/v1/models');
-    deployed = new Set(models.map((m) => m.name));
-    routes = all.filter((r) => targetsModel(r, model.name));
-  } catch (_) {
-    // Asked anyway: the warning says the routes are not known.
+  if (!isAdmin()) {
+    // Routes are the admins': a cluster administrator neither reads nor is warned of them.
+    routes = [];
+  } else {
+    try {
+      /** @type {Route[]} */
+      const all = itemsOf(await api('GET', '/api/v1/model-routes'));
+      // A list filtered by cluster follows that cluster's models only; a route's targets
+      // may be in any.
+      /** @type {Model[]} */
+      const models = live.models.loaded ? live.models.values() : await listAll('/api/v1/models');
+      deployed = new Set(models.map((m) => m.name));
+      routes = all.filter((r) => targetsModel(r, model.name));
+    } catch (_) {
+      // Asked anyway: the warning says the routes are not known.
+    }
   }
   /** @type {import('../lib/dom-types').Child[]} */
   const body = [];
@@ -276,7 +285,11 @@ export async function deleteModel(model) {
     submitLabel: 'Delete model',
     danger: true,
     onSubmit: async () => {
-      await api('DELETE', '/api/v1/models/' + model.id);
+      try {
+        await api('DELETE', '/api/v1/models/' + model.id);
+      } catch (e) {
+        throw new Error(sentence(e));
+      }
       toast('Deleted model “' + model.name + '”.');
     },
   });

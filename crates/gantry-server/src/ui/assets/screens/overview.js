@@ -8,7 +8,7 @@ import { clusterFilter, clusterParam } from '../lib/clusters.js';
 import { h, pageHead } from '../lib/dom.js';
 import { firstLine, fmtBytes } from '../lib/format.js';
 import { combine, follow, listStatus, liveIn, ticker } from '../lib/live.js';
-import { isAdmin } from '../lib/session.js';
+import { administersSomeCluster } from '../lib/session.js';
 import { gravest, needsAttention } from '../lib/trouble.js';
 import { countBy, INSTANCE_STATE_CLASS, INSTANCE_STATES, instanceProgress, stateBadge, timeCell, WORKER_STATE_CLASS, WORKER_STATES } from '../lib/widgets.js';
 
@@ -53,8 +53,10 @@ export function renderOverview(main, _parts, params) {
   const to = (screen) => '#/' + screen + (inCluster ? '?' + inCluster : '');
   const body = h('div');
   main.append(pageHead('Overview', h('div', { class: 'filters' }, clusterFilter(params, '#/overview'))), body);
+  // Workers are listed to admins, and to cluster administrators (their clusters').
+  const workersShown = administersSomeCluster();
   /** @type {LiveList<any>[]} */
-  const lists = isAdmin() ? [live.models, live.instances, live.workers] : [live.models, live.instances];
+  const lists = workersShown ? [live.models, live.instances, live.workers] : [live.models, live.instances];
   const draw = () => {
     const status = listStatus(lists);
     if (status) {
@@ -64,7 +66,7 @@ export function renderOverview(main, _parts, params) {
     const models = live.models.values();
     const instances = live.instances.values();
     const cards = [];
-    if (isAdmin()) {
+    if (workersShown) {
       const workers = live.workers.values();
       const gpus = workers.flatMap((w) => (w.status && w.status.gpus) || []);
       const simulated = gpus.filter((g) => g.simulated).length;
@@ -125,7 +127,7 @@ export function renderOverview(main, _parts, params) {
         h('td', null, h('div', { class: 'state-message', title: i.state_message }, firstLine(i.state_message) || '—')),
         h('td', { class: 'opt' }, timeCell(i.updated_at))));
     }
-    if (isAdmin()) {
+    if (workersShown) {
       for (const w of live.workers.values().filter((x) => x.state !== 'ready')) {
         problems.push(h('tr', null,
           h('td', null, h('a', { href: '#/workers' }, 'worker ' + w.name)),

@@ -1,11 +1,13 @@
 // @ts-check
-// The workers screen (admins): every worker with its state, labels, GPUs (memory claimed by
+// The workers screen (admins, and the administrators of given clusters, who see those
+// clusters' workers and change their labels, but delete none and see no join command):
+// every worker with its state, labels, GPUs (memory claimed by
 // the instances placed there beside what the worker reports in use), the backends it runs
 // and how, and the command that joins another machine to the default cluster (other
 // clusters' are on the clusters screen); filtered by cluster (#/workers?cluster=<id>)
 // where there is more than one. One worker's page (#/workers/<id>):
 // its facts, the instances placed on it, its last hour of CPU, RAM and GPU use as charts,
-// its backends, and the versions gantry installed there.
+// its backends, and (admins) the versions gantry installed there.
 
 import { api } from '../lib/api.js';
 import { hourChart, pct, SERIES_COLOURS } from '../lib/charts.js';
@@ -14,6 +16,8 @@ import { confirmDialog, openDialog } from '../lib/dialogs.js';
 import { field, h, pageHead, toast } from '../lib/dom.js';
 import { firstLine, fmtBytes, formatLabels, parseLabels } from '../lib/format.js';
 import { combine, follow, listStatus, live, liveIn, ticker } from '../lib/live.js';
+import { sentence } from '../lib/sentence.js';
+import { administers, isAdmin } from '../lib/session.js';
 import { copyButton, countBy, INSTANCE_STATE_CLASS, labelChips, stateBadge, timeCell, WORKER_STATE_CLASS } from '../lib/widgets.js';
 
 /** @import { Cluster, GpuDevice, Instance, SystemInfo, Worker, WorkerHistory, WorkerJoin, WorkerStatus, InstalledBackendStatus } from '../lib/api-types' */
@@ -208,11 +212,12 @@ export function renderWorkers(main, parts, params) {
   /** @type {Cluster[]} */
   let clusters = [];
   const tableBox = h('div');
-  const join = joinPanel();
+  // The join command holds a registration token: admins only.
+  const join = isAdmin() ? joinPanel() : null;
   main.append(pageHead('Workers', h('div', { class: 'filters' }, clusterFilter(params, '#/workers', (read) => {
     clusters = read;
     draw();
-  }))), join, tableBox);
+  }))), ...(join ? [join] : []), tableBox);
   let first = true;
   const draw = () => {
     const status = listStatus([lists.workers]);
@@ -222,13 +227,16 @@ export function renderWorkers(main, parts, params) {
     }
     const workers = lists.workers.values();
     // Nothing to list yet: how to add one is what the page is for.
-    if (first) join.open = !workers.length && clusterId == null;
+    if (first && join) join.open = !workers.length && clusterId == null;
     first = false;
     if (!workers.length) {
-      tableBox.replaceChildren(h('div', { class: 'panel empty' }, clusterId == null
-        ? 'No workers yet. Start one on a GPU machine with the command under “Add a worker”.'
-        : ['No workers in ' + clusterName(clusters, clusterId) + ' yet: run ',
-          h('a', { href: '#/clusters/' + clusterId }, 'its join command'), ' on a GPU machine.']));
+      const where = clusterId == null ? '' : ' in ' + clusterName(clusters, clusterId);
+      tableBox.replaceChildren(h('div', { class: 'panel empty' }, !join
+        ? 'No workers' + (where || ' in your clusters') + ' yet: an admin has the command that joins a machine.'
+        : clusterId == null
+          ? 'No workers yet. Start one on a GPU machine with the command under “Add a worker”.'
+          : ['No workers' + where + ' yet: run ',
+            h('a', { href: '#/clusters/' + clusterId }, 'its join command'), ' on a GPU machine.']));
       return;
     }
     // Which cluster each worker is in, where there are several and the list shows them all.
@@ -248,8 +256,8 @@ export function renderWorkers(main, parts, params) {
       h('td', { class: 'num opt' }, h('a', { href: '#/instances?worker=' + w.id }, instancesOn[w.id] || 0)),
       h('td', { class: 'opt' }, timeCell(w.last_heartbeat_at)),
       h('td', { class: 'actions' },
-        h('button', { class: 'small', onclick: () => editLabels(w) }, 'Labels'),
-        h('button', { class: 'small danger', onclick: () => deleteWorker(w) }, 'Delete'))));
+        administers(w.cluster_id) ? h('button', { class: 'small', onclick: () => editLabels(w) }, 'Labels') : null,
+        isAdmin() ? h('button', { class: 'small danger', onclick: () => deleteWorker(w) }, 'Delete') : null)));
     tableBox.replaceChildren(h('div', { class: 'panel flush' }, h('table', { 'data-workers': '' },
       h('thead', null, h('tr', null,
         h('th', null, 'Worker'), h('th', null, 'State'), h('th', { class: 'opt' }, 'Labels'), h('th', { class: 'opt' }, 'GPUs'),
@@ -386,8 +394,10 @@ function renderWorker(main, id) {
           h('div', { class: 'history-charts' }, boxes));
       }
     } catch (e) {
-      charts.replaceChildren(h('div', { class: 'alert' }, e.message));
+      charts.replaceChildren(h('div', { class: 'alert' }, sentence(e)));
     }
+    // What gantry installed is read from the worker itself, for admins only.
+    if (!isAdmin()) return;
     try {
       /** @type {InstalledBackendStatus[]} */
       const installed = await api('GET', '/api/v1/workers/' + id + '/backends');
@@ -420,7 +430,11 @@ function editLabels(worker) {
   ], {
     submitLabel: 'Save labels',
     onSubmit: async () => {
-      await api('PUT', '/api/v1/workers/' + worker.id + '/labels', { labels: parseLabels(text.value) });
+      try {
+        await api('PUT', '/api/v1/workers/' + worker.id + '/labels', { labels: parseLabels(text.value) });
+      } catch (e) {
+        throw new Error(sentence(e));
+      }
       toast('Labels of ' + worker.name + ' saved.');
     },
   });
@@ -434,7 +448,11 @@ function deleteWorker(worker) {
     'Its instances go back to pending to be placed elsewhere. A worker that is still running will fail to authenticate and must be registered again.',
     'Delete worker',
     async () => {
-      await api('DELETE', '/api/v1/workers/' + worker.id);
+      try {
+        await api('DELETE', '/api/v1/workers/' + worker.id);
+      } catch (e) {
+        throw new Error(sentence(e));
+      }
       toast('Deleted worker “' + worker.name + '”.');
     });
 }
