@@ -14,6 +14,7 @@ mod chaos;
 mod cli;
 mod config_cli;
 mod console;
+mod console_cluster_admins;
 mod console_clusters;
 mod console_failures;
 mod console_playground;
