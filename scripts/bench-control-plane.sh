@@ -42,7 +42,8 @@
 # "sqlite postgres"), BENCH_PROFILE (default dist, the shipped build), BENCH_KEEP=1 (keep each run's data
 # directory and logs under /tmp, and its database on GANTRY_TEST_POSTGRES_URL),
 # GANTRY_TEST_POSTGRES_URL (an existing PostgreSQL), and
-# everything control-plane-load reads: BENCH_INSTANCES (M, default 10000),
+# everything control-plane-load reads: BENCH_CLUSTERS (K, default 1: the fleet and the
+# models split over K clusters), BENCH_INSTANCES (M, default 10000),
 # BENCH_REPLICAS (per model, default 100), BENCH_WINDOW (seconds, default 30),
 # BENCH_CYCLES (default 10000), BENCH_CHURN_CONCURRENCY (default 16),
 # BENCH_LIST_REQUESTS (default 1000), BENCH_REGISTER_RATE (per second, default 250),

@@ -3,7 +3,7 @@
 //! touches a GPU; a simulated worker only speaks the agent's side of the protocol, through
 //! `gantry-client` like the real agent:
 //!
-//! * it registers with the registration token and a status of `gpus_per_worker`
+//! * it registers with a registration token (worker i with cluster i mod K's) and a status of `gpus_per_worker`
 //!   simulated GPUs (flagged `simulated`, as every API response shows them);
 //! * it heartbeats every `heartbeat_interval` (fixed-rate ticks like the real agent's),
 //!   its first heartbeat offset within the interval so that the fleet's heartbeats are
@@ -284,7 +284,7 @@ impl Fleet {
     /// once every registration has been answered (or given up).
     pub async fn start(
         base: &Client,
-        registration_token: &str,
+        registration_tokens: &[String],
         config: FleetConfig,
         shutdown: CancellationToken,
         tasks: TaskTracker,
@@ -313,7 +313,8 @@ impl Fleet {
                 .await
                 .expect("the registration semaphore is never closed");
             let base = base.clone();
-            let token = registration_token.to_owned();
+            // Worker i joins cluster i mod K.
+            let token = registration_tokens[index % registration_tokens.len()].clone();
             let shared = Arc::clone(&shared);
             let registered = Arc::clone(&registered);
             ramp_tasks.spawn(async move {

@@ -83,6 +83,9 @@ pub struct Config {
     pub database: String,
     /// `BENCH_WORKERS` (N, default 1000).
     pub workers: usize,
+    /// `BENCH_CLUSTERS` (default 1): the fleet and the models split evenly over the
+    /// default cluster and `bench-2` … `bench-K`, made by the run.
+    pub clusters: usize,
     /// `BENCH_INSTANCES` (M, default 10000).
     pub instances: usize,
     /// `BENCH_REPLICAS`: replicas of each deployed model (default 100).
@@ -147,6 +150,7 @@ impl Config {
                 .context("BENCH_SERVER_PID is a process id")?,
             database: optional("BENCH_DATABASE", "unknown".to_owned())?,
             workers: optional("BENCH_WORKERS", 1000)?,
+            clusters: optional("BENCH_CLUSTERS", 1)?,
             instances: optional("BENCH_INSTANCES", 10_000)?,
             replicas_per_model: optional("BENCH_REPLICAS", 100)?,
             window: Duration::from_secs(optional("BENCH_WINDOW", 30)?),
@@ -165,6 +169,9 @@ impl Config {
         };
         if config.workers == 0 || config.replicas_per_model == 0 {
             bail!("BENCH_WORKERS and BENCH_REPLICAS must be at least 1");
+        }
+        if config.clusters == 0 || config.clusters > config.workers {
+            bail!("BENCH_CLUSTERS must be between 1 and BENCH_WORKERS");
         }
         Ok(config)
     }
@@ -240,9 +247,36 @@ fn verdict(met: bool) -> &'static str {
     }
 }
 
+/// The clusters the run spreads over, the default one first (with the configured
+/// token), then `bench-2` … `bench-K`, made by the run; their ids and tokens.
+async fn clusters_of(admin: &Client, config: &Config) -> anyhow::Result<(Vec<i64>, Vec<String>)> {
+    let mut ids = vec![gantry_types::DEFAULT_CLUSTER_ID];
+    let mut tokens = vec![config.registration_token.clone()];
+    for k in 2..=config.clusters {
+        let name = format!("bench-{k}");
+        let cluster = admin
+            .create_cluster(&gantry_types::ClusterCreate::named(&name))
+            .await
+            .with_context(|| format!("create cluster {name}"))?;
+        let registration = admin
+            .cluster_registration(cluster.id, None)
+            .await
+            .with_context(|| format!("read cluster {name}'s registration token"))?;
+        ids.push(cluster.id);
+        tokens.push(registration.token);
+    }
+    Ok((ids, tokens))
+}
+
 /// The body of a deployed model: a `custom` command that never runs (the workers are
 /// simulated), declaring one GPU and `memory` of it per instance.
-fn model_body(config: &Config, name: String, replicas: u32, held: bool) -> ModelCreate {
+fn model_body(
+    config: &Config,
+    cluster: i64,
+    name: String,
+    replicas: u32,
+    held: bool,
+) -> ModelCreate {
     let mut env = BTreeMap::new();
     env.insert(custom::GPU_COUNT_ENV.to_owned(), "1".to_owned());
     env.insert(
@@ -254,7 +288,7 @@ fn model_body(config: &Config, name: String, replicas: u32, held: bool) -> Model
         worker_selector.insert(HOLD_LABEL.to_owned(), "held".to_owned());
     }
     ModelCreate {
-        cluster_id: None,
+        cluster_id: Some(cluster),
         name,
         description: "gantry-bench control-plane load (simulated workers)".to_owned(),
         source: ModelSource::LocalPath {
@@ -421,6 +455,7 @@ async fn run_phases(
         .await
         .context("log in as admin")?;
     let admin = base.for_token(login.token);
+    let (clusters, tokens) = clusters_of(&admin, config).await?;
     let server = ProcessSampler::start(
         config.server_pid,
         config.clock_ticks_per_second,
@@ -440,8 +475,9 @@ async fn run_phases(
     let flips = watch_flips(admin.clone(), tasks, shutdown.clone());
     let run_started = mark(&server, &load);
     println!(
-        "control-plane-load: N={} workers × 8 simulated GPUs, M={} instances, {} cycles, database {}, heartbeat every {:?}, server {} (pid {}), server-list refresh {}",
+        "control-plane-load: N={} workers × 8 simulated GPUs in {} cluster(s), M={} instances, {} cycles, database {}, heartbeat every {:?}, server {} (pid {}), server-list refresh {}",
         config.workers,
+        config.clusters,
         config.instances,
         config.cycles,
         config.database,
@@ -456,7 +492,7 @@ async fn run_phases(
     let fleet_tasks = TaskTracker::new();
     let fleet = Fleet::start(
         &base,
-        &config.registration_token,
+        &tokens,
         FleetConfig {
             workers: config.workers,
             heartbeat_interval: config.heartbeat_interval,
@@ -490,6 +526,7 @@ async fn run_phases(
     // The fleet's tasks end whatever the phases come to.
     let bench = Bench {
         config,
+        clusters: &clusters,
         admin: &admin,
         fleet: &fleet,
         server: &server,
@@ -515,6 +552,8 @@ async fn run_phases(
 #[derive(Debug, Clone, Copy)]
 struct Bench<'a> {
     config: &'a Config,
+    /// The clusters' ids, the default cluster first.
+    clusters: &'a [i64],
     admin: &'a Client,
     fleet: &'a Fleet,
     /// The `gantry server` under test.
@@ -532,6 +571,7 @@ async fn measure_with_fleet(
 ) -> anyhow::Result<()> {
     let Bench {
         config,
+        clusters: _,
         admin,
         fleet,
         server,
@@ -630,25 +670,28 @@ async fn measure_with_fleet(
 async fn deploy(bench: Bench<'_>, summary: &mut Summary) -> anyhow::Result<()> {
     let Bench {
         config,
+        clusters,
         admin,
         fleet,
         server,
         load,
     } = bench;
     let replicas = config.replicas_per_model as usize;
-    let models: Vec<(String, u32)> = (0..config.instances.div_ceil(replicas))
+    // Model i goes to cluster i mod K: the instances split evenly over the clusters.
+    let models: Vec<(String, u32, i64)> = (0..config.instances.div_ceil(replicas))
         .map(|i| {
             let count = (config.instances - i * replicas).min(replicas);
             (
                 format!("bench-{i:04}"),
                 u32::try_from(count).expect("at most MAX_REPLICAS"),
+                clusters[i % clusters.len()],
             )
         })
         .collect();
     let created_from = mark(server, load);
     let created: Vec<anyhow::Result<(i64, usize)>> = stream::iter(models)
-        .map(|(name, count)| async move {
-            let body = model_body(config, name.clone(), count, true);
+        .map(|(name, count, cluster)| async move {
+            let body = model_body(config, cluster, name.clone(), count, true);
             let model = admin
                 .create_model(&body)
                 .await
@@ -813,6 +856,7 @@ async fn deploy(bench: Bench<'_>, summary: &mut Summary) -> anyhow::Result<()> {
     let probe = admin
         .create_model(&model_body(
             config,
+            clusters[0],
             "probe-100".to_owned(),
             PROBE_REPLICAS,
             false,
@@ -870,6 +914,7 @@ fn last_of(stats: &FleetStats, model_ids: &[i64], running: bool) -> Option<Insta
 async fn lists(bench: Bench<'_>, summary: &mut Summary) -> anyhow::Result<()> {
     let Bench {
         config,
+        clusters: _,
         admin,
         fleet,
         server,
@@ -968,6 +1013,7 @@ async fn churn_cycles(
 ) -> anyhow::Result<()> {
     let Bench {
         config,
+        clusters,
         admin,
         fleet,
         server,
@@ -982,7 +1028,13 @@ async fn churn_cycles(
             }
             let started = Instant::now();
             let model = admin
-                .create_model(&model_body(config, format!("churn-{cycle:05}"), 1, false))
+                .create_model(&model_body(
+                    config,
+                    clusters[cycle % clusters.len()],
+                    format!("churn-{cycle:05}"),
+                    1,
+                    false,
+                ))
                 .await
                 .with_context(|| format!("create churn model {cycle}"))?;
             let deadline = Instant::now() + Duration::from_secs(30);
