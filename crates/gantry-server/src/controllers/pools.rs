@@ -209,6 +209,7 @@ impl Pools {
         .unwrap_or(u32::MAX);
         let context = Context {
             state,
+            pools: &pools,
             local_machines,
             fence,
             workers: &workers,
@@ -456,7 +457,7 @@ impl Pools {
             if m.state == MachineState::Deleting || registered.contains(m.name.as_str()) {
                 continue;
             }
-            let Some(of) = context.pools_shape(m.pool_id, pool.cluster_id).await? else {
+            let Some(of) = context.pools_shape(m.pool_id, pool.cluster_id) else {
                 continue;
             };
             snapshot
@@ -609,6 +610,8 @@ fn fresh_view(
 /// What one pass works with.
 struct Context<'a> {
     state: &'a AppState,
+    /// Every pool, as this pass read them.
+    pools: &'a [StoredPool],
     /// Machines of `local` pools, all pools together.
     local_machines: u32,
     fence: &'a Fence,
@@ -620,23 +623,24 @@ struct Context<'a> {
 }
 
 impl Context<'_> {
-    /// The labels and shape of pool `pool_id` when it is in cluster `cluster_id`.
-    async fn pools_shape(
+    /// The labels and shape of pool `pool_id` when it is in cluster `cluster_id` (and not
+    /// being deleted).
+    fn pools_shape(
         &self,
         pool_id: i64,
         cluster_id: i64,
-    ) -> Result<Option<(BTreeMap<String, String>, MachineShape)>, StoreError> {
-        let pool = match self.state.store.get_pool(pool_id).await {
-            Ok(stored) => stored.pool,
-            Err(StoreError::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        if pool.cluster_id != cluster_id || pool.deleting {
-            return Ok(None);
+    ) -> Option<(BTreeMap<String, String>, MachineShape)> {
+        let pool = &self
+            .pools
+            .iter()
+            .find(|p| p.pool.id == pool_id && p.pool.cluster_id == cluster_id)?
+            .pool;
+        if pool.deleting {
+            return None;
         }
-        Ok(MachineShape::parse(&pool.gpus, pool.memory.as_deref())
+        MachineShape::parse(&pool.gpus, pool.memory.as_deref())
             .ok()
-            .map(|shape| (pool_labels(&pool), shape)))
+            .map(|shape| (pool_labels(pool), shape))
     }
 
     /// Moves each of the pool's machines along (concurrently: a provider may take a
