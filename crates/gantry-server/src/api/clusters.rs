@@ -12,7 +12,6 @@ use crate::auth::{AdminAuth, Auth};
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::service;
-use crate::service::clusters::Joining;
 use crate::state::AppState;
 
 /// Lists the clusters the caller may see (every one for an admin, the ones they
@@ -132,17 +131,11 @@ impl gantry_types::Validate for RegistrationQuery {
     }
 }
 
-/// What the registration answers need: the servers a worker may reach and where the
-/// token is.
-async fn joining<'a>(state: &'a AppState, query: RegistrationQuery) -> ApiResult<Joining<'a>> {
-    Ok(Joining {
-        sealer: &state.registration_tokens,
-        server_urls: super::workers::active_server_urls(state).await?,
-        data_dir: &state.config.data_dir,
-        image: query
-            .image
-            .unwrap_or_else(|| format!("gantry:{}", env!("CARGO_PKG_VERSION"))),
-    })
+/// The DaemonSet's image: the query's, else `gantry:<this server's version>`.
+fn image_of(query: RegistrationQuery) -> String {
+    query
+        .image
+        .unwrap_or_else(|| format!("gantry:{}", env!("CARGO_PKG_VERSION")))
 }
 
 /// The cluster's registration token and the `gantry worker` command that joins a machine
@@ -159,7 +152,7 @@ pub async fn registration(
     ApiQuery(query): ApiQuery<RegistrationQuery>,
 ) -> ApiResult<Json<ClusterRegistration>> {
     let admin = principal.require_admin()?;
-    let joining = joining(&state, query).await?;
+    let joining = super::workers::joining(&state, image_of(query)).await?;
     let registration = service::clusters::registration(&state.store, &joining, id).await?;
     tracing::info!(by = %admin.username, cluster_id = id, cluster = %registration.cluster_name,
         "showed the cluster's registration token");
@@ -180,7 +173,7 @@ pub async fn rotate(
     ApiQuery(query): ApiQuery<RegistrationQuery>,
 ) -> ApiResult<Json<ClusterRegistration>> {
     let admin = principal.require_admin()?;
-    let joining = joining(&state, query).await?;
+    let joining = super::workers::joining(&state, image_of(query)).await?;
     let registration = service::clusters::rotate(&state.store, &joining, id).await?;
     tracing::info!(by = %admin.username, cluster_id = id, cluster = %registration.cluster_name,
         "rotated the cluster's registration token");

@@ -52,12 +52,7 @@ pub async fn join(
     Auth(principal): Auth,
 ) -> ApiResult<Json<WorkerJoin>> {
     let admin = principal.require_admin()?;
-    let joining = service::clusters::Joining {
-        sealer: &state.registration_tokens,
-        server_urls: active_server_urls(&state).await?,
-        data_dir: &state.config.data_dir,
-        image: String::new(),
-    };
+    let joining = joining(&state, String::new()).await?;
     let join = service::workers::join(&state.store, &joining).await?;
     if join.token.is_some() {
         tracing::info!(by = %admin.username, "showed the worker registration token");
@@ -65,9 +60,23 @@ pub async fn join(
     Ok(Json(join))
 }
 
+/// What showing a cluster's registration needs on this server: the sealer, the active
+/// servers' URLs, the data directory, and the image a Kubernetes DaemonSet runs.
+pub(crate) async fn joining(
+    state: &AppState,
+    image: String,
+) -> ApiResult<service::clusters::Joining<'_>> {
+    Ok(service::clusters::Joining {
+        sealer: &state.registration_tokens,
+        server_urls: active_server_urls(state).await?,
+        data_dir: &state.config.data_dir,
+        image,
+    })
+}
+
 /// The active servers' URLs, this server's first: the one the caller reached is the
 /// likeliest to be reachable.
-pub(crate) async fn active_server_urls(state: &AppState) -> ApiResult<Vec<String>> {
+async fn active_server_urls(state: &AppState) -> ApiResult<Vec<String>> {
     let mut server_urls = vec![state.cluster.url.clone()];
     for server in super::coordinator::servers_of(state).await? {
         if server.active && !server_urls.contains(&server.url) {

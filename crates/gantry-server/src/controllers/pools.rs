@@ -35,8 +35,8 @@ use gantry_store::{
 };
 use gantry_types::pool::MAX_LOCAL_MACHINES;
 use gantry_types::{
-    InstanceState, MachineShape, MachineState, Model, PoolProvider, Timestamp, Worker, WorkerPool,
-    WorkerState,
+    BackendKind, InstanceState, MachineShape, MachineState, Model, PoolProvider, Timestamp, Worker,
+    WorkerPool, WorkerState,
 };
 
 use super::analyze::{analyze_model, Analysis, AnalysisInput};
@@ -508,28 +508,14 @@ impl Pools {
             });
             return Ok((None, message));
         }
-        let headroom = pool.max.saturating_sub(
-            u32::try_from(
-                every_machine
-                    .iter()
-                    .filter(|m| {
-                        m.machine.pool_id == pool.id && m.machine.state != MachineState::Deleting
-                    })
-                    .count(),
-            )
-            .unwrap_or(u32::MAX),
-        );
-        // The fewest machines that serve every replica a new machine could serve; past
-        // the headroom, what it would take.
+        // The fewest machines that serve every replica a new machine could serve, whatever
+        // `max` allows: the caller adds what fits under it and says what is missing.
         let limit = u32::try_from(helped.len()).unwrap_or(u32::MAX);
         let mut wanted = limit;
         for extra in 1..=limit {
             let left = unserved(extra);
             if left.iter().all(|i| !fits_new[*i]) {
                 wanted = extra;
-                break;
-            }
-            if extra >= headroom.max(1) && extra >= limit {
                 break;
             }
         }
@@ -585,10 +571,15 @@ fn fresh_view(
         name: name.to_owned(),
         ready: true,
         labels: labels.clone(),
-        backends: ["llama.cpp", "vllm", "sglang", "custom"]
-            .iter()
-            .map(|b| (*b).to_owned())
-            .collect(),
+        backends: [
+            BackendKind::LlamaCpp,
+            BackendKind::Vllm,
+            BackendKind::Sglang,
+            BackendKind::Custom,
+        ]
+        .iter()
+        .map(|b| b.as_str().to_owned())
+        .collect(),
         installed: Default::default(),
         gpus: (0..shape.gpu_count)
             .map(|index| GpuView {
@@ -708,14 +699,9 @@ impl Context<'_> {
 
     /// What a new machine of the pool is told: the cluster's token and the servers.
     async fn join_request(&self, pool: &WorkerPool) -> Result<MachineRequest, String> {
-        let joining = crate::service::clusters::Joining {
-            sealer: &self.state.registration_tokens,
-            server_urls: crate::api::workers::active_server_urls(self.state)
-                .await
-                .map_err(|e| e.message)?,
-            data_dir: &self.state.config.data_dir,
-            image: String::new(),
-        };
+        let joining = crate::api::workers::joining(self.state, String::new())
+            .await
+            .map_err(|e| e.message)?;
         let registration =
             crate::service::clusters::registration(&self.state.store, &joining, pool.cluster_id)
                 .await

@@ -140,7 +140,7 @@ pub async fn registration(
     id: i64,
 ) -> ApiResult<ClusterRegistration> {
     let cluster = store.get_cluster(id).await?;
-    let token = current_token(store, joining, &cluster).await?;
+    let token = current_token(joining, &cluster)?;
     Ok(registration_of(&cluster, token, joining))
 }
 
@@ -167,51 +167,25 @@ pub async fn rotate(
     Ok(registration_of(&cluster, token.token, joining))
 }
 
-/// The cluster's token in clear: opened from its sealed form, or, for the default
-/// cluster's token from before clusters existed, read from this server's data directory
-/// (and sealed in, so that every server can show it from then on).
-async fn current_token(
-    store: &Store,
-    joining: &Joining<'_>,
-    cluster: &StoredCluster,
-) -> ApiResult<String> {
-    if let Some(sealed) = &cluster.token_sealed {
-        return joining.sealer.open(sealed).map_err(|e| {
-            ApiError::internal(format!(
-                "cluster {}'s registration token: {e}",
-                cluster.name
-            ))
-        });
-    }
-    let path = joining
-        .data_dir
-        .join(crate::bootstrap::REGISTRATION_TOKEN_FILE);
-    let held = tokio::fs::read_to_string(&path)
-        .await
-        .ok()
-        .map(|text| text.trim().to_owned());
-    match (held, cluster.token_digest.as_deref()) {
-        (Some(token), Some(digest)) if secrets::digest(&token) == digest => {
-            let sealed = joining.sealer.seal(&token);
-            store
-                .seal_cluster_token(
-                    cluster.id,
-                    ClusterToken {
-                        digest,
-                        sealed: &sealed,
-                    },
-                )
-                .await?;
-            Ok(token)
-        }
-        _ => Err(ApiError::conflict(format!(
+/// The cluster's token in clear, opened from its sealed form. A token from before clusters
+/// existed is sealed in by the server whose data directory holds it, when that server
+/// starts (`bootstrap.rs`); until then no server can show it.
+fn current_token(joining: &Joining<'_>, cluster: &StoredCluster) -> ApiResult<String> {
+    let Some(sealed) = &cluster.token_sealed else {
+        return Err(ApiError::conflict(format!(
             "cluster {}'s registration token was made before clusters existed and is known \
-             only to the server whose data directory holds it: ask that server, or rotate \
-             the token (POST /api/v1/clusters/{}/registration-token) to get one every server \
-             can show",
+             only to the server whose data directory holds it, which seals it in when it \
+             starts: restart that server, or rotate the token (POST \
+             /api/v1/clusters/{}/registration-token) to get one every server can show",
             cluster.name, cluster.id
-        ))),
-    }
+        )));
+    };
+    joining.sealer.open(sealed).map_err(|e| {
+        ApiError::internal(format!(
+            "cluster {}'s registration token: {e}",
+            cluster.name
+        ))
+    })
 }
 
 fn registration_of(
